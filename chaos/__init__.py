@@ -1,0 +1,1 @@
+"""Fault drills and the invariants they check (no loss, no double feed, order)."""

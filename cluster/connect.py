@@ -1,0 +1,84 @@
+"""Connecting to Redis and ZooKeeper, waiting with a deadline when they are down.
+
+A node that starts while Redis or ZooKeeper is down says which server and
+which address it is trying, retries with a bounded back-off, and gives up with
+:class:`ServiceUnavailable` when its deadline passes, so that a supervisor sees
+one clear failure instead of a crash loop. ``sleep`` and ``monotonic`` are
+injected so that the waiting is testable without waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, TypeVar
+
+log = logging.getLogger("twinflow.connect")
+
+T = TypeVar("T")
+
+
+class ServiceUnavailable(RuntimeError):
+    """A server did not answer before the deadline."""
+
+    def __init__(self, service: str, where: str, waited_s: float, last_error: BaseException | None):
+        self.service, self.where, self.waited_s, self.last_error = service, where, waited_s, last_error
+        super().__init__(
+            f"{service} at {where} did not answer within {waited_s:.1f} s (last error: {last_error})"
+        )
+
+
+def wait_for(
+    service: str,
+    where: str,
+    attempt: Callable[[], T],
+    deadline_s: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+    max_backoff_s: float = 2.0,
+) -> T:
+    """Call ``attempt`` until it returns, logging each failure, up to ``deadline_s``."""
+    start = monotonic()
+    backoff = 0.05
+    last: BaseException | None = None
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:  # any failure to connect is retried until the deadline
+            last = exc
+        waited = monotonic() - start
+        if waited >= deadline_s:
+            raise ServiceUnavailable(service, where, waited, last)
+        log.warning("waiting for %s at %s: %s (giving up in %.0f s)", service, where, last, deadline_s - waited)
+        sleep(min(backoff, max(0.0, deadline_s - waited)))
+        backoff = min(backoff * 2, max_backoff_s)
+
+
+def connect_redis(url: str, deadline_s: float, **kw):
+    """A redis-py client for ``url`` that has answered PING."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0)
+
+    def ping():
+        client.ping()
+        return client
+
+    return wait_for("Redis", url, ping, deadline_s, **kw)
+
+
+def connect_zookeeper(hosts: str, deadline_s: float, session_timeout_s: float = 2.0, **kw):
+    """A started kazoo client for ``hosts`` (a connect string, several hosts allowed)."""
+    from kazoo.client import KazooClient
+
+    def start():
+        client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        try:
+            client.start(timeout=min(5.0, max(1.0, deadline_s)))
+        except Exception:
+            client.close()
+            raise
+        return client
+
+    return wait_for("ZooKeeper", hosts, start, deadline_s, **kw)

@@ -1,0 +1,214 @@
+"""The demo: two real nodes, a SIGKILL of the master mid-stream, and the count.
+
+Starts a local Redis and ZooKeeper, two ``twinflow run`` processes, publishes
+messages through the Ingest gRPC service at a steady rate, kills the master
+with SIGKILL part-way, and reports sent, delivered, lost, duplicated and the
+failover time (kill to the first sink write of the new master). Everything it
+started is stopped by PID at the end, also on error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import redis
+
+from ..chaos.invariants import check_sink, failover_seconds, read_sink
+from .grpc_server import publish
+from .process import NodeProcess, wait_for
+from .services import LocalServices
+
+FLOW = """\
+flow: {name}
+uplink: {{stream: uplink}}
+message: {{id: id, key: seq, key_type: int}}
+nodes:
+  sort: {{type: sort, mode: claim, bake_time: {bake_time}, unclaimed_outlink: done}}
+  deliver: {{type: action, sink: {{stream: sink}}, id_ttl: 86400}}
+cluster: {{session_timeout: 2.0}}
+"""
+
+
+class Cluster:
+    """Local services plus N node processes of one flow, for the demo, tests and benches."""
+
+    def __init__(self, workdir: str, flow: str = "demo", nodes: int = 2, bake_time: float = 5.0):
+        self.workdir = Path(workdir)
+        self.flow = flow
+        self.services = LocalServices.start(base_dir=str(self.workdir / "services"), deadline_s=30)
+        self.redis = redis.Redis.from_url(self.services.redis_url)
+        self.flow_path = self.workdir / "flow.yaml"
+        self.flow_path.write_text(FLOW.format(name=flow, bake_time=bake_time))
+        self.nodes = {
+            f"node-{chr(ord('a') + i)}": NodeProcess(
+                f"node-{chr(ord('a') + i)}", str(self.flow_path), self.services.redis_url,
+                self.services.zk_hosts, str(self.workdir / "state"),
+                str(self.workdir / f"node-{chr(ord('a') + i)}.log"))
+            for i in range(nodes)
+        }
+        self.sink_key = f"tf:{{{flow}}}:sink"
+        self.failure_key = f"tf:{{{flow}}}:failure"
+
+    def start_nodes(self) -> None:
+        for n in self.nodes.values():
+            n.start()
+
+    def statuses(self) -> dict[str, dict]:
+        out = {}
+        for node_id in self.nodes:
+            h = self.redis.hgetall(f"tf:{{{self.flow}}}:node:{node_id}")
+            if h:
+                out[node_id] = {k.decode(): v.decode() for k, v in h.items()}
+        return out
+
+    def wait_ready(self, timeout_s: float = 120.0) -> dict[str, dict]:
+        """Until every live node streams and exactly one is master; returns the statuses."""
+
+        def ready():
+            st = self.statuses()
+            live = [n for n, p in self.nodes.items() if p.alive()]
+            if any(st.get(n, {}).get("streaming") != "1" for n in live):
+                return None
+            masters = [n for n in live if st[n]["role"] == "master"]
+            return st if len(masters) == 1 else None
+
+        st = wait_for(ready, timeout_s)
+        if st is None:
+            raise RuntimeError("cluster did not become ready:\n" + self.logs())
+        return st
+
+    def master(self) -> tuple[str, int] | None:
+        for node_id, st in self.statuses().items():
+            if st.get("role") == "master" and self.nodes[node_id].alive():
+                return node_id, int(st["epoch"])
+        return None
+
+    def live_address(self, avoid: str | None = None) -> str | None:
+        st = self.statuses()
+        for node_id, p in self.nodes.items():
+            if p.alive() and node_id != avoid and node_id in st:
+                return st[node_id]["grpc_address"]
+        return None
+
+    def sink_count(self) -> int:
+        return self.redis.xlen(self.sink_key)
+
+    def logs(self) -> str:
+        parts = [f"--- {n} ---\n{p.log_tail()}" for n, p in self.nodes.items()]
+        return "\n".join(parts) + "\n" + self.services.logs()
+
+    def stop(self) -> None:
+        for p in self.nodes.values():
+            if p.proc is not None:
+                p.terminate(deadline_s=15)
+        self.services.stop()
+
+
+class Publisher(threading.Thread):
+    """Publishes documents {id, seq} through the Ingest service at a steady rate."""
+
+    def __init__(self, cluster: Cluster, count: int, rate: float, batch: int = 50, prefix: str = "m"):
+        super().__init__(daemon=True, name="publisher")
+        self.cluster, self.count, self.rate, self.batch = cluster, count, rate, batch
+        self.ids: list[str] = []
+        self.prefix = prefix
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        start = time.monotonic()
+        seq = 0
+        try:
+            while seq < self.count:
+                n = min(self.batch, self.count - seq)
+                docs = [{"id": f"{self.prefix}{seq + i:07d}", "seq": seq + i} for i in range(n)]
+                self._send([json.dumps(d).encode() for d in docs])
+                self.ids.extend(d["id"] for d in docs)
+                seq += n
+                # Pace to the rate: sleep until this batch's scheduled time.
+                delay = start + seq / self.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        except BaseException as exc:  # reported by the caller
+            self.error = exc
+
+    def _send(self, bodies: list[bytes]) -> None:
+        # Any live node's Ingest will do; if the one we picked dies, try another.
+        deadline = time.monotonic() + 30
+        while True:
+            addr = self.cluster.live_address()
+            if addr:
+                try:
+                    publish(addr, self.cluster.flow, bodies, timeout_s=5.0)
+                    return
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+            time.sleep(0.05)
+
+
+def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, progress: bool = True,
+             keep: bool = False) -> dict:
+    say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
+    workdir = tempfile.mkdtemp(prefix="twinflow-demo-")
+    say(f"work directory {workdir}")
+    cluster = Cluster(workdir)
+    say(f"redis {cluster.services.redis_url}  zookeeper {cluster.services.zk_hosts}")
+    try:
+        cluster.start_nodes()
+        say("starting two nodes (Spark takes 10-20 s to start)...")
+        t0 = time.monotonic()
+        cluster.wait_ready()
+        old_master, old_epoch = cluster.master()
+        say(f"ready in {time.monotonic() - t0:.1f} s: {old_master} is master (epoch {old_epoch})")
+
+        pub = Publisher(cluster, messages, rate)
+        pub.start()
+        killed_at = None
+        last_report = 0.0
+        end = time.monotonic() + messages / rate + 90
+        while time.monotonic() < end:
+            if pub.error:
+                raise RuntimeError(f"publishing failed: {pub.error}")
+            if killed_at is None and len(pub.ids) >= messages * kill_at:
+                cluster.nodes[old_master].kill()
+                killed_at = time.time()
+                say(f"SIGKILL {old_master} (pid {cluster.nodes[old_master].pid}) after {len(pub.ids)} messages")
+            delivered = cluster.sink_count()
+            if time.monotonic() - last_report >= 1.0:
+                last_report = time.monotonic()
+                roles = ", ".join(f"{n}={s['role']}" for n, s in sorted(cluster.statuses().items())
+                                  if cluster.nodes[n].alive())
+                say(f"  sent {len(pub.ids):>6}  delivered {delivered:>6}  [{roles}]")
+            if not pub.is_alive() and killed_at is not None and delivered >= len(pub.ids):
+                break
+            time.sleep(0.1)
+        entries = read_sink(cluster.redis, cluster.sink_key)
+        report = check_sink(entries, pub.ids)
+        fo = failover_seconds(entries, old_epoch, killed_at) if killed_at else None
+        result = {
+            "sent": report.sent,
+            "delivered": report.delivered,
+            "lost": report.lost,
+            "duplicated": report.duplicated,
+            "failover_s": round(fo, 3) if fo is not None else None,
+            "killed": old_master,
+            "new_master": (cluster.master() or ("?", 0))[0],
+        }
+        if progress:
+            rows = [("sent", result["sent"]), ("delivered", result["delivered"]), ("lost", result["lost"]),
+                    ("duplicated", result["duplicated"]), ("failover_s", result["failover_s"])]
+            width = max(len(k) for k, _ in rows)
+            print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows), flush=True)
+            if report.lost_ids:
+                say(f"lost (first 20): {report.lost_ids}")
+        return result
+    finally:
+        cluster.stop()
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,451 @@
+"""Escalation: the master tells the other nodes which messages it processed.
+
+:class:`EscalationSender` (on the master) keeps one bidirectional ``Escalate``
+stream open to every target node and sends the processed messages' claims
+(id, key, uplink position) in acknowledged batches. :class:`EscalationServicer`
+(on a worker) hands each batch to the worker's claim logic and acknowledges it.
+
+Escalation is the fast path, not the record: the action records every
+processed ID in the Redis ID cache in the same atomic step as the delivery,
+and a promoted worker skips any ID found there. A lost escalation therefore
+costs only latency (the worker's message stays baked until it is claimed,
+surfaced or rolled back), never a double feed. That is why the sender may drop.
+
+Under failure:
+
+- A target that is down, restarting or unreachable: claims wait in that
+  target's buffer (``send`` never blocks on the network) while the sender
+  reconnects with a doubling back-off. A new stream first resends the batches
+  the old one left unacknowledged, in order, then continues with the buffer.
+  A batch the target processed but whose ack was lost is therefore delivered
+  twice; claiming is idempotent on the worker.
+- A dead peer (killed host, dropped packets) is noticed by keepalive pings
+  within about 1-2 s and handled as above.
+- A buffer that reaches ``max_buffer`` claims drops its oldest claims and
+  counts them in ``stats()["dropped"]``: memory stays bounded, and the Redis
+  ID cache (see above) keeps the dropped claims' messages safe.
+- A batch the target refuses (stale epoch, wrong flow, an error in its claim
+  logic) is logged and dropped, not retried: a newer master exists or the
+  batch can never succeed.
+- The targets callable is re-read every 0.5 s; a target that leaves takes its
+  buffer with it, a target that joins receives claims sent from then on.
+
+>>> from twinflow.cluster.grpc_server import create_server
+>>> got = []
+>>> def on_claims(epoch, claims):
+...     got.extend(claims)
+...     return len(claims)
+>>> server, port = create_server("127.0.0.1:0", escalation=EscalationServicer("orders", on_claims))
+>>> sender = EscalationSender("orders", "node-a", lambda: 7, lambda: {"node-b": f"127.0.0.1:{port}"})
+>>> sender.send([("m1", "1700000000000", "1700000000000-0")])
+>>> sender.flush(5.0)
+True
+>>> got
+[('m1', '1700000000000', '1700000000000-0')]
+>>> sender.stop(); _ = server.stop(None).wait()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+import grpc
+
+from twinflow.wire import twinflow_pb2 as pb
+from twinflow.wire import twinflow_pb2_grpc as pb_grpc
+
+log = logging.getLogger("twinflow.escalation")
+
+Claim = tuple[str, str, str]  # (message id, key as text, uplink position)
+
+# Batches awaiting an ack on one stream. It bounds what a broken stream can
+# leave to resend (and so the duplicates after a restart) to MAX_IN_FLIGHT *
+# batch_max claims, while keeping the stream busy: acks return in the shadow
+# of the next batches.
+MAX_IN_FLIGHT = 16
+TARGETS_REFRESH_S = 0.5
+MAX_BACKOFF_FACTOR = 10  # at the default 0.2 s a returning target is found within about 2 s
+
+CHANNEL_OPTIONS = [
+    # Ping every 1 s and give up 1 s after an unanswered ping: a dead peer is
+    # noticed in 1-2 s. The server side allows this (grpc_server.SERVER_OPTIONS).
+    # With grpcio 1.85 keepalive_timeout_ms alone did not end the stream of a
+    # SIGSTOPped peer (the ping timer stayed at its 60 s default);
+    # http2.ping_timeout_ms does, and also bounds a connect to a frozen peer.
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.http2.ping_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # A fresh connection per attempt: a shared subchannel could still be in
+    # gRPC's own reconnect back-off from the previous attempt.
+    ("grpc.use_local_subchannel_pool", 1),
+]
+
+
+class StaleEpoch(Exception):
+    """Raised by a worker's claim logic when a batch carries an epoch older than the newest it knows."""
+
+
+class EscalationServicer(pb_grpc.EscalationServicer):
+    """Receives escalation batches for one flow and acknowledges each one.
+
+    ``on_claims(epoch, claims)`` returns how many baked messages the claims
+    released. A refused batch (wrong flow, :class:`StaleEpoch`, any other
+    error in ``on_claims``) is acknowledged with ``accepted=False`` and the
+    reason; the stream stays open for the batches that follow.
+    """
+
+    def __init__(self, flow: str, on_claims: Callable[[int, list[Claim]], int]):
+        self.flow, self._on_claims = flow, on_claims
+
+    def Escalate(self, request_iterator, context):
+        # Headers now, before any batch, tell the sender the stream is open.
+        context.send_initial_metadata(())
+        for batch in request_iterator:
+            yield self._ack(batch)
+
+    def _ack(self, batch: pb.EscalationBatch) -> pb.EscalationAck:
+        if batch.flow != self.flow:
+            reason = f"wrong flow {batch.flow!r}, expected {self.flow!r}"
+            return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
+        claims = [(e.id, e.key, e.position) for e in batch.claims]
+        try:
+            claimed = self._on_claims(batch.epoch, claims)
+        except StaleEpoch as exc:
+            return pb.EscalationAck(seq=batch.seq, accepted=False, reason=f"stale epoch {batch.epoch}: {exc}")
+        except Exception as exc:  # one bad batch must not end the stream
+            log.exception("escalation batch %d from %s failed", batch.seq, batch.from_node)
+            return pb.EscalationAck(seq=batch.seq, accepted=False, reason=f"{type(exc).__name__}: {exc}")
+        return pb.EscalationAck(seq=batch.seq, accepted=True, claimed=claimed)
+
+
+class _Batch:
+    __slots__ = ("claims", "seq")
+
+    def __init__(self, claims: list[Claim]):
+        self.claims = claims
+        self.seq: int | None = None  # its number on the current stream; None: not sent on it
+
+
+class _Stream:
+    """One attempt at an Escalate stream; ``open`` turns False when it ends."""
+
+    __slots__ = ("open", "next_seq", "in_flight")
+
+    def __init__(self):
+        self.open = True
+        self.next_seq = 1
+        self.in_flight: dict[int, _Batch] = {}
+
+
+class _Target:
+    """One target's buffer, stream and counters; everything is guarded by ``cond``."""
+
+    def __init__(self, node_id: str, address: str):
+        self.node_id, self.address = node_id, address
+        self.cond = threading.Condition()
+        self.backlog: deque[Claim] = deque()  # not yet in a batch
+        self.backlog_since = 0.0
+        self.unacked: deque[_Batch] = deque()  # cut into batches, awaiting an ack
+        self.unacked_claims = 0
+        self.stream: _Stream | None = None
+        self.call = None
+        self.connected = False  # the current stream's headers arrived
+        self.removed = False
+        self.thread: threading.Thread | None = None
+        # enqueued == acked + refused + dropped + pending, at every moment
+        self.enqueued = self.sent = self.resent = self.acked = self.refused = self.dropped = 0
+        self.claimed = self.streams = 0
+
+    def pending(self) -> int:
+        return len(self.backlog) + self.unacked_claims
+
+    def settled(self) -> int:
+        return self.acked + self.refused + self.dropped
+
+
+class EscalationSender:
+    """Escalates claims to every target node over acknowledged gRPC streams.
+
+    ``send`` only buffers; one thread per target does the network I/O. See
+    the module docstring for what happens when a target fails. Dropping the
+    oldest claims at ``max_buffer`` is safe because the Redis ID cache, not
+    the escalation, is the record of what was processed.
+    """
+
+    def __init__(
+        self,
+        flow: str,
+        node_id: str,
+        epoch: Callable[[], int],
+        targets: Callable[[], dict[str, str]],
+        *,
+        batch_max: int = 500,
+        linger_s: float = 0.005,
+        max_buffer: int = 200_000,
+        reconnect_backoff_s: float = 0.2,
+    ):
+        self.flow, self.node_id = flow, node_id
+        self._epoch, self._targets_fn = epoch, targets
+        self.batch_max, self.linger_s, self.max_buffer = batch_max, linger_s, max_buffer
+        self.reconnect_backoff_s = reconnect_backoff_s
+        self._lock = threading.Lock()  # guards _targets; each target's state has its own lock
+        self._targets: dict[str, _Target] = {}
+        self._stopping = threading.Event()
+        self._refresh()
+        self._supervisor = threading.Thread(target=self._supervise, name=f"escalation-{flow}-targets", daemon=True)
+        self._supervisor.start()
+
+    # ---- the caller's side -------------------------------------------------
+
+    def send(self, claims: list[Claim]) -> None:
+        """Queue ``claims`` for every current target; never blocks on the network."""
+        if not claims:
+            return
+        with self._lock:
+            targets = list(self._targets.values())
+        for t in targets:
+            with t.cond:
+                t.enqueued += len(claims)
+                if not t.backlog:
+                    t.backlog_since = time.monotonic()
+                t.backlog.extend(claims)
+                self._drop_excess(t)
+                t.cond.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every claim sent so far is settled at every current target.
+
+        Settled means acked, refused by the target, or dropped at the buffer
+        bound; ``stats()`` tells which. False when ``timeout_s`` passes first.
+        """
+        end = time.monotonic() + timeout_s
+        with self._lock:
+            targets = list(self._targets.values())
+        for t in targets:
+            with t.cond:
+                mark = t.enqueued
+                done = t.cond.wait_for(lambda: t.settled() >= mark or t.removed, max(0.0, end - time.monotonic()))
+            if not done:
+                return False
+        return True
+
+    def stats(self) -> dict:
+        """Counts per target (under ``"targets"``) and their totals, in claims.
+
+        ``sent`` includes ``resent``; ``pending`` is buffered or awaiting an
+        ack; ``refused`` was acked with ``accepted=False``; ``claimed`` sums
+        the targets' released counts; ``streams`` counts streams opened.
+        """
+        with self._lock:
+            targets = list(self._targets.values())
+        per_target = {}
+        for t in targets:
+            with t.cond:
+                per_target[t.node_id] = {
+                    "address": t.address,
+                    "connected": t.connected,
+                    "streams": t.streams,
+                    "enqueued": t.enqueued,
+                    "sent": t.sent,
+                    "resent": t.resent,
+                    "acked": t.acked,
+                    "refused": t.refused,
+                    "claimed": t.claimed,
+                    "pending": t.pending(),
+                    "dropped": t.dropped,
+                }
+        keys = ("enqueued", "sent", "resent", "acked", "refused", "claimed", "pending", "dropped")
+        totals = {k: sum(s[k] for s in per_target.values()) for k in keys}
+        return {"targets": per_target, **totals}
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Close every stream and end the threads; claims still pending are discarded."""
+        self._stopping.set()
+        with self._lock:
+            targets = list(self._targets.values())
+            self._targets.clear()
+        for t in targets:
+            self._retire(t)
+        end = time.monotonic() + timeout_s
+        for thread in [self._supervisor] + [t.thread for t in targets]:
+            thread.join(max(0.0, end - time.monotonic()))
+        pending = sum(t.pending() for t in targets)
+        if pending:
+            log.info("escalation sender for %s stopped with %d claims pending", self.flow, pending)
+
+    # ---- targets -----------------------------------------------------------
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(TARGETS_REFRESH_S):
+            self._refresh()
+
+    def _refresh(self) -> None:
+        try:
+            wanted = dict(self._targets_fn())
+        except Exception:  # keep escalating to the known targets until the list is readable again
+            log.exception("escalation targets for %s unreadable; keeping %s", self.flow, sorted(self._targets))
+            return
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            gone = [self._targets.pop(n) for n in list(self._targets) if n not in wanted]
+            moved = []
+            for node_id, address in wanted.items():
+                t = self._targets.get(node_id)
+                if t is None:
+                    t = self._targets[node_id] = _Target(node_id, address)
+                    t.thread = threading.Thread(
+                        target=self._run, args=(t,), name=f"escalation-{self.flow}-{node_id}", daemon=True
+                    )
+                    t.thread.start()
+                elif t.address != address:
+                    moved.append(t)
+                    with t.cond:
+                        t.address = address
+        for t in gone:
+            log.info("escalation target %s left; %d claims for it discarded", t.node_id, t.pending())
+            self._retire(t)
+        for t in moved:
+            # Ending the current stream makes its thread reconnect to the new address.
+            with t.cond:
+                call = t.call
+            if call is not None:
+                call.cancel()
+
+    def _retire(self, t: _Target) -> None:
+        with t.cond:
+            t.removed = True
+            call = t.call
+            t.cond.notify_all()
+        if call is not None:
+            call.cancel()
+
+    # ---- one target's stream -----------------------------------------------
+
+    def _run(self, t: _Target) -> None:
+        backoff = self.reconnect_backoff_s
+        while True:
+            with t.cond:
+                if t.removed:
+                    return
+                address = t.address
+                stream = t.stream = _Stream()
+                # Everything unacked goes again on this stream, first and in order.
+                for b in t.unacked:
+                    b.seq = None
+            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            try:
+                call = pb_grpc.EscalationStub(channel).Escalate(self._requests(t, stream))
+                with t.cond:
+                    t.call = call
+                    if t.removed:  # stop() ran before the call existed to cancel
+                        call.cancel()
+                call.initial_metadata()  # returns once the stream is open (or failed)
+                if not call.done():
+                    with t.cond:
+                        t.connected = True
+                        t.streams += 1
+                    if backoff > self.reconnect_backoff_s:
+                        log.info("escalation stream to %s at %s open again", t.node_id, address)
+                    backoff = self.reconnect_backoff_s
+                for ack in call:
+                    self._on_ack(t, stream, ack)
+            except grpc.RpcError as exc:
+                if not t.removed:
+                    # Warn once per outage; the retries that follow are debug noise.
+                    level = logging.WARNING if backoff == self.reconnect_backoff_s else logging.DEBUG
+                    log.log(level, "escalation stream to %s at %s failed: %s %s; %d claims pending, retrying in %.2f s",
+                            t.node_id, address, exc.code(), exc.details(), t.pending(), backoff)
+            finally:
+                with t.cond:
+                    stream.open = False
+                    t.stream = t.call = None
+                    t.connected = False
+                    t.cond.notify_all()
+                channel.close()
+            with t.cond:
+                if t.cond.wait_for(lambda: t.removed, backoff):
+                    return
+            backoff = min(backoff * 2, self.reconnect_backoff_s * MAX_BACKOFF_FACTOR)
+
+    def _requests(self, t: _Target, stream: _Stream):
+        """The request side of one stream; gRPC consumes it on its own thread."""
+        while True:
+            with t.cond:
+                while True:
+                    if not stream.open or t.removed:
+                        return
+                    batch, wait_s = self._next_batch(t, stream)
+                    if batch is not None:
+                        break
+                    t.cond.wait(wait_s)
+                seq, claims = batch.seq, batch.claims
+            message = pb.EscalationBatch(flow=self.flow, from_node=self.node_id, epoch=self._epoch(), seq=seq)
+            add = message.claims.add  # add() is 1.5x faster than building Envelopes to extend with
+            for i, k, p in claims:
+                add(id=i, key=k, position=p)
+            yield message
+
+    def _next_batch(self, t: _Target, stream: _Stream) -> tuple[_Batch | None, float]:
+        """The next batch to put on ``stream`` (a resend first), or None and how long to wait."""
+        if len(stream.in_flight) >= MAX_IN_FLIGHT:
+            return None, 1.0
+        batch = next((b for b in t.unacked if b.seq is None), None)
+        if batch is not None:
+            t.resent += len(batch.claims)
+        else:
+            if not t.backlog:
+                return None, 1.0
+            # A part-full batch waits up to linger_s for more claims.
+            wait_s = t.backlog_since + self.linger_s - time.monotonic()
+            if len(t.backlog) < self.batch_max and wait_s > 0:
+                return None, wait_s
+            n = min(len(t.backlog), self.batch_max)
+            batch = _Batch([t.backlog.popleft() for _ in range(n)])
+            t.unacked.append(batch)
+            t.unacked_claims += n
+            t.backlog_since = time.monotonic()
+        batch.seq = stream.next_seq
+        stream.next_seq += 1
+        stream.in_flight[batch.seq] = batch
+        t.sent += len(batch.claims)
+        return batch, 0.0
+
+    def _on_ack(self, t: _Target, stream: _Stream, ack: pb.EscalationAck) -> None:
+        with t.cond:
+            batch = stream.in_flight.pop(ack.seq, None)
+            if batch is None or batch not in t.unacked:  # dropped at the buffer bound meanwhile
+                return
+            t.unacked.remove(batch)
+            t.unacked_claims -= len(batch.claims)
+            if ack.accepted:
+                t.acked += len(batch.claims)
+                t.claimed += ack.claimed
+            else:
+                t.refused += len(batch.claims)
+            t.cond.notify_all()
+        if not ack.accepted:
+            log.warning("escalation batch of %d claims refused by %s: %s", len(batch.claims), t.node_id, ack.reason)
+
+    def _drop_excess(self, t: _Target) -> None:
+        """Drop the oldest claims beyond max_buffer (unacked batches hold the oldest)."""
+        excess = t.pending() - self.max_buffer
+        while excess > 0 and t.unacked:
+            head = t.unacked[0]
+            n = min(excess, len(head.claims))
+            head.claims = head.claims[n:]  # an ack still on its way counts only what is left
+            t.unacked_claims -= n
+            t.dropped += n
+            excess -= n
+            if not head.claims:
+                t.unacked.popleft()
+        for _ in range(excess):
+            t.backlog.popleft()
+        if excess > 0:
+            t.dropped += excess

@@ -1,0 +1,87 @@
+"""Start, watch and stop ``twinflow run`` node processes (demo, tests, benchmarks).
+
+Each node runs in its own process group so that a SIGKILL takes its Spark
+JVM with it. ``stop()`` ends a node by PID: SIGTERM (graceful handover),
+then SIGKILL after the deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class NodeProcess:
+    node_id: str
+    flow_path: str
+    redis_url: str
+    zk_hosts: str
+    state_dir: str
+    log_path: str
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> "NodeProcess":
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "twinflow.cli", "run", self.flow_path, "--node-id", self.node_id,
+                "--redis", self.redis_url, "--zk", self.zk_hosts, "--state-dir", self.state_dir,
+                *self.extra_args]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the node and everything in its process group (its JVM)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+    def terminate(self, deadline_s: float = 20.0) -> int | None:
+        """SIGTERM (graceful: hands the master role over), then SIGKILL at the deadline."""
+        if not self.alive():
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+        finally:
+            try:  # the JVM child, should it outlive its driver
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.1):
+    """Poll ``predicate`` until truthy (returned) or the deadline (None)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= end:
+            return None
+        time.sleep(interval_s)

@@ -1,0 +1,265 @@
+"""Local Redis and ZooKeeper for development, tests and the demo.
+
+``LocalServices.start()`` runs a real ``redis-server`` and a real standalone
+ZooKeeper (Debian's packages) on free loopback ports with temporary data
+directories, waits until each answers, and ``stop()`` ends them by PID. The
+state (PIDs, ports, directories) can be saved to a JSON file so that
+``twinflow services up`` can return while the servers keep running and
+``twinflow services down`` can stop them later.
+
+Under failure: a server that exits or does not answer before its deadline
+raises :class:`ServiceError` carrying the tail of its log, and whatever was
+already started is stopped. ``stop()`` never raises for a server that is
+already gone.
+
+>>> svc = LocalServices.start()          # doctest: +SKIP
+>>> svc.redis_url, svc.zk_hosts           # doctest: +SKIP
+('redis://127.0.0.1:40211/0', '127.0.0.1:40213')
+>>> svc.stop()                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ZK_CLASSPATH = ":".join(
+    ["/etc/zookeeper/conf", "/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar"]
+)
+# tickTime=500 and minSessionTimeout=1000: without them ZooKeeper stretches a
+# requested 2 s session to 4 s (2 x the default 2 s tick), doubling failover time.
+ZOO_CFG = """\
+tickTime=500
+minSessionTimeout=1000
+maxSessionTimeout=60000
+initLimit=10
+syncLimit=5
+dataDir={data_dir}
+clientPort={port}
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,mntr
+"""
+
+
+class ServiceError(RuntimeError):
+    """A local server failed to start or answer; the message holds its log tail."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _log_tail(path: str, lines: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def redis_answers(port: int, timeout: float = 0.5) -> bool:
+    """True when a Redis server on 127.0.0.1:port answers PING."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def zk_answers(port: int, timeout: float = 0.5) -> bool:
+    """True when a ZooKeeper server on 127.0.0.1:port answers ``ruok``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"ruok")
+            return s.recv(16) == b"imok"
+    except OSError:
+        return False
+
+
+@dataclass
+class Server:
+    """One started server: what it is, where it listens, its PID and its log."""
+
+    name: str
+    port: int
+    pid: int
+    log: str
+
+    def answers(self) -> bool:
+        probe = redis_answers if self.name == "redis" else zk_answers
+        return probe(self.port)
+
+
+@dataclass
+class LocalServices:
+    """A running Redis and ZooKeeper pair on loopback, owned by this object."""
+
+    base_dir: str
+    servers: list[Server] = field(default_factory=list)
+    owns_base_dir: bool = True
+
+    @property
+    def redis(self) -> Server:
+        return next(s for s in self.servers if s.name == "redis")
+
+    @property
+    def zookeeper(self) -> Server:
+        return next(s for s in self.servers if s.name == "zookeeper")
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis.port}/0"
+
+    @property
+    def zk_hosts(self) -> str:
+        return f"127.0.0.1:{self.zookeeper.port}"
+
+    @classmethod
+    def start(cls, base_dir: str | None = None, deadline_s: float = 30.0) -> "LocalServices":
+        """Start both servers and wait until each answers, or raise ServiceError."""
+        owns = base_dir is None
+        base = base_dir or tempfile.mkdtemp(prefix="twinflow-services-")
+        svc = cls(base_dir=base, owns_base_dir=owns)
+        try:
+            svc.servers.append(_start_redis(Path(base) / "redis"))
+            svc.servers.append(_start_zookeeper(Path(base) / "zookeeper"))
+            for server in svc.servers:
+                _wait_answering(server, deadline_s)
+        except BaseException:
+            svc.stop()
+            raise
+        return svc
+
+    def status(self) -> dict[str, dict]:
+        """Per server: address, PID, whether the process lives and answers."""
+        return {
+            s.name: {
+                "address": f"127.0.0.1:{s.port}",
+                "pid": s.pid,
+                "alive": _pid_alive(s.pid),
+                "answers": s.answers(),
+                "log": s.log,
+            }
+            for s in self.servers
+        }
+
+    def stop(self, deadline_s: float = 10.0) -> None:
+        """Stop every server by PID (TERM, then KILL after the deadline)."""
+        for s in self.servers:
+            _stop_pid(s.pid, deadline_s)
+        if self.owns_base_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def logs(self) -> str:
+        """The tail of every server's log, for a failing test or command."""
+        return "\n".join(f"--- {s.name} ({s.log}) ---\n{_log_tail(s.log)}" for s in self.servers)
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LocalServices":
+        raw = json.loads(Path(path).read_text())
+        raw["servers"] = [Server(**s) for s in raw["servers"]]
+        return cls(**raw)
+
+
+def _spawn(argv: list[str], log_path: Path) -> int:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        # A session of its own: the server outlives `twinflow services up`
+        # and a Ctrl-C in the demo's terminal does not reach it first.
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def _start_redis(directory: Path) -> Server:
+    if shutil.which("redis-server") is None:
+        raise ServiceError("redis-server is not installed (apt-get install redis-server, or run `make test`)")
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = directory / "redis.log"
+    pid = _spawn(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(directory), "--protected-mode", "yes"],
+        log,
+    )
+    return Server("redis", port, pid, str(log))
+
+
+def _start_zookeeper(directory: Path) -> Server:
+    if not Path("/usr/share/java/zookeeper.jar").exists():
+        raise ServiceError("ZooKeeper is not installed (apt-get install zookeeper, or run `make test`)")
+    data = directory / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cfg = directory / "zoo.cfg"
+    cfg.write_text(ZOO_CFG.format(data_dir=data, port=port))
+    log = directory / "zookeeper.log"
+    pid = _spawn(
+        ["java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+         "-Dzookeeper.log.dir=" + str(directory), "-cp", ZK_CLASSPATH,
+         "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
+        log,
+    )
+    return Server("zookeeper", port, pid, str(log))
+
+
+def _wait_answering(server: Server, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if server.answers():
+            return
+        if not _pid_alive(server.pid):
+            raise ServiceError(f"{server.name} exited during start-up; log:\n{_log_tail(server.log)}")
+        time.sleep(0.05)
+    raise ServiceError(
+        f"{server.name} on 127.0.0.1:{server.port} did not answer within {deadline_s:.0f} s; "
+        f"log:\n{_log_tail(server.log)}"
+    )
+
+
+def _stop_pid(pid: int, deadline_s: float) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and _pid_alive(pid):
+        time.sleep(0.05)
+    if _pid_alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,1 @@
+"""Spark driver side of twinflow: session, Redis Stream source, stream wiring."""

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what twinflow needs on a fresh Debian 12 machine, idempotently:
+# Debian's redis-server and zookeeper (only when absent), a virtual
+# environment at .venv/ and the package with its test extras (only when
+# pyproject.toml changed since the last install).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "bootstrap: installing ${need_apt[*]} with apt" >&2
+    sudo_cmd=""
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+command -v java >/dev/null 2>&1 || { echo "bootstrap: Java 17 is required (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+    echo "bootstrap: creating .venv with $PY" >&2
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.twinflow-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "bootstrap: installing twinflow and its test extras into .venv" >&2
+    .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+    .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+    .venv/bin/python -c 'import twinflow.cli, pyspark, redis, kazoo, grpc' 
+    touch "$stamp"
+fi

@@ -1,0 +1,240 @@
+"""The ``twinflow`` command: run a node, inspect a flow, manage local services, run the demo.
+
+Addresses come from flags, else from the environment (TWINFLOW_REDIS,
+TWINFLOW_ZK, TWINFLOW_SPARK_MASTER), else from the local services that
+``twinflow services up`` recorded in .twinflow/services.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+SERVICES_STATE = Path(".twinflow") / "services.json"
+
+EXIT_BAD_FLOW = 2
+EXIT_UNAVAILABLE = 3
+
+
+def _local_services():
+    from twinflow.cluster.services import LocalServices
+
+    return LocalServices.load(SERVICES_STATE) if SERVICES_STATE.exists() else None
+
+
+def _address(flag: str | None, env: str, kind: str) -> str:
+    if flag:
+        return flag
+    if os.environ.get(env):
+        return os.environ[env]
+    svc = _local_services()
+    if svc is not None:
+        return svc.redis_url if kind == "redis" else svc.zk_hosts
+    raise SystemExit(f"twinflow: no {kind} address: pass --{kind}, set {env}, or run `twinflow services up`")
+
+
+def _load_flow(path: str):
+    from twinflow.runtime.flowfile import FlowFileError, load_flow
+
+    try:
+        return load_flow(path)
+    except FlowFileError as exc:
+        print(f"twinflow: flow file refused: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_FLOW)
+
+
+# -- run ---------------------------------------------------------------------
+def cmd_run(args) -> int:
+    from twinflow.cluster.connect import ServiceUnavailable
+    from twinflow.cluster.node import FlowNode, NodeConfig
+
+    spec = _load_flow(args.flow)
+    cfg = NodeConfig(
+        node_id=args.node_id,
+        redis_url=_address(args.redis, "TWINFLOW_REDIS", "redis"),
+        zk_hosts=_address(args.zk, "TWINFLOW_ZK", "zk"),
+        listen=args.listen,
+        advertise=args.advertise,
+        spark_master=args.spark_master or os.environ.get("TWINFLOW_SPARK_MASTER", "local[1]"),
+        state_dir=args.state_dir,
+        connect_deadline_s=args.connect_timeout,
+    )
+    node = FlowNode(spec, cfg)
+    signal.signal(signal.SIGTERM, lambda *_: node.request_term())
+    try:
+        return node.run_forever()
+    except ServiceUnavailable as exc:
+        print(f"twinflow: {exc}", file=sys.stderr)
+        node.stop()
+        return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        node.stop()
+        return 130
+
+
+# -- status / handover -------------------------------------------------------
+STATUS_COLUMNS = ["node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
+                  "delivered", "failed", "unclaimed", "grpc_address"]
+
+
+def _flow_store(args):
+    import redis
+
+    from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
+
+    spec = _load_flow(args.flow)
+    client = redis.Redis.from_url(_address(args.redis, "TWINFLOW_REDIS", "redis"), socket_connect_timeout=3)
+    return spec, FlowStore(client, FlowKeys(spec.name, spec.uplink_stream, spec.action.sink_stream), "cli")
+
+
+def cmd_status(args) -> int:
+    import redis
+
+    spec, store = _flow_store(args)
+    try:
+        rows = store.read_statuses()
+        for row in rows:  # live lag, not the one cached with the status
+            row["uplink_lag"] = store.uplink_lag(row["node_id"])
+    except redis.RedisError as exc:
+        print(f"twinflow: Redis at {store.r} did not answer: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if args.json:
+        print(json.dumps({"flow": spec.name, "nodes": rows}))
+        return 0
+    if not rows:
+        print(f"flow {spec.name}: no live nodes")
+        return 0
+    print(_table(STATUS_COLUMNS, [[r.get(c, "") for c in STATUS_COLUMNS] for r in rows]))
+    return 0
+
+
+def cmd_handover(args) -> int:
+    from twinflow.cluster.grpc_server import request_handover
+
+    _, store = _flow_store(args)
+    masters = [r for r in store.read_statuses() if r.get("role") == "master"]
+    if not masters:
+        print("twinflow: no live master found", file=sys.stderr)
+        return 1
+    result = request_handover(masters[0]["grpc_address"], timeout_s=args.timeout)
+    print(json.dumps(result))
+    return 0 if result.get("ok") else 1
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- services ----------------------------------------------------------------
+def cmd_services(args) -> int:
+    from twinflow.cluster.services import LocalServices, ServiceError
+
+    state = Path(args.state)
+    if args.action == "up":
+        if state.exists():
+            svc = LocalServices.load(state)
+            if all(s["answers"] for s in svc.status().values()):
+                print(f"already up: redis {svc.redis_url}  zookeeper {svc.zk_hosts}")
+                return 0
+            svc.stop()
+        try:
+            svc = LocalServices.start(base_dir=str(state.parent.resolve() / "services"))
+        except ServiceError as exc:
+            print(f"twinflow: {exc}", file=sys.stderr)
+            return 1
+        svc.save(state)
+        print(f"redis     {svc.redis_url}\nzookeeper {svc.zk_hosts}")
+        return 0
+    if not state.exists():
+        print("no local services recorded (twinflow services up starts them)")
+        return 0 if args.action == "down" else 1
+    svc = LocalServices.load(state)
+    if args.action == "status":
+        rows = [[name, s["address"], s["pid"], "yes" if s["alive"] else "no", "yes" if s["answers"] else "no", s["log"]]
+                for name, s in svc.status().items()]
+        print(_table(["service", "address", "pid", "alive", "answers", "log"], rows))
+        return 0 if all(r[4] == "yes" for r in rows) else 1
+    svc.stop()
+    state.unlink()
+    print("stopped")
+    return 0
+
+
+# -- demo --------------------------------------------------------------------
+def cmd_demo(args) -> int:
+    from twinflow.cluster.demo import run_demo
+
+    result = run_demo(messages=args.messages, rate=args.rate, kill_at=args.kill_at,
+                      progress=not args.json, keep=args.keep)
+    if args.json:
+        print(json.dumps(result))
+    return 0 if result["lost"] == 0 and result["duplicated"] == 0 else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="twinflow", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run one flow node (master or worker, as elected)")
+    r.add_argument("flow", help="flow file (YAML)")
+    r.add_argument("--node-id", required=True)
+    r.add_argument("--redis", help="Redis URL, e.g. redis://10.0.0.5:6379/0")
+    r.add_argument("--zk", help="ZooKeeper connect string, e.g. zk1:2181,zk2:2181,zk3:2181")
+    r.add_argument("--spark-master", help="Spark master URL (default local[1])")
+    r.add_argument("--listen", default="127.0.0.1:0", help="gRPC bind address (default 127.0.0.1:0)")
+    r.add_argument("--advertise", help="gRPC address other nodes dial (default: the bound one)")
+    r.add_argument("--state-dir", default=".twinflow", help="where Spark checkpoints live")
+    r.add_argument("--connect-timeout", type=float, default=60.0,
+                   help="seconds to wait for Redis and ZooKeeper at start (default 60)")
+    r.set_defaults(fn=cmd_run)
+
+    for name, fn, helptext in (("status", cmd_status, "each node's role, epoch, lag and counts"),
+                               ("handover", cmd_handover, "move the master role to another node")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("flow", help="flow file (YAML)")
+        s.add_argument("--redis")
+        if name == "status":
+            s.add_argument("--json", action="store_true")
+        else:
+            s.add_argument("--timeout", type=float, default=5.0)
+        s.set_defaults(fn=fn)
+
+    sv = sub.add_parser("services", help="local redis-server and ZooKeeper for development")
+    sv.add_argument("action", choices=["up", "status", "down"])
+    sv.add_argument("--state", default=str(SERVICES_STATE))
+    sv.set_defaults(fn=cmd_services)
+
+    d = sub.add_parser("demo", help="two nodes, a SIGKILL of the master mid-stream, and the count")
+    d.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    d.add_argument("--messages", type=int, default=3000)
+    d.add_argument("--rate", type=float, default=600.0, help="messages per second (default 600)")
+    d.add_argument("--kill-at", type=float, default=0.4, help="kill the master after this share of messages")
+    d.add_argument("--keep", action="store_true", help="keep the work directory (logs) afterwards")
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("kazoo", "py4j", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs (``make proto`` writes them from ``proto/``). Do not edit."""
