@@ -38,10 +38,12 @@ cluster: {{session_timeout: 2.0}}
 class Cluster:
     """Local services plus N node processes of one flow, for the demo, tests and benches."""
 
-    def __init__(self, workdir: str, flow: str = "demo", nodes: int = 2, bake_time: float = 5.0):
+    def __init__(self, workdir: str, flow: str = "demo", nodes: int = 2, bake_time: float = 5.0,
+                 services: LocalServices | None = None):
         self.workdir = Path(workdir)
         self.flow = flow
-        self.services = LocalServices.start(base_dir=str(self.workdir / "services"), deadline_s=30)
+        self.owns_services = services is None
+        self.services = services or LocalServices.start(base_dir=str(self.workdir / "services"), deadline_s=30)
         self.redis = redis.Redis.from_url(self.services.redis_url)
         self.flow_path = self.workdir / "flow.yaml"
         self.flow_path.write_text(FLOW.format(name=flow, bake_time=bake_time))
@@ -107,7 +109,8 @@ class Cluster:
         for p in self.nodes.values():
             if p.proc is not None:
                 p.terminate(deadline_s=15)
-        self.services.stop()
+        if self.owns_services:
+            self.services.stop()
 
 
 class Publisher(threading.Thread):

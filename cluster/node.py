@@ -38,6 +38,7 @@ from ..runtime.clock import Clock, SystemClock
 from ..runtime.flowfile import FlowSpec
 from ..runtime.message import BadMessage, Message, decode
 from ..runtime.nodes.sort import ClaimSortNode
+from ..runtime.spark.source import WARMUP_POSITION
 from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced
 from .connect import connect_redis, connect_zookeeper
 from .escalation import EscalationSender, EscalationServicer, StaleEpoch
@@ -136,9 +137,10 @@ class FlowNode:
             batch_size=self.spec.batch_size,
             status_key=self.keys.read(self.cfg.node_id),
             query_name=f"{self.spec.name}_{self.cfg.node_id}".replace("-", "_"),
+            source_options={"warmup": "1"},
         )
-        self.streaming = True
-        log.info("%s streaming %s (gRPC %s)", self.cfg.node_id, self.keys.uplink, self.address)
+        log.info("%s started reading %s (gRPC %s); ready after the warm-up batch",
+                 self.cfg.node_id, self.keys.uplink, self.address)
 
     def run_forever(self) -> int:
         """Run until stopped; SIGTERM (see request_term) hands the master role over first."""
@@ -191,6 +193,12 @@ class FlowNode:
         msgs: list[Message] = []
         bad: list[tuple[str, str, bytes | None]] = []
         for position, data in rows:
+            if position == WARMUP_POSITION:
+                # The query's first batch has run: from now on it reads at speed.
+                if not self.streaming:
+                    self.streaming = True
+                    log.info("%s is streaming", self.cfg.node_id)
+                continue
             try:
                 msgs.append(decode(position, data, self.spec.message))
             except BadMessage as exc:

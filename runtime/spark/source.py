@@ -2,15 +2,23 @@
 
 Register once per session, then read with the format name::
 
-    spark.dataSource.register(RedisStreamDataSource)
+    register_source(spark)              # build_session() does this
     df = (spark.readStream.format("twinflow_redis_stream")
           .option("url", "redis://127.0.0.1:6379/0")
           .option("stream", "flow:uplink:0")
           .load())                      # position STRING, data BINARY
 
 Options: ``url``, ``stream`` (required); ``batch_size`` (max entries per
-micro-batch, default 2000); ``status_key`` (hash that gets ``read_n`` and
-``read_id`` on every commit); ``connect_deadline_s`` (default 300).
+micro-batch, default 2000); ``status_key`` (a hash, one per reader, that gets
+``read_n`` and ``read_id`` once a batch is processed, so ``XINFO STREAM``'s
+entries-added minus ``read_n`` is the exact backlog); ``connect_deadline_s``
+(default 300); ``block_ms`` (how long one read waits in Redis for new entries
+when there are none, default 100; 0 = poll); ``pause_file`` (set by
+``stream.start_stream``: once the file exists, no new batch is planned and
+``<pause_file>.ack`` says so); ``warmup`` ("1": the first read of each query
+run returns one synthetic row at position ``WARMUP_POSITION`` with no data,
+so the query pays its cold first batch, 5-12 s measured, at start rather
+than on the first real message, and the caller learns when it is ready).
 
 Offsets are ``{"id": <last entry id read>, "n": <entries read so far>}`` and
 Spark checkpoints them, so a restarted query resumes right after the last
@@ -38,7 +46,9 @@ an executor's Python worker, so executors must reach Redis too. Needs Redis
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from typing import Any, Iterator, Tuple
 from urllib.parse import urlsplit
@@ -53,6 +63,7 @@ SCHEMA = StructType(
     [StructField("position", StringType(), False), StructField("data", BinaryType(), True)]
 )
 DEFAULT_BATCH_SIZE = 2000
+WARMUP_POSITION = "warmup"  # never a Redis entry ID, which is always "<ms>-<seq>"
 DEFAULT_CONNECT_DEADLINE_S = 300.0
 DEFAULT_BLOCK_MS = 100
 _MAX_BACKOFF_S = 1.0
@@ -103,8 +114,12 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
             options.get("connect_deadline_s") or DEFAULT_CONNECT_DEADLINE_S
         )
         self.block_ms = int(options.get("block_ms") or DEFAULT_BLOCK_MS)
+        self.pause_file = options.get("pause_file") or None
+        self._warmup_due = options.get("warmup") == "1"
         self._client = None
         self._recorded_n = -1
+        self._reading_from: dict = {}
+        self._pause_acked = False
 
     def __getstate__(self) -> dict:
         # Spark pickles readers to ship them to workers; sockets don't travel.
@@ -118,25 +133,38 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
     def read(self, start: dict) -> Tuple[Iterator[Row], dict]:
         # Spark runs one batch at a time and asks for the next only after the
         # previous one is processed and logged as committed, so reaching here
-        # proves everything up to ``start`` is done. commit() alone lags: Spark
-        # calls it only when it plans the *next* data batch, so an idle stream
-        # would report its last batch as unread forever.
-        self._record_progress(start)
-        entries = self._redis(
-            "read new entries",
-            lambda r: r.xrange(self.stream, min="(" + start["id"], count=self.batch_size),
-        )
-        if not entries and self.block_ms:
-            # Nothing new: wait in Redis rather than let Spark poll every 10 ms
-            # (about 20% of a core per idle query, measured). A new entry
-            # still comes back at once.
-            reply = self._redis(
-                "wait for new entries",
-                lambda r: r.xread(
-                    {self.stream: start["id"]}, count=self.batch_size, block=self.block_ms
-                ),
+        # proves everything up to ``start`` is done.
+        self._reading_from = start
+        try:
+            # commit() alone lags: Spark calls it only when it plans the *next*
+            # data batch, so an idle or stopped stream would show its last
+            # batch unread.
+            self._record_progress(start, pausable=True)
+            self._check_pause()
+            entries = self._redis(
+                "read new entries",
+                lambda r: r.xrange(self.stream, min="(" + start["id"], count=self.batch_size),
+                pausable=True,
             )
-            entries = reply[0][1] if reply else []
+            if not entries and self.block_ms:
+                # Nothing new: wait in Redis rather than let Spark poll every
+                # 10 ms (about 20% of a core per idle query, measured). A new
+                # entry still comes back at once.
+                reply = self._redis(
+                    "wait for new entries",
+                    lambda r: r.xread(
+                        {self.stream: start["id"]}, count=self.batch_size, block=self.block_ms
+                    ),
+                    pausable=True,
+                )
+                entries = reply[0][1] if reply else []
+        except _Paused:
+            return iter(()), start
+        if self._warmup_due:
+            # Only a changed offset makes Spark run a batch; the token changes
+            # nothing else (same id, same n) and is dropped by the next batch.
+            self._warmup_due = False
+            return iter([(WARMUP_POSITION, None)]), {**start, "warmup": os.urandom(4).hex()}
         if not entries:
             return iter(()), start
         rows = [_row(entry) for entry in entries]
@@ -168,16 +196,38 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
     def commit(self, end: dict) -> None:
         self._record_progress(end)
 
-    def _record_progress(self, done: dict) -> None:
+    def _record_progress(self, done: dict, pausable: bool = False) -> None:
         n = int(done["n"])
         if not self.status_key or n <= self._recorded_n:
             return
         mapping = {"read_n": n, "read_id": done["id"]}
-        self._redis("record the read offset", lambda r: r.hset(self.status_key, mapping=mapping))
+        self._redis(
+            "record the read offset",
+            lambda r: r.hset(self.status_key, mapping=mapping),
+            pausable=pausable,
+        )
         self._recorded_n = n
 
-    def _redis(self, what: str, call: Any) -> Any:
-        """Run ``call(client)``; wait out connection trouble up to the deadline."""
+    def _check_pause(self) -> None:
+        """Raise _Paused (after acknowledging) once the pause file exists.
+
+        Checked in read() only: a paused reader plans no more batches, and
+        since read(start) means every batch up to ``start`` is committed, the
+        acknowledgement tells stop_stream that stopping now cuts nothing short.
+        """
+        if not self.pause_file or not os.path.exists(self.pause_file):
+            return
+        if not self._pause_acked:
+            with open(self.pause_file + ".ack", "w") as ack:
+                ack.write(json.dumps(self._reading_from))
+            self._pause_acked = True
+        raise _Paused()
+
+    def _redis(self, what: str, call: Any, pausable: bool = False) -> Any:
+        """Run ``call(client)``; wait out connection trouble up to the deadline.
+
+        ``pausable`` calls give up waiting (raise _Paused) once a pause is asked.
+        """
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
@@ -194,7 +244,13 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         delay = 0.05
         while True:
             try:
-                return call(self._client)
+                result = call(self._client)
+                if next_log > began:
+                    log.warning(
+                        "%s: Redis at %s answers again after %.1fs",
+                        SOURCE_NAME, _where(self.url), time.monotonic() - began,
+                    )
+                return result
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 now = time.monotonic()
                 waited = now - began
@@ -213,6 +269,12 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
                     next_log = now + _LOG_EVERY_S
                 time.sleep(min(delay, self.connect_deadline_s - waited))
                 delay = min(delay * 2, _MAX_BACKOFF_S)
+                if pausable:
+                    self._check_pause()
+
+
+class _Paused(Exception):
+    """A pause was asked for: read() reports no new data from now on."""
 
 
 def _row(entry: tuple) -> Row:

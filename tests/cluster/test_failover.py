@@ -1,0 +1,103 @@
+"""Two real node processes (Spark, Redis, ZooKeeper, gRPC): failover loses nothing, feeds nothing twice.
+
+These are the slowest tests (each starts two Spark drivers, about 30 s).
+"""
+
+import json
+import time
+
+import pytest
+
+from twinflow.chaos.invariants import check_sink, failover_seconds, read_sink
+from twinflow.cluster.demo import Cluster, Publisher
+from twinflow.cluster.grpc_server import node_status, publish, request_handover
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.cluster
+
+MESSAGES = 5000
+RATE = 1000.0
+BAD = [b"{not json", json.dumps({"seq": 1}).encode(), json.dumps({"id": "no-key"}).encode()]
+
+
+@pytest.fixture
+def cluster(tmp_path, services, flow_name):
+    c = Cluster(str(tmp_path), flow=flow_name, services=services)
+    c.start_nodes()
+    try:
+        c.wait_ready(timeout_s=150)
+        yield c
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.stop()
+
+
+def wait_all_delivered(cluster, ids, timeout_s=90):
+    try:
+        wait_until(lambda: len({e.id for e in read_sink(cluster.redis, cluster.sink_key)} & set(ids)) == len(ids),
+                   timeout_s, interval_s=0.25, what=f"all {len(ids)} messages in the sink")
+    except AssertionError:
+        print(cluster.logs())
+        raise
+
+
+def test_sigkill_of_master_mid_stream_delivers_every_message_exactly_once(cluster):
+    old_master, old_epoch = cluster.master()
+    pub = Publisher(cluster, MESSAGES, RATE)
+    pub.start()
+    wait_until(lambda: len(pub.ids) >= MESSAGES * 0.4, 30, what="40% published")
+    cluster.nodes[old_master].kill()
+    killed_at = time.time()
+    positions = publish(cluster.live_address(avoid=old_master), cluster.flow, BAD)
+    pub.join(timeout=60)
+    assert pub.error is None and len(pub.ids) == MESSAGES
+
+    wait_all_delivered(cluster, pub.ids)
+    entries = read_sink(cluster.redis, cluster.sink_key)
+    report = check_sink(entries, pub.ids)
+    assert report.exactly_once, report
+    assert report.delivered == MESSAGES
+
+    new_master, new_epoch = cluster.master()
+    assert new_master != old_master and new_epoch > old_epoch
+    fo = failover_seconds(entries, old_epoch, killed_at)
+    print(f"failover: {fo:.2f} s from SIGKILL to the first sink write of the new master")
+    assert fo is not None
+
+    # Bad input went to the failure stream with its reason; the flow kept going.
+    def failures():
+        return {f[b"position"].decode(): f[b"reason"].decode()
+                for _, f in cluster.redis.xrange(cluster.failure_key)}
+    wait_until(lambda: set(positions) <= set(failures()), 10, what="failure records")
+    reasons = [failures()[p] for p in positions]
+    assert "not JSON" in reasons[0] and "no ID field" in reasons[1] and "no key field" in reasons[2]
+
+
+def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
+    first, epoch1 = cluster.master()
+    second = next(n for n in cluster.nodes if n != first)
+    pub = Publisher(cluster, MESSAGES, RATE)
+    pub.start()
+
+    # 1. Admin RPC handover at 30%.
+    wait_until(lambda: len(pub.ids) >= MESSAGES * 0.3, 30, what="30% published")
+    result = request_handover(cluster.statuses()[first]["grpc_address"], timeout_s=5)
+    assert result["ok"] and result["new_master"] == second, result
+    print(f"handover by RPC: {result['seconds'] * 1000:.0f} ms")
+    wait_until(lambda: cluster.master() and cluster.master()[0] == second, 5, what="second as master")
+    assert cluster.master()[1] > epoch1
+    st = node_status(cluster.statuses()[first]["grpc_address"])
+    assert st["role"] == "worker"  # the old master stays, as a worker
+
+    # 2. SIGTERM of the new master at 70%: it hands back, then exits cleanly.
+    wait_until(lambda: len(pub.ids) >= MESSAGES * 0.7, 30, what="70% published")
+    assert cluster.nodes[second].terminate(deadline_s=30) == 0
+    wait_until(lambda: cluster.master() and cluster.master()[0] == first, 10, what="first as master again")
+
+    pub.join(timeout=60)
+    assert pub.error is None
+    wait_all_delivered(cluster, pub.ids)
+    report = check_sink(read_sink(cluster.redis, cluster.sink_key), pub.ids)
+    assert report.exactly_once, report
