@@ -31,7 +31,7 @@ def main() -> None:
     try:
         cluster.start_nodes()
         cluster.wait_ready()
-        pub = Publisher(cluster, count=int(600 * (3 + 2 * args.runs)), rate=600)
+        pub = Publisher(cluster, count=int(600 * (10 + 4 * args.runs)), rate=600)  # outlasts every run
         pub.start()
         runs = []
         for i in range(args.runs):

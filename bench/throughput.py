@@ -48,7 +48,7 @@ def main() -> None:
                 peak[n] = max(peak[n], tree_rss_mib(p.pid))
             st = cluster.statuses()
             return (cluster.sink_count() >= args.messages
-                    and int(st[worker]["claimed"]) >= args.messages)
+                    and int(st.get(worker, {}).get("claimed", 0)) >= args.messages)
 
         assert wait_for(done, 600, 0.1), "the pair did not finish"
         elapsed = time.monotonic() - t0

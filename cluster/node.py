@@ -94,12 +94,15 @@ class FlowNode:
 
     # -- life cycle -------------------------------------------------------
     def start(self) -> None:
-        """Connect (waiting up to the deadline), serve gRPC, join the election, start reading."""
+        """Connect (waiting up to the deadline), start Spark, serve gRPC, join the election, read."""
         cfg = self.cfg
         client = connect_redis(cfg.redis_url, cfg.connect_deadline_s)
         self.store = FlowStore(client, self.keys, cfg.node_id, id_ttl=self.spec.action.id_ttl)
         self.zk = connect_zookeeper(cfg.zk_hosts, cfg.connect_deadline_s, self.spec.session_timeout)
         self.known_epoch = self.store.current_epoch()
+        # The JVM is forked before any gRPC object exists: forking while gRPC's
+        # threads run broke the JVM launch (seen once in ~13 starts).
+        self._start_spark()
 
         self.server, port = create_server(
             cfg.listen,
@@ -121,11 +124,14 @@ class FlowNode:
         threading.Thread(target=self._timer_loop, name="timers", daemon=True).start()
         self._start_stream()
 
-    def _start_stream(self) -> None:
+    def _start_spark(self) -> None:
         from ..runtime.spark.session import build_session
-        from ..runtime.spark.stream import start_stream
 
         self.spark = build_session(f"twinflow-{self.spec.name}-{self.cfg.node_id}", self.cfg.spark_master)
+
+    def _start_stream(self) -> None:
+        from ..runtime.spark.stream import start_stream
+
         checkpoint = Path(self.cfg.state_dir) / self.spec.name / self.cfg.node_id / "checkpoint"
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
         self.query = start_stream(

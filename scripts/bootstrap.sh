@@ -26,9 +26,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.twinflow-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "bootstrap: installing twinflow and its test extras into .venv" >&2
-    .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-    .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
-    .venv/bin/python -c 'import twinflow.cli, pyspark, redis, kazoo, grpc' 
+    echo "bootstrap: installing twinflow and its test extras into .venv (log: .venv/pip.log)" >&2
+    if ! { .venv/bin/python -m pip install -q --upgrade pip &&
+           .venv/bin/python -m pip install -q -e '.[test]'; } >.venv/pip.log 2>&1; then
+        tail -40 .venv/pip.log >&2
+        echo "bootstrap: pip install failed (full log: .venv/pip.log)" >&2
+        exit 1
+    fi
+    .venv/bin/python -c 'import twinflow.cli, pyspark, redis, kazoo, grpc'
     touch "$stamp"
 fi

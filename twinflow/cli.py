@@ -50,6 +50,9 @@ def _load_flow(path: str):
 
 # -- run ---------------------------------------------------------------------
 def cmd_run(args) -> int:
+    # The node's only fork is Spark's JVM launch, an immediate exec: gRPC's
+    # fork handlers have nothing to protect there and can break it.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from twinflow.cluster.connect import ServiceUnavailable
     from twinflow.cluster.node import FlowNode, NodeConfig
 
