@@ -83,24 +83,23 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def redis_answers(port: int, timeout: float = 0.5) -> bool:
-    """True when a Redis server on 127.0.0.1:port answers PING."""
+def _answers(port: int, request: bytes, reply_prefix: bytes, timeout: float) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            s.sendall(request)
+            return s.recv(16).startswith(reply_prefix)
     except OSError:
         return False
+
+
+def redis_answers(port: int, timeout: float = 0.5) -> bool:
+    """True when a Redis server on 127.0.0.1:port answers PING."""
+    return _answers(port, b"*1\r\n$4\r\nPING\r\n", b"+PONG", timeout)
 
 
 def zk_answers(port: int, timeout: float = 0.5) -> bool:
     """True when a ZooKeeper server on 127.0.0.1:port answers ``ruok``."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(b"ruok")
-            return s.recv(16) == b"imok"
-    except OSError:
-        return False
+    return _answers(port, b"ruok", b"imok", timeout)
 
 
 @dataclass
