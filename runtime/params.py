@@ -18,6 +18,7 @@ twinflow.runtime.params.FlowFileError: f.yaml:2: join.bake: is required
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any, Callable, Iterable
 
 import yaml
@@ -25,6 +26,7 @@ import yaml
 from .fields import FieldPath, Template
 
 _MISSING: Any = ...
+NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # flow, node and stream names
 
 
 class FlowFileError(ValueError):
@@ -115,9 +117,7 @@ class Params:
         return v
 
     def name(self, name: str, default: Any = _MISSING) -> str:
-        import re
-
-        return self.get(name, str, default, check=lambda v: bool(re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v)),
+        return self.get(name, str, default, check=lambda v: bool(NAME.fullmatch(v)),
                         why="must be 1-64 letters, digits, '_', '-' or '.'")
 
     def seconds(self, name: str, default: Any = _MISSING, *, positive: bool = False, maximum: float = 10 * 365 * 86400) -> float:

@@ -4,11 +4,11 @@ import doctest
 
 import pytest
 
-from twinflow.runtime import clock, fields, message, params
-from twinflow.runtime.nodes import base, sort
+from twinflow.runtime import clock, fields, message, params, replay
+from twinflow.runtime.nodes import action, base, sort
 
 
-@pytest.mark.parametrize("module", [clock, fields, message, params, base, sort], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [clock, fields, message, params, replay, base, action, sort], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,109 @@
+"""A flow as a graph of nodes: which node reads the input, and where each outlink leads.
+
+::
+
+    flow: orders
+    input: dedupe                 # default: the first node listed
+    message: {id: id}             # field path of each message's ID (default "id")
+    nodes:
+      dedupe:
+        type: history
+        links: {new: join}        # outlink -> next node; unlinked outlinks leave the flow
+      join:
+        type: join
+        ...
+
+Loading builds every node (each validates its own parameters) and checks the
+links: a link must start at an outlink the node has and end at a node of the
+flow, and links must not form a cycle (a message must always leave the flow).
+Any problem raises FlowFileError with file, line, field and reason before
+anything runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .fields import FieldPath
+from .flowfile import read_text
+from .nodes import KINDS, builder
+from .nodes.base import Node
+from .params import NAME, Doc, FlowFileError, Params
+
+
+@dataclass
+class FlowGraph:
+    name: str
+    input: str
+    id_path: FieldPath
+    nodes: dict[str, Node]
+    links: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> outlink -> node
+    source: str = "<string>"
+
+
+def parse_graph(text: str, file: str = "<string>") -> FlowGraph:
+    doc = Doc(text, file)
+    top = Params(doc, "", doc.value).only("flow", "input", "message", "nodes")
+    name = top.name("flow")
+    message = top.section("message", default={}).only("id")
+    id_path = message.field_path("id", FieldPath("id"))
+    raw_nodes = top.get("nodes", dict, check=bool, why="must define at least one node")
+
+    nodes: dict[str, Node] = {}
+    links: dict[str, dict[str, str]] = {}
+    all_nodes = top.section("nodes")
+    for node_name in raw_nodes:
+        if not NAME.fullmatch(str(node_name)):
+            raise all_nodes.error(node_name, "a node name must be 1-64 letters, digits, '_', '-' or '.'")
+        n = all_nodes.section(node_name)
+        kind = n.choice("type", KINDS)
+        params = {k: v for k, v in n.value.items() if k not in ("type", "links")}
+        nodes[node_name] = builder(kind)(node_name, Params(doc, n.path, params))
+        node_links = n.section("links", default={})
+        for outlink, target in node_links.value.items():
+            if outlink not in nodes[node_name].outlinks:
+                raise node_links.error(outlink, f"{kind} has no outlink {outlink!r} "
+                                                f"(it has: {', '.join(nodes[node_name].outlinks)})")
+            if not isinstance(target, str) or target not in raw_nodes:
+                raise node_links.error(outlink, f"links to {target!r}, which is not a node of this flow")
+        links[node_name] = dict(node_links.value)
+
+    entry = top.get("input", str, next(iter(raw_nodes)), check=lambda v: v in raw_nodes,
+                    why="must name a node of this flow")
+    _refuse_cycles(links, top)
+    return FlowGraph(name, entry, id_path, nodes, links, file)
+
+
+def load_graph(path: str | Path) -> FlowGraph:
+    """Read, validate and build a flow; FlowFileError names what is wrong and where.
+
+    The flow file's folder goes on the import path first, so a handler or
+    resolver can live next to the flow (``handler: "handlers:deliver"``).
+    """
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return parse_graph(read_text(path), str(path))
+
+
+def _refuse_cycles(links: dict[str, dict[str, str]], top: Params) -> None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for outlink, nxt in links.get(node, {}).items():
+            if state.get(nxt) == 1:
+                loop = " -> ".join(path + [nxt])
+                raise top.doc.error(f"nodes.{node}.links.{outlink}", f"links form a cycle ({loop})")
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in links:
+        if node not in state:
+            visit(node, [node])
+
+
+__all__ = ["FlowGraph", "FlowFileError", "parse_graph", "load_graph"]

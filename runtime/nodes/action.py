@@ -1,0 +1,106 @@
+"""The ActionNode: hands each message to a handler, retrying transient errors (seeds 000, 002).
+
+The handler is a Python callable named in the flow file
+(``package.module:function``) taking one :class:`Msg`. When it returns, the
+message leaves through ``done``. When it raises the transient error type
+(``TransientError`` by default, or the exception class named by
+``transient``), the message waits ``retry_interval`` seconds and the handler
+runs again with the original message, up to ``max_retries`` retries; then the
+last failure counts as a service error. A service error (any other exception,
+or retries used up) sends the message to ``error`` with the reason. Without a
+handler the node delivers nothing itself: every message leaves through
+``done`` (replay uses this to show what would be delivered).
+
+The node holds a message only while it waits for a retry; retries fire from
+``on_time`` in deadline order, so they happen with no new input.
+
+>>> calls = []
+>>> def flaky(msg):
+...     calls.append(msg.id)
+...     if len(calls) < 2:
+...         raise TransientError("database busy")
+>>> node = ActionNode("deliver", handler=flaky, retry_interval=1.0, max_retries=3)
+>>> node.on_message(Msg("m1", {}), now=0.0)
+[]
+>>> [(e.outlink, e.msgs[0].id) for e in node.on_time(1.0)]
+[('done', 'm1')]
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Callable
+
+from ..params import Params
+from .base import Emit, Msg, Node
+
+
+class TransientError(Exception):
+    """Raised by a handler for an error that may correct itself (network, database busy)."""
+
+
+class ActionNode(Node):
+    kind = "action"
+    outlinks = ("done", "error", "failure")
+
+    def __init__(
+        self,
+        name: str,
+        handler: Callable[[Msg], object] | None = None,
+        transient: type[BaseException] = TransientError,
+        retry_interval: float = 1.0,
+        max_retries: int = 3,
+    ):
+        super().__init__(name)
+        self.handler = handler
+        self.transient = transient
+        self.retry_interval = retry_interval
+        self.max_retries = max_retries
+        self._retries: list[tuple[float, int, Msg, int]] = []  # (due, order, msg, retries so far)
+        self._order = itertools.count()
+
+    def on_message(self, msg: Msg, now: float) -> list[Emit]:
+        return self._attempt(msg, 0, now)
+
+    def on_time(self, now: float) -> list[Emit]:
+        out: list[Emit] = []
+        while self._retries and self._retries[0][0] <= now:
+            due, _, msg, retries = heapq.heappop(self._retries)
+            out += self._attempt(msg, retries, due)
+        return out
+
+    def next_deadline(self) -> float | None:
+        return self._retries[0][0] if self._retries else None
+
+    def pending(self) -> int:
+        return len(self._retries)
+
+    def _attempt(self, msg: Msg, retries: int, now: float) -> list[Emit]:
+        if self.handler is None:
+            return [Emit("done", (msg,))]
+        try:
+            self.handler(msg)
+        except self.transient as exc:
+            if retries < self.max_retries:
+                heapq.heappush(self._retries, (now + self.retry_interval, next(self._order), msg, retries + 1))
+                return []
+            return [Emit("error", (msg,), {"reason": f"service error after {retries} retries: "
+                                                     f"{type(exc).__name__}: {exc}"})]
+        except Exception as exc:  # a service error: the handler failed for good
+            return [Emit("error", (msg,), {"reason": f"service error: {type(exc).__name__}: {exc}"})]
+        return [Emit("done", (msg,))]
+
+
+def build(name: str, p: Params) -> ActionNode:
+    p.only("handler", "transient", "retry_interval", "max_retries")
+    transient = p.callable("transient", TransientError)
+    if not (isinstance(transient, type) and issubclass(transient, BaseException)):
+        raise p.error("transient", "must name an exception class")
+    return ActionNode(
+        name,
+        handler=p.callable("handler", None),
+        transient=transient,
+        retry_interval=p.seconds("retry_interval", 1.0),
+        max_retries=p.integer("max_retries", 3, minimum=0),
+    )

@@ -1,0 +1,104 @@
+"""The replay engine and flow graphs: time order, routing, groups, refusals, bad lines."""
+
+import pytest
+
+from twinflow.runtime.flowgraph import parse_graph
+from twinflow.runtime.nodes.base import Emit, Msg, Node
+from twinflow.runtime.params import FlowFileError
+from twinflow.runtime.replay import Engine, replay
+
+TWO = """\
+flow: f
+nodes:
+  first: {type: action, links: {done: second}}
+  second: {type: action}
+"""
+
+
+def test_linked_outlinks_carry_messages_on_at_the_same_time():
+    out = list(replay(parse_graph(TWO), ['{"at": 2, "id": "m"}']))
+    assert out == [{"at": 2.0, "node": "first", "outlink": "done", "id": "m"},
+                   {"at": 2.0, "node": "second", "outlink": "done", "id": "m"}]
+
+
+class Delay(Node):
+    """Holds each message for 5 s; then emits it, or a pair as one group."""
+
+    kind, outlinks = "delay", ("out",)
+
+    def __init__(self, name, group=False):
+        super().__init__(name)
+        self.held, self.group = [], group
+
+    def on_message(self, msg, now):
+        self.held.append((now + 5, msg))
+        return []
+
+    def next_deadline(self):
+        return self.held[0][0] if self.held else None
+
+    def on_time(self, now):
+        due = [m for t, m in self.held if t <= now]
+        self.held = [(t, m) for t, m in self.held if t > now]
+        if self.group and due:
+            return [Emit("out", tuple(due), {"n": len(due)})]
+        return [Emit("out", (m,)) for m in due]
+
+
+def graph_with(node, linked=True):
+    g = parse_graph(TWO)
+    g.nodes["first"] = node
+    g.links["first"] = {"out": "second"} if linked else {}
+    return g
+
+
+def test_deadlines_fire_at_their_own_time_and_before_a_message_at_that_time():
+    out = list(replay(graph_with(Delay("first"), linked=False),
+                      ['{"at": 0, "id": "a"}', '{"at": 5, "id": "b"}', '{"at": 7}']))
+    assert [(o["at"], o["id"]) for o in out] == [(5.0, "a"), (10.0, "b")]
+
+
+def test_until_stops_the_clock():
+    out = list(replay(graph_with(Delay("first"), linked=False), ['{"at": 0, "id": "a"}'], until=4))
+    assert out == []
+
+
+def test_group_emission_travels_on_as_one_message():
+    out = list(replay(graph_with(Delay("first", group=True)), ['{"at": 0, "id": "a"}', '{"at": 0, "id": "b"}']))
+    assert out[0] == {"at": 5.0, "node": "first", "outlink": "out", "ids": ["a", "b"], "n": 2}
+    assert out[1] == {"at": 5.0, "node": "second", "outlink": "done", "id": "a+b"}
+
+
+def test_bad_lines_are_reported_with_their_number_and_the_run_goes_on():
+    bad = []
+    lines = ['{"at": 1, "id": "a"}', "{oops", '{"id": "b"}', '{"at": 0, "id": "c"}', '{"at": 2, "name": "x"}',
+             '{"at": 2, "id": "d"}']
+    out = list(replay(parse_graph(TWO.replace(", links: {done: second}", "")), lines,
+                      on_bad=lambda n, why: bad.append((n, why))))
+    assert [o["id"] for o in out if o["node"] == "first"] == ["a", "d"]
+    assert [n for n, _ in bad] == [2, 3, 4, 5]
+    assert "goes back in time" in bad[2][1] and "no field 'id'" in bad[3][1]
+
+
+def test_engine_clock_never_goes_back():
+    seen = []
+    e = Engine(graph_with(Delay("first"), linked=False), seen.append)
+    e.feed(Msg("a", {}), 3.0)
+    e.advance(100.0)
+    e.advance(50.0)
+    assert e.now == 100.0 and seen[0]["at"] == 8.0
+
+
+@pytest.mark.parametrize("text, field, reason", [
+    (TWO.replace("type: action}", "type: teleport}"), "nodes.second.type", "must be one of"),
+    (TWO.replace("done: second", "nowhere: second"), "nodes.first.links.nowhere", "has no outlink 'nowhere'"),
+    (TWO.replace("done: second", "done: third"), "nodes.first.links.done", "not a node of this flow"),
+    (TWO.replace("second: {type: action}", "second: {type: action, links: {done: first}}"),
+     "nodes.second.links.done", "cycle"),
+    ("flow: f\ninput: zz\nnodes:\n  a: {type: action}\n", "input", "must name a node"),
+    ("flow: f\nnodes: {}\n", "nodes", "at least one node"),
+])
+def test_bad_graphs_are_refused_naming_the_field(text, field, reason):
+    with pytest.raises(FlowFileError) as err:
+        parse_graph(text, "g.yaml")
+    assert err.value.field == field and reason in err.value.reason and err.value.line is not None
