@@ -15,7 +15,9 @@ proto: bootstrap
 
 bench: bootstrap
 	.venv/bin/python bench/failover.py --runs 5
+	.venv/bin/python bench/handover.py --runs 5
 	.venv/bin/python bench/throughput.py
+	.venv/bin/python bench/nodes.py
 
 clean:
 	rm -rf .twinflow build dist *.egg-info

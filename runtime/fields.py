@@ -44,7 +44,11 @@ class FieldPath:
     def get(self, doc: Mapping[str, Any]) -> Any:
         value: Any = doc
         for part in self.parts:
-            if isinstance(value, Mapping) and part in value:
+            if type(value) is dict:  # the common case, without the slower ABC check
+                if part not in value:
+                    raise MissingField(self.path)
+                value = value[part]
+            elif isinstance(value, Mapping) and part in value:
                 value = value[part]
             elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
                 value = value[int(part)]

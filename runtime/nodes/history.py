@@ -1,0 +1,328 @@
+"""The history node: an exactly-once guard with a document history (seed 001).
+
+Every message is identified by its flow trigger and its UUID (the ``uuid``
+field, or the message ID when that field is absent, null or empty). The
+history holds, per identifier, a "processing" entry and a "completed" entry
+that share one timestamp, and the verdict follows the seed's table:
+
+    history holds                        verdict     outlink
+    -----------------------------------  ----------  ---------------------------
+    nothing                              New         new
+    "processing" and "completed"         Duplicate   duplicate
+    "completed" only                     Duplicate   duplicate
+    "processing" only                    In Doubt    resolver, else in_doubt
+    (any, with a UUID over 96 chars)     In Doubt    resolver, else in_doubt
+
+A New message is recorded "processing" when it leaves through ``new`` (the
+downstream runs after that) and "completed", with the same timestamp, when
+the downstream has finished, success or failure. With ``completion =
+"immediate"`` (the default, and what replay does) the node records both at
+once; with ``"external"`` the engine reports the end by calling
+:meth:`HistoryNode.completed`. An optional resolver decides In Doubt
+messages: ``new`` (recorded and run again), ``duplicate`` or ``in_doubt``; a
+resolver that raises or answers anything else sends the message to
+``in_doubt`` with the reason. Both entries of an identifier are cleared
+together ``retention`` seconds after their timestamp; the message is New again.
+
+Under bad input: a ``uuid`` that is not a string, or a message with neither a
+UUID nor a message ID, leaves through ``failure`` with ``info["reason"]``;
+the node keeps running. Every message leaves at once, through exactly one
+outlink, so the node never holds messages (``pending()`` is 0); its state is
+the history, bounded by the distinct identifiers seen within ``retention``.
+
+>>> node = HistoryNode("guard", retention=60.0)
+>>> [e.outlink for e in node.on_message(Msg("m1", {"uuid": "order-1"}), now=0.0)]
+['new']
+>>> [e.outlink for e in node.on_message(Msg("m2", {"uuid": "order-1"}), now=1.0)]
+['duplicate']
+>>> [e.outlink for e in node.on_message(Msg("m3", {"uuid": "order-1"}), now=60.0)]
+['new']
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, NamedTuple, Protocol
+
+from ..fields import FieldPath, MissingField
+from ..params import Params
+from .base import Emit, Msg, Node
+
+NEW, DUPLICATE, IN_DOUBT, FAILURE = "new", "duplicate", "in_doubt", "failure"
+PROCESSING, COMPLETED = "processing", "completed"
+COMPLETIONS = ("immediate", "external")
+MAX_UUID_LENGTH = 96
+DEFAULT_RETENTION = 7200.0  # Integration Server's default history time to live: 2 hours
+
+BOTH_ENTRIES = "processing and completed entries exist"
+COMPLETED_ONLY = "completed entry exists"
+NOT_COMPLETED = "processing entry without a completed entry"
+TOO_LONG = f"uuid longer than {MAX_UUID_LENGTH} characters"
+
+Key = tuple[str, str]  # (trigger, uuid)
+
+
+class Entry(NamedTuple):
+    """What the history holds for one identifier: both entries share ``time``."""
+
+    time: float
+    processing: bool
+    completed: bool
+
+
+# Entry(...) runs a Python-level __new__; building from a tuple halves the
+# cost of the two puts every New message makes.
+_entry = partial(tuple.__new__, Entry)
+_NOTHING = Entry(0.0, False, False)
+
+
+class HistoryStore(Protocol):
+    """Where the history lives; the node needs only these three calls.
+
+    ``put(key, status, time)`` adds the ``status`` ("processing" or
+    "completed") entry of ``key`` at ``time``. Both entries of a key share
+    one time: an entry at the time the key already has joins the other, an
+    entry at another time (the message run again) replaces both.
+    ``clear_expired(cutoff)`` removes every key whose time is at or before
+    ``cutoff`` (both entries together), without scanning the keys it keeps,
+    and returns how many it removed. The node never trusts a store to be
+    prompt: it treats an entry at or before the cutoff as absent.
+    """
+
+    def get(self, key: Key) -> Entry | None: ...
+
+    def put(self, key: Key, status: str, time: float) -> None: ...
+
+    def clear_expired(self, cutoff: float) -> int: ...
+
+
+class MemoryHistoryStore:
+    """A :class:`HistoryStore` in one process's memory.
+
+    Expiry walks a queue of (time, key) in the order entries were recorded
+    and stops at the first one it keeps, so it costs O(1) per entry ever
+    recorded. Times that go backwards delay the release of memory (an entry
+    waits behind a later one), never a verdict.
+
+    >>> store = MemoryHistoryStore()
+    >>> store.put(("t", "u1"), PROCESSING, 5.0)
+    >>> store.put(("t", "u1"), COMPLETED, 5.0)
+    >>> store.get(("t", "u1"))
+    Entry(time=5.0, processing=True, completed=True)
+    >>> store.clear_expired(5.0), len(store)
+    (1, 0)
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[Key, Entry] = {}
+        # A key run again at a new time leaves a stale item behind; it is
+        # skipped when it reaches the front, which keeps put() O(1).
+        self._order: deque[tuple[float, Key]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Key) -> Entry | None:
+        return self._entries.get(key)
+
+    def put(self, key: Key, status: str, time: float) -> None:
+        old = self._entries.get(key)
+        if old is None or old[0] != time:
+            old = _NOTHING
+            self._order.append((time, key))
+        if status == PROCESSING:
+            self._entries[key] = _entry((time, True, old[2]))
+        elif status == COMPLETED:
+            self._entries[key] = _entry((time, old[1], True))
+        else:
+            raise ValueError(f"status must be {PROCESSING!r} or {COMPLETED!r} (got {status!r})")
+
+    def clear_expired(self, cutoff: float) -> int:
+        order, entries = self._order, self._entries
+        removed = 0
+        while order and order[0][0] <= cutoff:
+            time, key = order.popleft()
+            entry = entries.get(key)
+            if entry is not None and entry[0] == time:
+                del entries[key]
+                removed += 1
+        return removed
+
+
+@dataclass(frozen=True, slots=True)
+class Doubt:
+    """What a resolver is told about an In Doubt message.
+
+    ``started`` is the time of the "processing" entry (None when the UUID is
+    too long to be looked up); ``reason`` is why the node could not decide.
+    """
+
+    trigger: str
+    uuid: str
+    reason: str
+    started: float | None
+    now: float
+
+
+Resolver = Callable[[Msg, Doubt], str]
+
+
+class BadInput(ValueError):
+    """The message cannot be identified; it leaves through ``failure``."""
+
+
+class HistoryNode(Node):
+    """Exactly-once guard over a document history; see the module docstring."""
+
+    kind = "history"
+    outlinks = (NEW, DUPLICATE, IN_DOUBT, FAILURE)
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        retention: float = DEFAULT_RETENTION,
+        uuid: FieldPath | None = None,
+        trigger: str | None = None,
+        resolver: Resolver | None = None,
+        completion: str = "immediate",
+        store: HistoryStore | None = None,
+    ):
+        super().__init__(name)
+        if not retention > 0:
+            raise ValueError(f"retention must be > 0 seconds (got {retention!r})")
+        if completion not in COMPLETIONS:
+            raise ValueError(f"completion must be one of {', '.join(COMPLETIONS)} (got {completion!r})")
+        self.retention = float(retention)
+        self.uuid_path = uuid if uuid is not None else FieldPath("uuid")
+        self._top = self.uuid_path.parts[0] if len(self.uuid_path.parts) == 1 else None
+        self.trigger = trigger if trigger is not None else name
+        self.resolver = resolver
+        self.external = completion == "external"
+        self.store: HistoryStore = store if store is not None else MemoryHistoryStore()
+        # external completion only: message ID -> (key, started) of messages
+        # sent to `new` and not reported completed, so completed() can take
+        # the message ID; insertion order is time order, for O(1) expiry.
+        self._open: OrderedDict[str, tuple[Key, float]] = OrderedDict()
+
+    # -- the engine's calls -------------------------------------------------
+    def on_message(self, msg: Msg, now: float) -> list[Emit]:
+        cutoff = self._expire(now)
+        doc = msg.doc
+        # The usual case (a top-level string in a dict) inline: FieldPath's
+        # general walk would cost more than all the rest of the node does.
+        uuid = doc.get(self._top) if self._top is not None and type(doc) is dict else None
+        if type(uuid) is not str or not uuid:
+            try:
+                uuid = self._identify(msg)
+            except BadInput as exc:
+                return [Emit(FAILURE, (msg,), {"reason": str(exc)})]
+        if len(uuid) > MAX_UUID_LENGTH:
+            return self._doubt(msg, uuid, TOO_LONG, None, now)
+        key = (self.trigger, uuid)
+        entry = self.store.get(key)
+        if entry is None or entry.time <= cutoff:
+            return self._run(msg, key, now, {})
+        if entry.completed:
+            return [Emit(DUPLICATE, (msg,), {"reason": BOTH_ENTRIES if entry.processing else COMPLETED_ONLY})]
+        return self._doubt(msg, uuid, NOT_COMPLETED, entry.time, now)
+
+    def on_time(self, now: float) -> list[Emit]:
+        self._expire(now)
+        return []
+
+    def next_deadline(self) -> float | None:
+        # Expiry emits nothing, and every call clears what expired before it
+        # decides, so there is nothing to wake up for.
+        return None
+
+    def pending(self) -> int:
+        return 0
+
+    def completed(self, ident: str, now: float) -> bool:
+        """Record "completed" for a message sent to ``new``: the downstream has finished.
+
+        ``ident`` is the message ID of that message, or its UUID (a message ID
+        the node has open wins when both match). The entry takes the time of
+        its "processing" entry. Returns False, recording nothing, when there
+        is no open "processing" entry for it (unknown, expired, already
+        completed, or superseded by a later run the resolver allowed).
+        """
+        cutoff = self._expire(now)
+        opened = self._open.pop(ident, None)
+        key = opened[0] if opened is not None else (self.trigger, ident)
+        entry = self.store.get(key)
+        if entry is None or entry.time <= cutoff or entry.completed or not entry.processing:
+            return False
+        if opened is not None and opened[1] != entry.time:
+            return False  # a resolver ran the message again since: that run is still open
+        self.store.put(key, COMPLETED, entry.time)
+        return True
+
+    # -- steps ------------------------------------------------------------
+    def _expire(self, now: float) -> float:
+        """Clear what is older than the retention; return the cutoff."""
+        cutoff = now - self.retention
+        self.store.clear_expired(cutoff)
+        opened = self._open
+        while opened and next(iter(opened.values()))[1] <= cutoff:
+            opened.popitem(last=False)
+        return cutoff
+
+    def _identify(self, msg: Msg) -> str:
+        try:
+            uuid = self.uuid_path.get(msg.doc)
+        except MissingField:
+            uuid = None
+        if uuid is None or uuid == "":
+            if isinstance(msg.id, str) and msg.id:
+                return msg.id  # the seed's fallback: the transport's message ID
+            raise BadInput(f"message has no field '{self.uuid_path.path}' and no message ID")
+        if not isinstance(uuid, str):
+            raise BadInput(f"field '{self.uuid_path.path}' must be a string (got {type(uuid).__name__})")
+        return uuid
+
+    def _run(self, msg: Msg, key: Key, now: float, info: dict) -> list[Emit]:
+        """A New message: "processing" before it leaves, "completed" after the downstream."""
+        self.store.put(key, PROCESSING, now)
+        if self.external:
+            self._open[msg.id] = (key, now)
+            self._open.move_to_end(msg.id)
+        else:
+            self.store.put(key, COMPLETED, now)
+        return [Emit(NEW, (msg,), info)]
+
+    def _doubt(self, msg: Msg, uuid: str, reason: str, started: float | None, now: float) -> list[Emit]:
+        if self.resolver is None:
+            return [Emit(IN_DOUBT, (msg,), {"reason": reason})]
+        try:
+            verdict = self.resolver(msg, Doubt(self.trigger, uuid, reason, started, now))
+        except Exception as exc:  # user code: whatever it raises, the message must still leave
+            return [Emit(IN_DOUBT, (msg,), {"reason": f"resolver raised {type(exc).__name__}: {exc}", "doubt": reason})]
+        if verdict == NEW:
+            info = {"reason": reason, "resolver": verdict}
+            if len(uuid) > MAX_UUID_LENGTH:
+                # Too long to be a history key: not recorded, so the resolver
+                # stays the only guard for this UUID.
+                return [Emit(NEW, (msg,), info)]
+            return self._run(msg, (self.trigger, uuid), now, info)
+        if verdict == DUPLICATE or verdict == IN_DOUBT:
+            return [Emit(verdict, (msg,), {"reason": reason, "resolver": verdict})]
+        return [Emit(IN_DOUBT, (msg,), {
+            "reason": f"resolver returned {verdict!r} (expected {NEW}, {DUPLICATE} or {IN_DOUBT})", "doubt": reason})]
+
+
+def build(name: str, p: Params, store: HistoryStore | None = None) -> HistoryNode:
+    """The node from its flow-file parameters; the engine may pass a shared ``store``."""
+    p.only("uuid", "trigger", "retention", "resolver", "completion")
+    return HistoryNode(
+        name,
+        uuid=p.field_path("uuid", FieldPath("uuid")),
+        trigger=p.name("trigger", name),
+        retention=p.seconds("retention", DEFAULT_RETENTION, positive=True),
+        resolver=p.callable("resolver", None),
+        completion=p.choice("completion", COMPLETIONS, "immediate"),
+        store=store,
+    )
