@@ -91,7 +91,7 @@ class Node(ABC):
         return []
 
     def next_deadline(self) -> float | None:
-        """The earliest time at which ``on_time`` would emit something, or None."""
+        """The earliest time at which ``on_time`` has work (an emission or a state change), or None."""
         return None
 
     def pending(self) -> int:
