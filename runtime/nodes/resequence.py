@@ -46,7 +46,7 @@ from typing import Hashable
 from ..fields import FieldPath, MissingField
 from ..params import Params
 from .base import Emit, Msg, Node
-from .sequence import (SEQ_MAX, BadInput, End, GroupTimers, Timed, fast_get, group_reader, read_idle,
+from .sequence import (SEQ_MAX, BadInput, End, GroupTimers, Timed, group_reader, read_idle,
                        read_number)
 
 
@@ -87,7 +87,7 @@ class Resequence(Node):
                  missing_timeout: float, idle: float | None):
         super().__init__(name)
         self._number = number
-        self._get_number = fast_get(number)
+        self._get_number = number.get
         self._group = group_reader(group)
         self._with_group = group is not None
         self.start = start

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from twinflow.runtime.fields import FieldPath
 from twinflow.runtime.nodes import sequence
 from twinflow.runtime.nodes.base import Msg
-from twinflow.runtime.nodes.sequence import SEQ_MAX, GroupTimers, Predicate, Timed, fast_get, truth
+from twinflow.runtime.nodes.sequence import SEQ_MAX, GroupTimers, Predicate, Timed, truth
 from twinflow.runtime.params import Doc, FlowFileError, Params
 
 
@@ -144,18 +144,6 @@ def test_integer_and_string_groups_are_different_groups():
 ])
 def test_truth_table_of_the_seed(value, expected):
     assert truth(value) is expected
-
-
-@pytest.mark.parametrize("path, doc", [
-    ("a.b", {"a": {"b": 1}}), ("a.1", {"a": [5, 6]}), ("a.b", {"a": 3}), ("a", {}), ("/a/b", {"a": {}}),
-])
-def test_fast_get_reads_exactly_what_field_path_reads(path, doc):
-    def outcome(read):
-        try:
-            return read(doc)
-        except KeyError as exc:
-            return str(exc)
-    assert outcome(fast_get(FieldPath(path))) == outcome(FieldPath(path).get)
 
 
 def test_equals_compares_json_types_strictly():
