@@ -38,15 +38,25 @@ class MessageSpec:
     max_bytes: int = 1 << 20
 
     def parse_key(self, raw: Any) -> Any:
-        """The sort key as ``key_type``; raises BadMessage when it is not one."""
+        """The sort key as ``key_type``; raises BadMessage when it is not one.
+
+        Never converts with loss: 7.5 is not an int key, and neither is "7.5".
+        """
         if isinstance(raw, bool) or raw is None or isinstance(raw, (dict, list)):
             raise BadMessage(f"key {raw!r} is not a {self.key_type}")
         try:
-            key = KEY_TYPES[self.key_type](raw)
-        except (TypeError, ValueError):
+            if self.key_type == "int":
+                key = raw if isinstance(raw, int) else int(raw) if isinstance(raw, str) else None
+                if key is None and isinstance(raw, float) and raw.is_integer():
+                    key = int(raw)
+                if key is None:
+                    raise ValueError
+            else:
+                key = KEY_TYPES[self.key_type](raw)
+        except (TypeError, ValueError, OverflowError):
             raise BadMessage(f"key {raw!r} is not a {self.key_type}") from None
-        if self.key_type == "float" and key != key:  # NaN never orders
-            raise BadMessage("key is NaN")
+        if self.key_type == "float" and (key != key or key in (float("inf"), float("-inf"))):
+            raise BadMessage(f"key {raw!r} does not order (NaN or infinite)")
         return key
 
 

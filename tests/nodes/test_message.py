@@ -30,5 +30,20 @@ def test_bad_entries_name_the_reason(data, reason):
     assert reason in err.value.reason
 
 
+@pytest.mark.parametrize("key_type, raw, expected", [
+    ("int", 7, 7), ("int", "7", 7), ("int", 7.0, 7), ("float", "2.5", 2.5), ("str", 5, "5"),
+])
+def test_keys_convert_without_loss(key_type, raw, expected):
+    assert MessageSpec(key_type=key_type).parse_key(raw) == expected
+
+
+@pytest.mark.parametrize("key_type, raw", [
+    ("int", 7.5), ("int", "7.5"), ("int", "seven"), ("float", 10 ** 400), ("float", "nan"), ("float", "inf"),
+])
+def test_keys_that_would_lose_or_not_order_are_bad(key_type, raw):
+    with pytest.raises(BadMessage):
+        MessageSpec(key_type=key_type).parse_key(raw)
+
+
 def test_positions_order_numerically_not_as_text():
     assert position_order("9-0") < position_order("10-0") < position_order("10-2")

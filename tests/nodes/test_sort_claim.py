@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinflow.runtime.clock import FakeClock
-from twinflow.runtime.message import Message
+from twinflow.runtime.message import Message, position_order
 from twinflow.runtime.nodes.sort import ClaimSortNode
 
 
@@ -39,6 +39,15 @@ def test_lower_key_later_in_the_uplink_waits_for_its_own_claim():
     node.offer(msg(2, key=5), now=0.0)
     assert ids(node.claim("m1", 10, msg(1).position)) == ["m1"]
     assert ids(node.rollback()) == ["m2"]
+
+
+def test_a_message_a_claim_passed_over_is_claimed_by_a_later_one():
+    node = ClaimSortNode(bake_time=5.0)
+    node.offer(msg(1, key=10), now=0.0)
+    node.offer(msg(2, key=5), now=0.0)
+    assert ids(node.claim("m1", 10, msg(1).position)) == ["m1"]
+    node.offer(msg(3, key=20), now=0.0)
+    assert ids(node.claim("m3", 20, msg(3).position)) == ["m2", "m3"]
 
 
 def test_fully_baked_message_is_surfaced_but_stays_recoverable():
@@ -119,3 +128,109 @@ def test_every_message_leaves_exactly_once_by_claim_or_rollback(evs, keys):
     assert sorted(out) == sorted(ids(offered))
     assert len(out) == len(set(out))
     assert ids(rolled) == [m.id for m in offered if m.id in set(ids(rolled))]  # uplink order
+
+
+class ScanModel:
+    """The claim node before it shared ClaimCache with the flow-file sort node: a plain
+    scan of everything baked, too slow to keep, kept here as the behaviour to match."""
+
+    def __init__(self, bake_time: float):
+        self.bake_time = bake_time
+        self.baked: dict[str, tuple[Message, float]] = {}   # position -> (message, ready_at)
+        self.overdue: dict[str, Message] = {}
+        self.claimed = self.unclaimed = self.rolled_back = 0
+
+    def held(self):
+        return [(p, e[0]) for p, e in self.baked.items()] + list(self.overdue.items())
+
+    def offer(self, m, now, processed=False):
+        if processed:
+            self.claimed += 1
+            return "bypass"
+        if m.position not in self.baked and m.position not in self.overdue:
+            self.baked[m.position] = (m, now + self.bake_time)
+        return None
+
+    def claim(self, msg_id, key, position):
+        upto = position_order(position)
+        take = [p for p, m in self.held() if m.id == msg_id or (m.key <= key and position_order(p) <= upto)]
+        self.claimed += len(take)
+        return [self._remove(p) for p in sorted(take, key=position_order)]
+
+    def tick(self, now):
+        ready = [p for p, (_, at) in self.baked.items() if at <= now]
+        for p in ready:
+            self.overdue[p] = self.baked.pop(p)[0]
+        self.unclaimed += len(ready)
+        return [self.overdue[p] for p in ready]
+
+    def forget(self, ids):
+        n = 0
+        for i in ids:
+            for p, m in self.held():
+                if m.id == i:
+                    self.claimed += p in self.baked
+                    self._remove(p)
+                    n += 1
+        return n
+
+    def rollback(self):
+        out = [m for _, m in sorted(self.held(), key=lambda e: position_order(e[0]))]
+        self.baked.clear()
+        self.overdue.clear()
+        self.rolled_back += len(out)
+        return out
+
+    def next_deadline(self):
+        return min((at for _, at in self.baked.values()), default=None)
+
+    def _remove(self, p):
+        return self.baked.pop(p)[0] if p in self.baked else self.overdue.pop(p)
+
+
+model_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("offer"), st.integers(0, 30), st.booleans()),   # new entry: key, processed
+        st.tuples(st.just("reread"), st.integers(0, 99), st.just(False)),  # an earlier entry read again
+        st.tuples(st.just("claim"), st.integers(0, 99), st.booleans()),   # True: a foreign ID, same key/position
+        st.tuples(st.just("tick"), st.sampled_from([0.0, 0.4, 1.0, 2.5]), st.just(False)),
+        st.tuples(st.just("forget"), st.integers(0, 99), st.just(False)),
+        st.tuples(st.just("rollback"), st.just(0), st.just(False)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(model_ops)
+def test_the_claim_node_behaves_like_the_plain_scan(ops):
+    """Same returns, counters and deadline as the scan it replaced, after every step."""
+    clock = FakeClock()
+    node, model = ClaimSortNode(bake_time=1.0), ScanModel(bake_time=1.0)
+    offered: list[Message] = []
+    for kind, a, b in ops:
+        if kind == "offer":
+            offered.append(msg(len(offered), key=a))
+            got = node.offer(offered[-1], clock.now(), b), model.offer(offered[-1], clock.now(), b)
+        elif kind == "reread" and offered:
+            m = offered[a % len(offered)]
+            got = node.offer(m, clock.now()), model.offer(m, clock.now())
+        elif kind == "claim" and offered:
+            c = offered[a % len(offered)]
+            cid = "elsewhere" if b else c.id
+            got = ids(node.claim(cid, c.key, c.position)), ids(model.claim(cid, c.key, c.position))
+        elif kind == "tick":
+            clock.advance(a)
+            got = ids(node.tick(clock.now())), ids(model.tick(clock.now()))
+        elif kind == "forget" and offered:
+            got = node.forget([f"m{a % len(offered)}"]), model.forget([f"m{a % len(offered)}"])
+        elif kind == "rollback":
+            got = ids(node.rollback()), ids(model.rollback())
+        else:
+            continue
+        assert got[0] == got[1], kind
+        assert (node.claimed, node.unclaimed, node.rolled_back) == (model.claimed, model.unclaimed, model.rolled_back)
+        assert (node.baked, node.pending) == (len(model.baked), len(model.baked) + len(model.overdue))
+        assert node.next_deadline() == model.next_deadline()
+        assert sorted(node.overdue_ids()) == sorted(m.id for m in model.overdue.values())
+
