@@ -415,7 +415,8 @@ def test_example_output_matches_expected(example):
 
 
 def test_the_reference_page_example_does_what_the_page_says():
-    page = (Path(__file__).parents[2] / "docs" / "nodes" / "join.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    page = readme.split("\n### join\n")[1].split("\n### ")[0]
     flow = page.split("```yaml\n")[1].split("```")[0]
     events = page.split("```json\n")[1].split("```")[0]
     assert run_flow(flow, events) == [
