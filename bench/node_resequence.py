@@ -22,12 +22,14 @@ appends it to ``bench/results/nodes.jsonl``.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import alternating_medians, record_node  # noqa: E402
 
 from twinflow.runtime.fields import FieldPath
 from twinflow.runtime.nodes.base import Msg
@@ -106,35 +108,20 @@ def steady(held: int):
 
 
 def costs_us(small: int, large: int) -> tuple[float, float]:
-    """Median us per message at both sizes; repetitions alternate so machine noise hits both alike."""
-    runs = {small: [], large: []}
-    steps = {n: steady(n) for n in runs}
-    for _ in range(REPEATS):
-        for n, step in steps.items():
-            runs[n].append(step())
-    return statistics.median(runs[small]), statistics.median(runs[large])
+    """Median us per message at both sizes (see common.alternating_medians)."""
+    medians = alternating_medians({n: steady(n) for n in (small, large)}, REPEATS)
+    return medians[small], medians[large]
 
 
 def main() -> None:
     rate = statistics.median(throughput() for _ in range(3))  # the machine is shared: median of 3 passes
     at_10, at_10000 = costs_us(10, 10_000)
-    record = {
-        "node": "resequence",
-        "throughput_msgs_s": round(rate),
-        "cost_us_at_10": round(at_10, 3),
-        "cost_us_at_10000": round(at_10000, 3),
-        "ratio": round(at_10000 / at_10, 3),
-        "workload": f"3 passes of {THROUGHPUT_MSGS} msgs at 10k/s virtual in batches of {BATCH} (literal end), "
-                    "0-1 ms jitter (54% held), 0.5% lost (2 s missing timeout, expired), "
-                    "0.5% duplicated, 0.5% without a number, engine-style ticks; "
-                    "cost: N groups each holding one message, one hold + one release of two per step, "
-                    "median of 101 alternating chunks of 2k msgs",
-    }
-    print(json.dumps(record))
-    sys.path.insert(0, str(Path(__file__).parent))
-    from common import save
-
-    save("nodes", record)
+    record_node("resequence", rate, at_10, at_10000,
+                f"3 passes of {THROUGHPUT_MSGS} msgs at 10k/s virtual in batches of {BATCH} (literal end), "
+                "0-1 ms jitter (54% held), 0.5% lost (2 s missing timeout, expired), "
+                "0.5% duplicated, 0.5% without a number, engine-style ticks; "
+                "cost: N groups each holding one message, one hold + one release of two per step, "
+                "median of 101 alternating chunks of 2k msgs")
 
 
 if __name__ == "__main__":

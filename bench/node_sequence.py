@@ -20,12 +20,14 @@ appends it to ``bench/results/nodes.jsonl``.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import alternating_medians, record_node  # noqa: E402
 
 from twinflow.runtime.fields import FieldPath
 from twinflow.runtime.nodes.base import Msg
@@ -92,33 +94,18 @@ def steady(groups: int):
 
 
 def costs_us(small: int, large: int) -> tuple[float, float]:
-    """Median us per message at both sizes; repetitions alternate so machine noise hits both alike."""
-    runs = {small: [], large: []}
-    steps = {n: steady(n) for n in runs}
-    for _ in range(REPEATS):
-        for n, step in steps.items():
-            runs[n].append(step())
-    return statistics.median(runs[small]), statistics.median(runs[large])
+    """Median us per message at both sizes (see common.alternating_medians)."""
+    medians = alternating_medians({n: steady(n) for n in (small, large)}, REPEATS)
+    return medians[small], medians[large]
 
 
 def main() -> None:
     rate = statistics.median(throughput() for _ in range(3))  # the machine is shared: median of 3 passes
     at_10, at_10000 = costs_us(10, 10_000)
-    record = {
-        "node": "sequence",
-        "throughput_msgs_s": round(rate),
-        "cost_us_at_10": round(at_10, 3),
-        "cost_us_at_10000": round(at_10000, 3),
-        "ratio": round(at_10000 / at_10, 3),
-        "workload": f"3 passes of {THROUGHPUT_MSGS} msgs at 10k/s virtual over {CUSTOMERS} Zipf-weighted "
-                    "customer groups, end automatic 30 s, 1% without a customer, engine-style ticks; "
-                    "cost: round-robin over N open groups, median of 101 alternating chunks of 2k msgs",
-    }
-    print(json.dumps(record))
-    sys.path.insert(0, str(Path(__file__).parent))
-    from common import save
-
-    save("nodes", record)
+    record_node("sequence", rate, at_10, at_10000,
+                f"3 passes of {THROUGHPUT_MSGS} msgs at 10k/s virtual over {CUSTOMERS} Zipf-weighted "
+                "customer groups, end automatic 30 s, 1% without a customer, engine-style ticks; "
+                "cost: round-robin over N open groups, median of 101 alternating chunks of 2k msgs")
 
 
 if __name__ == "__main__":
