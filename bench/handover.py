@@ -34,7 +34,7 @@ def main() -> None:
         pub = Publisher(cluster, count=int(600 * (10 + 4 * args.runs)), rate=600)  # outlasts every run
         pub.start()
         runs = []
-        for i in range(args.runs):
+        for _ in range(args.runs):
             time.sleep(2.0)  # pacing between handovers under steady load, not a wait for a condition
             master, epoch = cluster.master()
             asked = time.time()

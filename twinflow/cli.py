@@ -45,7 +45,7 @@ def _load_flow(path: str):
         return load_flow(path)
     except FlowFileError as exc:
         print(f"twinflow: flow file refused: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_BAD_FLOW)
+        raise SystemExit(EXIT_BAD_FLOW) from None
 
 
 # -- run ---------------------------------------------------------------------

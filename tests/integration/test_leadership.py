@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 from twinflow.cluster.connect import connect_zookeeper

@@ -381,7 +381,7 @@ def test_every_message_leaves_once_and_done_is_in_key_order(mode_a, mode_b, stre
         # a bypassed key could not have been put in order: done had passed it already
         for at, key in bypass:
             assert any(t <= at and k >= key for t, k in done)
-    for at, o, i, _ in lines:
+    for _at, o, i, _ in lines:
         assert (o == "failure") == (doc[i]["seq"] == "x")
         assert (o == "nohit") == (doc[i]["r"] == "other")
 
