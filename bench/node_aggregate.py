@@ -27,12 +27,14 @@ appends it to ``bench/results/nodes.jsonl``.
 from __future__ import annotations
 
 import gc
-import json
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import record_node  # noqa: E402
 
 from twinflow.runtime.nodes.aggregate import Aggregate
 from twinflow.runtime.nodes.base import Msg
@@ -189,25 +191,14 @@ def costs() -> tuple[float, float, list[int]]:
 def main() -> None:
     rate, n, counts = throughput()
     at10, at10k, held = costs()
-    record = {
-        "node": "aggregate",
-        "throughput_msgs_s": round(rate),
-        "cost_us_at_10": round(at10, 3),
-        "cost_us_at_10000": round(at10k, 3),
-        "ratio": round(at10k / at10, 3),
-        "workload": (f"{n} msgs of a Direct monitor at ~15k/s virtual (~8k held): variable completion and "
-                     "timeout (5 s/10 s), 1-3 recipients, half timely, 4% denied/failed, 5% never answered, "
-                     "2% originals late, 0.5% orphans, "
-                     "0.5% bad, engine-style ticks; cost: N unanswered originals held, completing groups 4 at a time, "
-                     f"median of {CHUNKS} alternating chunks of {CHUNK} msgs"),
-        "outlinks": counts,
-        "held_at_end": held,
-    }
-    print(json.dumps(record))
-    sys.path.insert(0, str(Path(__file__).parent))
-    from common import save
-
-    save("nodes", record)
+    record_node("aggregate", rate, at10, at10k,
+                (f"{n} msgs of a Direct monitor at ~15k/s virtual (~8k held): variable completion and "
+                 "timeout (5 s/10 s), 1-3 recipients, half timely, 4% denied/failed, 5% never answered, "
+                 "2% originals late, 0.5% orphans, "
+                 "0.5% bad, engine-style ticks; cost: N unanswered originals held, completing groups 4 at a time, "
+                 f"median of {CHUNKS} alternating chunks of {CHUNK} msgs"),
+                outlinks=counts,
+                held_at_end=held)
 
 
 if __name__ == "__main__":

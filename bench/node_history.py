@@ -17,12 +17,14 @@ appends it to ``bench/results/nodes.jsonl``.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import record_node  # noqa: E402
 
 from twinflow.runtime.nodes.base import Msg
 from twinflow.runtime.nodes.history import HistoryNode
@@ -109,22 +111,11 @@ def costs_us(sizes: tuple[int, ...]) -> list[float]:
 def main() -> None:
     rate = throughput()
     at_10, at_10000 = costs_us((10, 10_000))
-    record = {
-        "node": "history",
-        "throughput_msgs_s": round(rate),
-        "cost_us_at_10": round(at_10, 3),
-        "cost_us_at_10000": round(at_10000, 3),
-        "ratio": round(at_10000 / at_10, 3),
-        "workload": f"{THROUGHPUT_MSGS} msgs at 1000/s virtual, retention 60 s (~60k entries): "
-                    "85% new, 10% redelivered, 3% no uuid, 1% uuid > 96 chars, 1% uuid not a string; "
-                    "throughput best of 3; cost: all New, steady state of N entries, "
-                    "median of 7 x 20k, sizes interleaved",
-    }
-    print(json.dumps(record))
-    sys.path.insert(0, str(Path(__file__).parent))
-    from common import save
-
-    save("nodes", record)
+    record_node("history", rate, at_10, at_10000,
+                f"{THROUGHPUT_MSGS} msgs at 1000/s virtual, retention 60 s (~60k entries): "
+                "85% new, 10% redelivered, 3% no uuid, 1% uuid > 96 chars, 1% uuid not a string; "
+                "throughput best of 3; cost: all New, steady state of N entries, "
+                "median of 7 x 20k, sizes interleaved")
 
 
 if __name__ == "__main__":

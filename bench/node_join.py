@@ -20,7 +20,6 @@ the two sizes taking turns.
 from __future__ import annotations
 
 import gc
-import json
 import random
 import statistics
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import save  # noqa: E402
+from common import record_node  # noqa: E402
 
 from twinflow.runtime.nodes.base import Msg  # noqa: E402
 from twinflow.runtime.nodes.join import AndJoin, OrJoin, XorJoin  # noqa: E402
@@ -132,19 +131,11 @@ def main() -> None:
     }
     cost = costs()
     at_10, at_10000 = cost[10], cost[10_000]
-    record = {
-        "node": "join",
-        "throughput_msgs_s": round(rates["and"]),
-        "cost_us_at_10": round(at_10, 3),
-        "cost_us_at_10000": round(at_10000, 3),
-        "ratio": round(at_10000 / at_10, 3),
-        "workload": f"AND of 3 types, {len(events)} msgs, {ORDERS} activations at {RATE:g}/s spread {SPREAD:g} s, "
-                    f"time-out {TIMEOUT:g} s, 5% expire, 1% duplicate, 1% nohit, 0.5% failure; "
-                    "cost: steady state of expire + open + 3-way join per step",
-        "throughput_by_join_type": {k: round(v) for k, v in rates.items()},
-    }
-    print(json.dumps(record))
-    save("nodes", record)
+    record_node("join", rates["and"], at_10, at_10000,
+                f"AND of 3 types, {len(events)} msgs, {ORDERS} activations at {RATE:g}/s spread {SPREAD:g} s, "
+                f"time-out {TIMEOUT:g} s, 5% expire, 1% duplicate, 1% nohit, 0.5% failure; "
+                "cost: steady state of expire + open + 3-way join per step",
+                throughput_by_join_type={k: round(v) for k, v in rates.items()})
 
 
 if __name__ == "__main__":

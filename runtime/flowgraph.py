@@ -59,8 +59,7 @@ def parse_graph(text: str, file: str = "<string>") -> FlowGraph:
             raise all_nodes.error(node_name, "a node name must be 1-64 letters, digits, '_', '-' or '.'")
         n = all_nodes.section(node_name)
         kind = n.choice("type", KINDS)
-        params = {k: v for k, v in n.value.items() if k not in ("type", "links")}
-        nodes[node_name] = builder(kind)(node_name, Params(doc, n.path, params))
+        nodes[node_name] = builder(kind)(node_name, node_params(n))
         node_links = n.section("links", default={})
         for outlink, target in node_links.value.items():
             if outlink not in nodes[node_name].outlinks:
@@ -74,6 +73,11 @@ def parse_graph(text: str, file: str = "<string>") -> FlowGraph:
                     why="must name a node of this flow")
     _refuse_cycles(links, top)
     return FlowGraph(name, entry, id_path, nodes, links, file)
+
+
+def node_params(section: Params) -> Params:
+    """A node's section as its builder sees it: every field but ``type`` and ``links``."""
+    return Params(section.doc, section.path, {k: v for k, v in section.value.items() if k not in ("type", "links")})
 
 
 def load_graph(path: str | Path) -> FlowGraph:
@@ -106,4 +110,4 @@ def _refuse_cycles(links: dict[str, dict[str, str]], top: Params) -> None:
             visit(node, [node])
 
 
-__all__ = ["FlowGraph", "FlowFileError", "parse_graph", "load_graph"]
+__all__ = ["FlowGraph", "FlowFileError", "node_params", "parse_graph", "load_graph"]

@@ -6,24 +6,20 @@ other's state. When a test fails, the servers' log tails are printed.
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 
+from twinflow.cluster.process import wait_for
 from twinflow.cluster.services import LocalServices
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value, or fail after ``timeout_s``."""
-    end = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
+    value = wait_for(predicate, timeout_s, interval_s)
+    if not value:
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return value
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from twinflow.runtime.nodes import resequence
 from twinflow.runtime.nodes.base import Msg
 from twinflow.runtime.nodes.sequence import SEQ_MAX
+from twinflow.runtime.flowgraph import node_params as section_params
 from twinflow.runtime.params import Doc, FlowFileError, Params
 
 
@@ -25,8 +26,7 @@ def node_params(body: str) -> Params:
     """The parameters of node x in a flow file whose node body is ``body`` (from line 5)."""
     text = "flow: t\nnodes:\n  x:\n    type: resequence\n" + textwrap.indent(textwrap.dedent(body), "    ")
     doc = Doc(text, "f.yaml")
-    value = {k: v for k, v in doc.value["nodes"]["x"].items() if k not in ("type", "links")}
-    return Params(doc, "nodes.x", value)
+    return section_params(Params(doc, "", doc.value).section("nodes").section("x"))
 
 
 def make(end="end: {literal: 6}", extra="", timeout=5):

@@ -15,6 +15,7 @@ from twinflow.runtime.fields import FieldPath
 from twinflow.runtime.nodes import sequence
 from twinflow.runtime.nodes.base import Msg
 from twinflow.runtime.nodes.sequence import SEQ_MAX, GroupTimers, Predicate, Timed, truth
+from twinflow.runtime.flowgraph import node_params as section_params
 from twinflow.runtime.params import Doc, FlowFileError, Params
 
 
@@ -23,8 +24,7 @@ def node_params(body: str) -> Params:
     """The parameters of node x in a flow file whose node body is ``body`` (from line 5)."""
     text = "flow: t\nnodes:\n  x:\n    type: sequence\n" + textwrap.indent(textwrap.dedent(body), "    ")
     doc = Doc(text, "f.yaml")
-    value = {k: v for k, v in doc.value["nodes"]["x"].items() if k not in ("type", "links")}
-    return Params(doc, "nodes.x", value)
+    return section_params(Params(doc, "", doc.value).section("nodes").section("x"))
 
 
 def make(end="end: {literal: 2}", extra=""):
