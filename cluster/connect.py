@@ -55,11 +55,16 @@ def wait_for(
         backoff = min(backoff * 2, max_backoff_s)
 
 
-def connect_redis(url: str, deadline_s: float, **kw):
-    """A redis-py client for ``url`` that has answered PING."""
+def connect_redis(url: str, deadline_s: float, socket_timeout_s: float = 10.0, **kw):
+    """A redis-py client for ``url`` that has answered PING.
+
+    ``socket_timeout_s`` bounds each call (and each connect): a master keeps
+    it below its write lease so that a link that drops packets is noticed in time.
+    """
     import redis
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0)
+    client = redis.Redis.from_url(url, socket_connect_timeout=min(2.0, socket_timeout_s),
+                                  socket_timeout=socket_timeout_s)
 
     def ping():
         client.ping()

@@ -4,16 +4,33 @@
 (Escalation, Ingest, Admin) and starts; the servicers stay thin over plain
 callables, so the node logic behind them is tested without gRPC.
 
+Capacity: each service has its own share of the server's threads, so that one
+service in trouble cannot starve the others. At most ``ingest_limit``
+Publish calls, ``admin_limit`` Admin calls and ``escalation_streams``
+Escalate streams run at once (defaults 8, 4 and 8); the thread pool holds
+all of them plus :data:`REFUSAL_THREADS`, and gRPC refuses any call beyond
+the pool's size, so an accepted call never waits for a thread. A call beyond
+its service's limit is answered at once with ``RESOURCE_EXHAUSTED`` ("8
+publishes in progress; retry") instead of queueing behind the calls that
+hold the service's share: Publish calls hung on a down Redis leave the
+escalation streams and Status untouched.
+
 Under failure:
 
 - A bind that fails (port taken, bad address) raises :class:`BindError` naming
   the address; nothing is left running. ``SO_REUSEPORT`` is off so that a
   second server can never silently share a port with the first.
 - ``Publish`` refuses a wrong flow or an oversized batch with
-  ``INVALID_ARGUMENT`` before anything is written, and answers ``UNAVAILABLE``
-  (with the reason) when the uplink's server is down (``publish`` raised
-  ``ConnectionError``), so a client knows it may retry. A publish that fails
-  after writing some entries may have written them: Ingest is at-least-once.
+  ``INVALID_ARGUMENT`` before anything is written. It gives the uplink the
+  RPC's remaining time less :data:`PUBLISH_ANSWER_MARGIN_S`, and at most
+  ``max_wait_s`` (10 s by default, also when the client set no deadline), to
+  answer: ``publish(bodies, deadline_s)`` retries while Redis is unreachable
+  and raises ``RedisUnavailable`` once the deadline passes. Publish then
+  answers ``UNAVAILABLE`` with the reason (also for a built-in
+  ``ConnectionError`` from another uplink, or a store closed because the node
+  is stopping) before the client's own deadline, so a client knows it may
+  retry. A publish that fails after writing some entries may have written
+  them: Ingest is at-least-once.
 - The server accepts keepalive pings every 0.5 s even on idle streams, which
   the escalation sender needs to notice a dead peer in 1-2 s; without this the
   server would answer its pings with GOAWAY ``too_many_pings``.
@@ -30,12 +47,14 @@ Under failure:
 
 from __future__ import annotations
 
+import threading
 from concurrent import futures
 from typing import Callable
 
 import grpc
 
 from twinflow.cluster.escalation import EscalationServicer
+from twinflow.runtime.store.flow_store import RedisUnavailable, StoreClosed
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
@@ -46,6 +65,19 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 500),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+DEFAULT_INGEST_LIMIT = 8  # Publish calls at once
+DEFAULT_ADMIN_LIMIT = 4  # Status and Handover calls at once
+DEFAULT_ESCALATION_STREAMS = 8  # open Escalate streams (one per master escalating here; 8 is ample)
+# Threads beyond the services' shares, for answering calls over a service's
+# limit with RESOURCE_EXHAUSTED (each holds its thread for a moment).
+REFUSAL_THREADS = 2
+
+# The uplink is given the RPC's remaining time less this, so that its
+# UNAVAILABLE reaches the client before the client's deadline.
+PUBLISH_ANSWER_MARGIN_S = 0.25
+# The most a Publish waits for the uplink, whatever (or whether) the client's deadline.
+PUBLISH_MAX_WAIT_S = 10.0
 
 
 class BindError(RuntimeError):
@@ -58,14 +90,38 @@ def create_server(
     escalation: EscalationServicer | None = None,
     ingest: IngestServicer | None = None,
     admin: AdminServicer | None = None,
-    max_workers: int = 8,
+    ingest_limit: int = DEFAULT_INGEST_LIMIT,
+    admin_limit: int = DEFAULT_ADMIN_LIMIT,
+    escalation_streams: int = DEFAULT_ESCALATION_STREAMS,
 ) -> tuple[grpc.Server, int]:
     """Start a server on ``address`` ("127.0.0.1:0" picks a free port); return it and its port.
 
-    Every open Escalate stream holds one of the ``max_workers`` threads for
-    its whole life, so size it above the number of peers that escalate here.
+    At most ``ingest_limit`` Publish calls, ``admin_limit`` Admin calls
+    (Status and Handover together) and ``escalation_streams`` Escalate
+    streams run at once; one more is answered at once with
+    ``RESOURCE_EXHAUSTED``. Every open Escalate stream holds a thread for its
+    whole life, so keep ``escalation_streams`` above the number of nodes that
+    escalate here (a refused stream's sender retries with back-off). The
+    thread pool has ``ingest_limit + admin_limit + escalation_streams +
+    REFUSAL_THREADS`` threads, and gRPC refuses (``RESOURCE_EXHAUSTED``) any
+    call beyond that many, so no accepted call ever waits for a thread.
     """
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
+    for name, value in (("ingest_limit", ingest_limit), ("admin_limit", admin_limit),
+                        ("escalation_streams", escalation_streams)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    limits = _ServiceLimits({
+        _service("Ingest"): _Limit(ingest_limit, f"{ingest_limit} publishes in progress; retry"),
+        _service("Admin"): _Limit(admin_limit, f"{admin_limit} admin calls in progress; retry"),
+        _service("Escalation"): _Limit(escalation_streams, f"{escalation_streams} escalation streams open; retry"),
+    })
+    workers = ingest_limit + admin_limit + escalation_streams + REFUSAL_THREADS
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server"),
+        interceptors=[limits],
+        options=SERVER_OPTIONS,
+        maximum_concurrent_rpcs=workers,
+    )
     if escalation is not None:
         pb_grpc.add_EscalationServicer_to_server(escalation, server)
     if ingest is not None:
@@ -82,11 +138,81 @@ def create_server(
     return server, port
 
 
-class IngestServicer(pb_grpc.IngestServicer):
-    """Writes published message bodies into the flow's uplink through ``publish``."""
+def _service(name: str) -> str:
+    return pb.DESCRIPTOR.services_by_name[name].full_name
 
-    def __init__(self, flow: str, publish: Callable[[list[bytes]], list[str]], max_batch: int = 10_000):
-        self.flow, self._publish, self.max_batch = flow, publish, max_batch
+
+class _Limit:
+    """A service's share: a non-blocking semaphore and the refusal for a call beyond it."""
+
+    def __init__(self, limit: int, refusal: str):
+        self._slots = threading.BoundedSemaphore(limit)
+        self.refusal = refusal
+
+    def wrap(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=self._unary(handler.unary_unary))
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=self._unary(handler.stream_unary))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=self._streaming(handler.unary_stream))
+        return handler._replace(stream_stream=self._streaming(handler.stream_stream))
+
+    def _unary(self, behavior):
+        def limited(request, context):
+            if not self._slots.acquire(blocking=False):
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal)
+            try:
+                return behavior(request, context)
+            finally:
+                self._slots.release()
+
+        return limited
+
+    def _streaming(self, behavior):
+        # A generator: the slot is taken when gRPC starts the response stream
+        # and given back when the stream ends, however it ends.
+        def limited(request, context):
+            if not self._slots.acquire(blocking=False):
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal)
+            try:
+                yield from behavior(request, context)
+            finally:
+                self._slots.release()
+
+        return limited
+
+
+class _ServiceLimits(grpc.ServerInterceptor):
+    """Puts every method of a limited service behind that service's :class:`_Limit`."""
+
+    def __init__(self, limits: dict[str, _Limit]):
+        self._limits = limits
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        service = handler_call_details.method.lstrip("/").split("/", 1)[0]
+        limit = self._limits.get(service)
+        return handler if handler is None or limit is None else limit.wrap(handler)
+
+
+class IngestServicer(pb_grpc.IngestServicer):
+    """Writes published message bodies into the flow's uplink through ``publish(bodies, deadline_s)``.
+
+    ``publish`` must return the bodies' uplink positions within about
+    ``deadline_s`` seconds or raise ``RedisUnavailable`` (or ``ConnectionError``)
+    with the reason; ``FlowStore.publish`` does. ``deadline_s`` is the RPC's
+    remaining time less :data:`PUBLISH_ANSWER_MARGIN_S`, at most ``max_wait_s``.
+    """
+
+    def __init__(
+        self,
+        flow: str,
+        publish: Callable[[list[bytes], float], list[str]],
+        max_batch: int = 10_000,
+        max_wait_s: float = PUBLISH_MAX_WAIT_S,
+    ):
+        self.flow, self._publish, self.max_batch, self.max_wait_s = flow, publish, max_batch, max_wait_s
 
     def Publish(self, request, context):
         if request.flow != self.flow:
@@ -101,10 +227,19 @@ class IngestServicer(pb_grpc.IngestServicer):
         if not request.messages:
             return pb.PublishReply()
         try:
-            positions = self._publish([m.body for m in request.messages])
-        except ConnectionError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"uplink unavailable: {exc}")
+            positions = self._publish([m.body for m in request.messages], self._deadline_s(context))
+        except (RedisUnavailable, ConnectionError) as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"uplink of flow {self.flow!r} unavailable: {exc}")
+        except StoreClosed:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"uplink of flow {self.flow!r} closed: the node is stopping")
         return pb.PublishReply(positions=positions)
+
+    def _deadline_s(self, context) -> float:
+        # Without a client deadline gRPC reports a remaining time of centuries (or None).
+        remaining = context.time_remaining()
+        if remaining is None:
+            return self.max_wait_s
+        return max(0.0, min(remaining - PUBLISH_ANSWER_MARGIN_S, self.max_wait_s))
 
 
 class AdminServicer(pb_grpc.AdminServicer):
@@ -140,7 +275,9 @@ def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.
     """Publish ``bodies`` to ``flow`` through the node at ``address``; return their uplink positions.
 
     Raises ``grpc.RpcError``; its ``code()`` is ``UNAVAILABLE`` when the node or
-    its uplink is down (safe to retry, at the risk of a duplicate entry).
+    its uplink is down (safe to retry, at the risk of a duplicate entry) and
+    ``RESOURCE_EXHAUSTED`` when the node already runs its limit of publishes
+    (nothing was written; retry after a pause).
     """
     request = pb.PublishRequest(flow=flow, messages=[pb.Envelope(body=b) for b in bodies])
     with grpc.insecure_channel(address) as channel:

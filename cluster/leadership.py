@@ -12,14 +12,40 @@ What happens on each connection state (kazoo ``KazooState``):
   again; it keeps the role, because the session and the lock may survive.
 - LOST: the session expired, so the lock is gone and another node may be
   master already. ``on_demoted("session lost")`` runs; once a new session is
-  up the node registers again and queues for the election as a worker.
+  up the node registers again and queues for the election as a worker
+  (once ``may_contend()`` allows).
 - CONNECTED: writing resumes if the node still holds the lock.
 
 A stale master that misses all of this (paused, partitioned) cannot do harm:
 its Redis writes carry its old epoch and are refused (fencing).
 
 ``on_promoted(epoch)`` and ``on_demoted(reason)`` run on the election thread,
-one at a time, never concurrently with each other.
+one at a time, never concurrently with each other. Every ``on_promoted`` is
+followed by exactly one ``on_demoted``, also when ``on_promoted`` raised
+(reason ``"promotion failed: <error>"``).
+
+Promises under failure:
+
+- Members list complete, so no message is left unclaimed: while a node runs,
+  its member znode exists, is owned by its own session and holds its
+  address, so the master escalates to it. A node restarted within its old
+  session's timeout finds the old session's znode still there; it deletes it
+  (version-checked) and creates its own, instead of adopting a znode that
+  vanishes when the old session expires. A watch on the znode re-creates it
+  whenever it disappears (deleted by anyone, or a session lost) while the
+  node runs; only ``stop()`` removes it for good.
+- Election survives, so there is always a master candidate: whatever the
+  election loop meets (a ZooKeeper error while queued, an exception from
+  ``on_promoted``, ``on_demoted`` or the epoch update), it logs it with the
+  traceback, makes sure the node is demoted (``is_master`` False,
+  ``on_demoted`` called once if ``on_promoted`` was), waits about 0.2 s and
+  queues again. Only ``stop()`` ends it. A contender node that a failed
+  release left behind in the node's own session is removed before queueing,
+  so it cannot block the queue.
+- Contending only when able: the node queues only while ``may_contend()``
+  returns True (polled about every 0.1 s otherwise; an exception counts as
+  False), so a node joins once it can do the master's work (its stream is
+  warm, Redis answers) and re-joins after a step-down only once it can again.
 """
 
 from __future__ import annotations
@@ -31,9 +57,13 @@ import time
 from typing import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NoNodeError, NodeExistsError
+from kazoo.exceptions import BadVersionError, ConnectionLoss, KazooException, NoNodeError, NodeExistsError
 
 log = logging.getLogger("twinflow.leadership")
+
+GATE_POLL_S = 0.1      # how often a closed may_contend gate is asked again
+RETRY_PAUSE_S = 0.2    # pause after a failure before queueing again
+MEMBER_CHECK_S = 5.0   # the member znode is also checked this often, watch or not
 
 
 class Leadership:
@@ -45,13 +75,18 @@ class Leadership:
         address: str,
         on_promoted: Callable[[int], None],
         on_demoted: Callable[[str], None],
+        *,
+        may_contend: Callable[[], bool] = lambda: True,
     ):
         self.zk = zk
         self.node_id = node_id
         self.address = address
         self.root = f"/twinflow/{flow}"
+        self._member_path = f"{self.root}/members/{node_id}"
+        self._member_data = json.dumps({"address": address}).encode()
         self._on_promoted = on_promoted
         self._on_demoted = on_demoted
+        self._may_contend = may_contend
         self.epoch = 0
         self._master = threading.Event()
         self._suspended = threading.Event()
@@ -59,8 +94,15 @@ class Leadership:
         self._demote_reason = ""
         self._stopping = threading.Event()
         self._session_lost = threading.Event()
+        self._losses = 0                       # sessions lost so far (set on kazoo's event thread)
+        self._member_check = threading.Event()  # the member znode may need registering again
+        self._register_lock = threading.Lock()
+        self._gate_open: bool | None = None
+        self._failed = False                   # the last round ended in an exception
+        self._gate_logged_at = float("-inf")
         self._election = None
         self._thread = threading.Thread(target=self._loop, name=f"election-{node_id}", daemon=True)
+        self._keeper = threading.Thread(target=self._keep_member, name=f"member-{node_id}", daemon=True)
 
     # -- public -----------------------------------------------------------
     def start(self) -> None:
@@ -68,11 +110,18 @@ class Leadership:
             self.zk.ensure_path(f"{self.root}/{sub}")
         self.zk.add_listener(self._on_state)
         self._register()
+        self._member_check.set()  # sets the watch on the znode just created
+        self._keeper.start()
         self._thread.start()
 
     @property
     def is_master(self) -> bool:
         return self._master.is_set()
+
+    @property
+    def suspended(self) -> bool:
+        """True while the ZooKeeper connection is down (the session may still be alive)."""
+        return self._suspended.is_set()
 
     def may_write(self) -> bool:
         """True while this node is master and its ZooKeeper connection is up."""
@@ -104,6 +153,8 @@ class Leadership:
         """Give up the master role so that another node takes it, without a session expiry."""
         if not self.is_master:
             return {"ok": False, "reason": "this node is not master"}
+        if self.suspended:  # a ZooKeeper call would wait for the connection, unbounded
+            return {"ok": False, "reason": "ZooKeeper is unreachable: the role ends with the session"}
         others = [c for c in self.zk.Election(f"{self.root}/election").contenders() if c != self.node_id]
         if not others:
             return {"ok": False, "reason": "no other node is waiting to take over"}
@@ -120,15 +171,31 @@ class Leadership:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._member_check.set()
         self.step_down("stopping")
-        if self._election is not None:
-            self._election.cancel()  # stop waiting in the queue
-        self._thread.join(timeout=10)
+        election = self._election
+        if election is not None:
+            election.cancel()  # stop waiting in the queue
+        # Cut off from ZooKeeper, every call waits for the connection: don't
+        # wait for threads stuck in one; the session's end removes our znodes.
+        wait_s = 1.0 if self.suspended else 10.0
+        if self._thread.ident is not None:
+            self._thread.join(timeout=wait_s)
+        if self._keeper.ident is not None:
+            self._keeper.join(timeout=wait_s)  # before the delete, so that it cannot re-create the znode
         self.zk.remove_listener(self._on_state)
+        if self.suspended:
+            return
         try:
-            self.zk.delete(f"{self.root}/members/{self.node_id}")
+            _, stat = self.zk.get(self._member_path)
+            if stat.ephemeralOwner == self._session_id():  # never a newer incarnation's znode
+                self.zk.delete(self._member_path, version=stat.version)
         except KazooException:
             pass
+
+    def step_down(self, reason: str) -> None:
+        self._demote_reason = reason
+        self._demote.set()
 
     # -- internals --------------------------------------------------------
     def _master_epoch_moved(self) -> bool:
@@ -138,18 +205,76 @@ class Leadership:
             return False
         return stat.version > self.epoch
 
-    def step_down(self, reason: str) -> None:
-        self._demote_reason = reason
-        self._demote.set()
+    def _session_id(self) -> int:
+        client_id = self.zk.client_id
+        if not client_id:
+            raise ConnectionLoss("no ZooKeeper session")
+        return client_id[0]
 
     def _register(self) -> None:
-        path = f"{self.root}/members/{self.node_id}"
-        data = json.dumps({"address": self.address}).encode()
-        try:
-            self.zk.create(path, data, ephemeral=True)
-        except NodeExistsError:
-            # Left by this node's previous session, which may not have expired yet.
-            self.zk.set(path, data)
+        """Make the member znode exist, owned by our session, with our address."""
+        path, data = self._member_path, self._member_data
+        with self._register_lock:
+            for _ in range(5):
+                try:
+                    self.zk.create(path, data, ephemeral=True)
+                    return
+                except NodeExistsError:
+                    pass
+                try:
+                    old, stat = self.zk.get(path)
+                except NoNodeError:
+                    continue
+                if stat.ephemeralOwner == self._session_id():
+                    if old != data:
+                        try:
+                            self.zk.set(path, data, version=stat.version)
+                        except (NoNodeError, BadVersionError):
+                            continue
+                    return
+                # Left by another session: most likely this node before a fast
+                # restart, not yet expired. Adopting it would lose it at that
+                # session's expiry, so replace it with one of our own.
+                log.warning("%s: member znode %s is held by session 0x%x, not ours: replacing it "
+                            "(if this repeats, two running nodes share the ID)",
+                            self.node_id, path, stat.ephemeralOwner)
+                try:
+                    self.zk.delete(path, version=stat.version)
+                except (NoNodeError, BadVersionError):
+                    pass
+            raise KazooException(f"could not register {path}: it kept changing under us")
+
+    def _on_member_event(self, event) -> None:
+        # kazoo's event thread: only flag it, the member keeper does the work.
+        self._member_check.set()
+
+    def _keep_member(self) -> None:
+        """Re-create the member znode whenever it is gone or not ours, until stop()."""
+        while True:
+            self._member_check.wait(MEMBER_CHECK_S)
+            if self._stopping.is_set():
+                return
+            self._member_check.clear()
+            if not self.zk.connected:
+                continue  # CONNECTED sets _member_check again
+            try:
+                stat = self.zk.exists(self._member_path, watch=self._on_member_event)
+                if stat is not None and stat.ephemeralOwner == self._session_id():
+                    continue
+                if self._stopping.is_set():
+                    return
+                log.warning("%s: member znode %s %s: registering again", self.node_id, self._member_path,
+                            "is gone" if stat is None else "belongs to another session")
+                self._register()
+                self._member_check.set()  # look again (and watch the new znode)
+                self._stopping.wait(RETRY_PAUSE_S)  # two nodes sharing an ID must not spin
+            except Exception as exc:
+                if self._stopping.is_set():
+                    return
+                log.warning("%s: checking member znode %s failed: %s; trying again",
+                            self.node_id, self._member_path, exc)
+                self._member_check.set()
+                self._stopping.wait(RETRY_PAUSE_S)
 
     def _on_state(self, state: str) -> None:
         # Runs on kazoo's event thread: only flip flags here, never call ZooKeeper.
@@ -157,47 +282,107 @@ class Leadership:
             self._suspended.set()
         elif state == KazooState.LOST:
             self._suspended.set()
+            self._losses += 1
             self._session_lost.set()
             if self._master.is_set():
                 self.step_down("session lost")
         else:
             self._suspended.clear()
+            self._member_check.set()
 
     def _next_epoch(self) -> int:
         stat = self.zk.set(f"{self.root}/epoch", self.node_id.encode())
         return stat.version
 
     def _lead(self) -> None:
-        self.epoch = self._next_epoch()
+        if self._stopping.is_set():
+            return
+        losses = self._losses
+        epoch = self._next_epoch()
+        self.epoch = epoch
+        self._demote_reason = ""
         self._demote.clear()
         self._master.set()
-        log.info("%s promoted to master, epoch %d", self.node_id, self.epoch)
+        # A stop() or session loss just before the role was set found no master to demote.
+        if self._losses != losses:
+            self.step_down("session lost")
+        elif self._stopping.is_set():
+            self.step_down("stopping")
+        log.info("%s promoted to master, epoch %d", self.node_id, epoch)
+        failure = None
         try:
-            self._on_promoted(self.epoch)
+            try:
+                self._on_promoted(epoch)
+            except Exception as exc:
+                failure = f"promotion failed: {exc}"
+                raise
             self._demote.wait()
         finally:
             self._master.clear()
-            log.info("%s demoted (%s), epoch %d", self.node_id, self._demote_reason, self.epoch)
-            self._on_demoted(self._demote_reason or "stopped")
+            reason = failure or self._demote_reason or "stopped"
+            log.info("%s demoted (%s), epoch %d", self.node_id, reason, epoch)
+            self._on_demoted(reason)
+
+    def _contend_now(self) -> bool:
+        """Ask the may_contend gate; an exception counts as False."""
+        try:
+            open_ = bool(self._may_contend())
+        except Exception:
+            now = time.monotonic()
+            if now - self._gate_logged_at > 5.0:  # polled 10 times a second: don't flood the log
+                self._gate_logged_at = now
+                log.exception("%s: may_contend raised; not queueing for the election", self.node_id)
+            open_ = False
+        if open_ != self._gate_open:
+            self._gate_open = open_
+            log.info("%s %s", self.node_id, "queues for the election" if open_ else
+                     "waits before queueing for the election (may_contend is False)")
+        return open_
+
+    def _drop_leftover_contenders(self) -> None:
+        """Delete election nodes of this node in our own session (checked after a failure): a
+        release that failed leaves one, and a new Election would queue behind it, with every
+        other node, for as long as the session lives."""
+        path = f"{self.root}/election"
+        session = self._session_id()
+        for child in self.zk.get_children(path):
+            try:
+                data, stat = self.zk.get(f"{path}/{child}")
+            except NoNodeError:
+                continue
+            if stat.ephemeralOwner == session and data == self.node_id.encode():
+                log.warning("%s: removing its leftover election node %s", self.node_id, child)
+                try:
+                    self.zk.delete(f"{path}/{child}", version=stat.version)
+                except (NoNodeError, BadVersionError):
+                    pass
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            if self._session_lost.is_set():
-                if not self.zk.connected:
-                    time.sleep(0.05)
-                    continue
-                self._session_lost.clear()
-                try:
-                    self._register()
-                except KazooException as exc:
-                    log.warning("re-registering %s failed: %s", self.node_id, exc)
-                    continue
-            # After a handover this queues behind the node that was already
-            # waiting (the lock is fair), so that node takes over.
-            self._election = self.zk.Election(f"{self.root}/election", self.node_id)
             try:
+                if self._session_lost.is_set():
+                    if not self.zk.connected:
+                        self._stopping.wait(0.05)
+                        continue
+                    self._register()
+                    self._session_lost.clear()
+                if not self._contend_now():
+                    self._stopping.wait(GATE_POLL_S)
+                    continue
+                if self._failed:
+                    self._drop_leftover_contenders()
+                    self._failed = False
+                # After a handover this queues behind the node that was already
+                # waiting (the lock is fair), so that node takes over.
+                self._election = self.zk.Election(f"{self.root}/election", self.node_id)
+                if self._stopping.is_set():
+                    break  # stop() may have missed this election: don't queue
                 self._election.run(self._lead)
-            except KazooException as exc:
-                # Connection or session trouble while queued or releasing: queue again.
-                log.warning("election for %s interrupted: %s", self.node_id, exc)
-                self._stopping.wait(0.1)
+            except Exception:
+                self._master.clear()  # _lead's finally did, unless it never set it
+                self._failed = True
+                if self._stopping.is_set():
+                    log.info("election for %s ended while stopping", self.node_id, exc_info=True)
+                    break
+                log.exception("election for %s failed; the node queues again", self.node_id)
+                self._stopping.wait(RETRY_PAUSE_S)

@@ -4,29 +4,50 @@ Every node reads the whole uplink through Spark. What it does with a batch
 depends on its role:
 
 - master: the ActionNode delivers each message to the sink and records its
-  ID in the ID cache in one fenced Redis step, then escalates the processed
-  messages (id, key, uplink position) to the other nodes over gRPC;
-- worker: messages whose IDs are in the ID cache leave through bypass; the
-  rest are baked by the claim-mode SortNode until an escalation claims them.
+  ID and the flow's processed mark in one fenced Redis step, then escalates
+  the processed messages (id, key, uplink position) to the other nodes;
+- worker: messages the flow already processed (ID in the ID cache, or at or
+  before the processed mark) leave through bypass; the rest are baked by
+  the claim-mode SortNode until an escalation claims them.
 
-Promises under failure:
+The rule that makes a message processed: the delivery script that sinks it
+(or finds it already processed) also moves the processed mark, the position
+up to which the masters handled every uplink entry, in uplink order.
 
-- Promotion (the master's session expired, or a handover): the new master
-  takes a new epoch, raises the fencing epoch in Redis, rolls every unclaimed
-  message back into its ActionNode and delivers it; IDs already in the ID
-  cache are skipped, so a lost escalation never causes a double feed.
-- A stale master (older epoch) changes nothing in Redis: its delivery is
-  refused (Fenced), it stops acting as master and bakes instead.
-- While ZooKeeper is SUSPENDED the master holds its batch and waits; while
-  Redis is down every write waits and retries. Nothing is dropped.
-- A message that cannot be decoded goes to the failure stream with its
-  reason, once, whichever node sees it first.
-- Timers (bake expiry, status) run on their own thread, so they fire with no
-  new input; idle, that thread wakes a few times a second.
+Promises under failure (DESIGN.md's numbering):
+
+- Promotion (1, 2): the new master takes a new epoch, raises the fencing
+  epoch in Redis, then delivers every uplink entry after the processed mark
+  up to where it has read itself, re-read from the uplink, not from memory:
+  what it had baked before a restart, or never baked because its offset
+  skipped ahead, is delivered all the same, and anything already processed
+  is skipped by the delivery script. Its bake is dropped only once that
+  succeeded; an error leaves everything in Redis and the election queues the
+  node again.
+- Batches (1): a batch is either processed whole (delivered, baked or sent to
+  the failure stream) or ``on_batch`` raises, so Spark does not commit it and
+  reads it again: a node stopping with a batch held (ZooKeeper suspended,
+  Redis down) never drops it. Each worker batch records how far the node has
+  handled the uplink (``handled_id``) before Spark commits it.
+- One writer (3): a stale master's delivery is refused (Fenced); it steps
+  down and bakes instead. The node lock guards memory only and is never held
+  across a Redis call, so handover and status answer while Redis hangs.
+- Write lease (1, 3): a master that has not reached Redis for
+  ``write_lease`` seconds (shorter than its ZooKeeper session) steps down,
+  and queues for the election again only once Redis answers, so a node that
+  can reach Redis takes over.
+- Bounded state (5): a worker stops reading (backpressure) when another
+  batch could take it past ``max_pending``; it never drops. The sweep that
+  frees surfaced messages costs one Redis read whatever it holds.
+- Bad input (6): every entry that cannot be decoded goes to the failure
+  stream with its reason, once, whichever node sees it first.
+- Timers (bake expiry, sweep, status, lease) run on their own thread, so they
+  fire with no new input; idle, that thread wakes a few times a second.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -36,10 +57,10 @@ from pathlib import Path
 
 from ..runtime.clock import Clock, SystemClock
 from ..runtime.flowfile import FlowSpec
-from ..runtime.message import BadMessage, Message, decode
+from ..runtime.message import BadMessage, Message, decode, position_order
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.spark.source import WARMUP_POSITION
-from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced
+from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable, chunked
 from .connect import connect_redis, connect_zookeeper
 from .escalation import EscalationSender, EscalationServicer, StaleEpoch
 from .grpc_server import AdminServicer, IngestServicer, create_server
@@ -48,7 +69,19 @@ from .leadership import Leadership
 log = logging.getLogger("twinflow.node")
 
 MASTER, WORKER, STARTING = "master", "worker", "starting"
-DELIVER_CHUNK = 1000  # messages per fenced delivery script: keeps each script short
+START_FROM = ("processed", "beginning")
+
+
+class NodeStopping(RuntimeError):
+    """A batch reached the node while it stops: raised so that Spark does not commit it."""
+
+
+class StartRefused(RuntimeError):
+    """The node will not start: reading from here, or on this Redis, could break a promise."""
+
+
+class _StepDown(RuntimeError):
+    """The node stopped being master while it was catching up on promotion."""
 
 
 @dataclass
@@ -63,6 +96,7 @@ class NodeConfig:
     connect_deadline_s: float = 60.0
     status_interval_s: float = 0.5
     sweep_interval_s: float = 1.0
+    start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
 
 
 class FlowNode:
@@ -72,17 +106,29 @@ class FlowNode:
         self.clock = clock or SystemClock()
         self.keys = FlowKeys(spec.name, spec.uplink_stream, spec.action.sink_stream)
         self.sort = ClaimSortNode(spec.sort.bake_time, spec.sort.unclaimed_outlink, spec.sort.max_pending)
+        # A batch never takes the bake past max_pending: the reader takes at
+        # most this many entries, and holds while the next batch might not fit.
+        self.read_size = min(spec.batch_size, spec.sort.max_pending)
+        self.lease_s = spec.write_lease
         self.role = STARTING
         self.epoch = 0            # this node's epoch while master
         self.known_epoch = 0      # the newest epoch this node has seen anywhere
         self.delivered = 0
-        self.skipped = 0          # already in the ID cache when the master got them
+        self.skipped = 0          # already processed when the master got them
         self.failed = 0
+        self.rolled_back = 0      # delivered by promotion catch-up
+        self.held = False         # backpressure: the reader plans no batch
+        self.holding = False      # a master batch waits for ZooKeeper to come back
+        self.handled_upto: str | None = None  # the last uplink position this node handled
         self.streaming = False
-        self._lock = threading.RLock()
+        self.streaming_since = 0.0
+        self._lock = threading.Lock()   # memory only: never held across a Redis call
+        self._work = threading.Lock()   # one batch or one promotion catch-up at a time
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._term_requested = threading.Event()
+        self._stopped = False
+        self._to_surface: list[Message] = []
         self.store: FlowStore | None = None
         self.zk = None
         self.leadership: Leadership | None = None
@@ -94,12 +140,18 @@ class FlowNode:
 
     # -- life cycle -------------------------------------------------------
     def start(self) -> None:
-        """Connect (waiting up to the deadline), start Spark, serve gRPC, join the election, read."""
+        """Connect (waiting up to the deadline), check Redis and the start position, start
+        Spark, serve gRPC, read; join the election once the stream is warm."""
         cfg = self.cfg
-        client = connect_redis(cfg.redis_url, cfg.connect_deadline_s)
+        # Each Redis call is bounded by the lease, so a link that drops packets
+        # shows as failed writes in time for the master to step down.
+        client = connect_redis(cfg.redis_url, cfg.connect_deadline_s, socket_timeout_s=max(0.5, self.lease_s))
         self.store = FlowStore(client, self.keys, cfg.node_id, id_ttl=self.spec.action.id_ttl)
+        self._check_redis()
         self.zk = connect_zookeeper(cfg.zk_hosts, cfg.connect_deadline_s, self.spec.session_timeout)
-        self.known_epoch = self.store.current_epoch()
+        self._guard_epoch(self._zookeeper_epoch())
+        self.handled_upto = self.store.handled_position()
+        start = self._start_position()
         # The JVM is forked before any gRPC object exists: forking while gRPC's
         # threads run broke the JVM launch (seen once in ~13 starts).
         self._start_spark()
@@ -119,20 +171,86 @@ class FlowNode:
         with self._lock:
             self.role = WORKER
         self.leadership = Leadership(self.zk, self.spec.name, cfg.node_id, self.address,
-                                     self._on_promoted, self._on_demoted)
+                                     self._on_promoted, self._on_demoted, may_contend=self._may_contend)
         self.leadership.start()
         threading.Thread(target=self._timer_loop, name="timers", daemon=True).start()
-        self._start_stream()
+        self._start_stream(start)
+
+    def _check_redis(self) -> None:
+        """Refuse (or warn, per ``cluster.redis_checks``) a Redis that may evict or forget."""
+        problems = self.store.config_problems()
+        if not problems:
+            return
+        text = "; ".join(problems)
+        if self.spec.redis_checks == "refuse":
+            raise StartRefused(f"Redis at {self.cfg.redis_url.split('@')[-1]} cannot keep the flow's promises: "
+                               f"{text} (see README 'Redis configuration'; cluster.redis_checks: warn runs anyway)")
+        log.warning("RUNNING ON A REDIS THAT CANNOT KEEP THE PROMISES: %s", text)
+
+    def _zookeeper_epoch(self) -> int:
+        stat = self.zk.exists(f"/twinflow/{self.spec.name}/epoch")
+        return stat.version if stat else 0
+
+    def _guard_epoch(self, seen: int, deadline_s: float | None = None) -> None:
+        """Raise Redis's fencing epoch to the newest this node has seen (it must never go back)."""
+        in_redis = self.store.current_epoch(deadline_s=deadline_s)
+        newest = max(seen, in_redis, self.known_epoch)
+        if in_redis < newest:
+            log.warning("Redis's fencing epoch is %d but epoch %d exists (Redis lost data?): raising it",
+                        in_redis, newest)
+            newest = self.store.raise_epoch(newest, deadline_s=deadline_s)
+        with self._lock:
+            self.known_epoch = max(self.known_epoch, newest)
+
+    def _checkpoint_dir(self) -> Path:
+        return Path(self.cfg.state_dir) / self.spec.name / self.cfg.node_id / "checkpoint"
+
+    def _start_position(self) -> dict:
+        """Where a new checkpoint starts reading (a checkpoint with commits resumes by itself).
+
+        Chosen once per state directory and kept beside the checkpoint, so a
+        restart before the first commit starts at the same place. A node with
+        a new state directory on a flow that has processed entries must be told
+        where to start: after the processed mark, or from the beginning (safe,
+        since nothing at or before the mark is delivered again, but slow).
+        """
+        checkpoint = self._checkpoint_dir()
+        chosen = checkpoint.parent / "start.json"
+        if chosen.exists():
+            return json.loads(chosen.read_text())
+        commits = checkpoint / "commits"
+        if commits.is_dir() and any(commits.iterdir()):
+            return {"id": "0-0", "n": 0}  # a checkpoint from before start.json existed
+        mark = self.store.processed_mark()
+        if mark is None or self.cfg.start_from == "beginning":
+            start = {"id": "0-0", "n": 0}
+        elif self.cfg.start_from == "processed":
+            start = {"id": mark, "n": self.store.entries_upto(mark)}
+        else:
+            raise StartRefused(
+                f"flow {self.spec.name!r} has processed its uplink up to {mark}, but this node has no "
+                f"checkpoint in {checkpoint}: pass --start-from processed (read after {mark}; the usual "
+                f"choice for a new or rebuilt node) or --start-from beginning (re-read the whole uplink; "
+                f"entries up to {mark} are never delivered again)")
+        oldest = self.store.oldest_after(mark)
+        if oldest is not None and time.time() - position_order(oldest)[0] / 1000 > self.spec.action.id_ttl:
+            log.warning("the oldest unprocessed uplink entry (%s) is older than id_ttl (%d s): a re-published "
+                        "duplicate of a message processed before it may no longer be recognised by its ID",
+                        oldest, self.spec.action.id_ttl)
+        chosen.parent.mkdir(parents=True, exist_ok=True)
+        chosen.write_text(json.dumps(start))
+        log.info("%s starts reading %s after %s", self.cfg.node_id, self.keys.uplink, start["id"])
+        return start
 
     def _start_spark(self) -> None:
         from ..runtime.spark.session import build_session
 
         self.spark = build_session(f"twinflow-{self.spec.name}-{self.cfg.node_id}", self.cfg.spark_master)
 
-    def _start_stream(self) -> None:
+    def _start_stream(self, start: dict) -> None:
         from ..runtime.spark.stream import start_stream
 
-        checkpoint = Path(self.cfg.state_dir) / self.spec.name / self.cfg.node_id / "checkpoint"
+        checkpoint = self._checkpoint_dir()
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
         self.query = start_stream(
             self.spark,
@@ -140,10 +258,12 @@ class FlowNode:
             stream=self.keys.uplink,
             checkpoint_dir=str(checkpoint),
             on_batch=self.on_batch,
-            batch_size=self.spec.batch_size,
+            batch_size=self.read_size,
+            batch_bytes=self.spec.batch_bytes,
+            max_body_bytes=self.spec.message.max_bytes,
             status_key=self.keys.read(self.cfg.node_id),
             query_name=f"{self.spec.name}_{self.cfg.node_id}".replace("-", "_"),
-            source_options={"warmup": "1"},
+            source_options={"warmup": "1", "start_id": start["id"], "start_n": str(start["n"])},
         )
         log.info("%s started reading %s (gRPC %s); ready after the warm-up batch",
                  self.cfg.node_id, self.keys.uplink, self.address)
@@ -154,8 +274,10 @@ class FlowNode:
         while not self._stop.is_set():
             if self._term_requested.is_set():
                 if self.leadership.is_master:
-                    result = self.handover(5.0)
-                    log.info("SIGTERM handover: %s", result)
+                    try:
+                        log.info("SIGTERM handover: %s", self.handover(5.0))
+                    except Exception:  # ZooKeeper unreachable: stop all the same
+                        log.exception("SIGTERM handover failed; stopping")
                 break
             if self.query is not None and not self.query.isActive:
                 exc = self.query.exception()
@@ -171,23 +293,27 @@ class FlowNode:
         self._term_requested.set()
 
     def stop(self) -> None:
-        if self._stop.is_set() and self.leadership is None:
+        if self._stopped:
             return
+        self._stopped = True
         self._stop.set()
         self._wake.set()
+        if self.store is not None:
+            # A batch waiting for Redis raises now and is not committed.
+            self.store.close()
         if self.query is not None:
             from ..runtime.spark.stream import stop_stream
 
-            stop_stream(self.query, 10.0)
+            try:
+                stop_stream(self.query, 10.0)
+            except Exception:  # a batch refused on purpose (NodeStopping) fails the query
+                log.info("uplink stream stopped with its last batch uncommitted (read again on restart)")
         if self.leadership is not None:
             self.leadership.stop()
-            self.leadership = None
         if self.sender is not None:
             self.sender.stop()
         if self.server is not None:
             self.server.stop(1.0)
-        if self.store is not None:
-            self.store.close()
         if self.zk is not None:
             self.zk.stop()
             self.zk.close()
@@ -195,60 +321,117 @@ class FlowNode:
             self.spark.stop()
 
     # -- batches from the uplink ------------------------------------------
-    def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None]]) -> None:
+    def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
+        """Process one batch whole, or raise so that Spark does not commit it."""
+        msgs, bad = self._decode(rows)
+        last = next((r[0] for r in reversed(rows) if r[0] != WARMUP_POSITION), None)
+        with self._work:
+            if self._stop.is_set():
+                raise NodeStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
+            if bad:
+                self.store.record_failures(bad, max_entries=self.spec.failure_max_entries,
+                                           max_body=self.spec.message.max_bytes)
+                with self._lock:
+                    self.failed += len(bad)
+            if last is None:
+                return
+            try:
+                self._process(batch_id, msgs, last)
+            finally:
+                self.holding = False
+
+    def _process(self, batch_id: int, msgs: list[Message], last: str) -> None:
+        while True:
+            if self._stop.is_set():
+                raise NodeStopping(f"batch {batch_id} held while stopping; it is read again on restart")
+            with self._lock:
+                role, epoch = self.role, self.epoch
+            if role != MASTER:
+                self._bake(msgs, last)
+                return
+            if self.leadership.may_write():
+                rest = self._deliver(msgs, epoch)
+                if rest is None:
+                    self._handled(last)
+                else:  # stepped down part-way: the rest is a worker's
+                    self._bake(rest, last)
+                return
+            # Master but ZooKeeper is suspended: hold the batch until the
+            # connection is back (keep the role) or the session is lost (bake).
+            self.holding = True
+            self._stop.wait(0.05)
+
+    def _decode(self, rows) -> tuple[list[Message], list[tuple]]:
+        """Messages, and (position, reason, body, size) of the entries that are bad."""
         msgs: list[Message] = []
-        bad: list[tuple[str, str, bytes | None]] = []
-        for position, data in rows:
+        bad: list[tuple] = []
+        spec = self.spec.message
+        for position, data, size in rows:
             if position == WARMUP_POSITION:
                 # The query's first batch has run: from now on it reads at speed.
                 if not self.streaming:
+                    self.streaming_since = time.time()
                     self.streaming = True
                     log.info("%s is streaming", self.cfg.node_id)
                 continue
+            if data is None and size is not None:  # the reader withheld a body over the limit
+                bad.append((position, f"message is {size} bytes, over the limit of {spec.max_bytes}", None, size))
+                continue
             try:
-                msgs.append(decode(position, data, self.spec.message))
+                msgs.append(decode(position, data, spec))
             except BadMessage as exc:
-                bad.append((position, exc.reason, data))
-        if bad:
-            self.store.record_failures(bad)
-            with self._lock:
-                self.failed += len(bad)
-        while not self._stop.is_set():
-            with self._lock:
-                if self.role != MASTER:
-                    self._bake(msgs)
-                    return
-                if self.leadership.may_write():
-                    self._deliver(msgs)
-                    return
-            # Master but ZooKeeper is suspended: hold the batch until the
-            # connection is back (keep the role) or the session is lost (bake).
-            self._stop.wait(0.05)
+                bad.append((position, exc.reason, data, size))
+        return msgs, bad
 
-    def _bake(self, msgs: list[Message]) -> None:
-        present = self.store.processed([m.id for m in msgs])
+    def _handled(self, position: str) -> None:
+        with self._lock:
+            if self.handled_upto is None or position_order(position) > position_order(self.handled_upto):
+                self.handled_upto = position
+
+    def _bake(self, msgs: list[Message], last: str) -> None:
+        """Bake as worker (caller holds _work); records how far this node handled the uplink."""
+        done = self.store.processed(msgs, handled_upto=last)
         now = self.clock.now()
-        for m, done in zip(msgs, present):
-            self.sort.offer(m, now, processed=done)
+        with self._lock:
+            for m, d in zip(msgs, done):
+                self.sort.offer(m, now, processed=d)
+        self._handled(last)
+        self._update_backpressure()
         self._wake.set()
 
-    def _deliver(self, msgs: list[Message]) -> None:
-        """Deliver as master (caller holds the lock); on Fenced, stop being master."""
-        for i in range(0, len(msgs), DELIVER_CHUNK):
-            chunk = msgs[i:i + DELIVER_CHUNK]
+    def _deliver(self, msgs: list[Message], epoch: int) -> list[Message] | None:
+        """Deliver as master at ``epoch`` (caller holds _work); None when all went, else
+        the undelivered rest, after this node stopped being master."""
+        sent = 0
+        for chunk in chunked(msgs):
+            with self._lock:
+                if self.role != MASTER or self.epoch != epoch:
+                    return msgs[sent:]
             try:
-                flags = self.store.deliver(self.epoch, chunk)
+                flags = self.store.deliver(epoch, chunk, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
+                                           replica_wait_ms=self.spec.replica_wait_ms)
             except Fenced as exc:
                 log.error("%s: %s; stepping down and baking instead", self.cfg.node_id, exc)
-                self.known_epoch = max(self.known_epoch, exc.newest)
-                self.role = WORKER
-                self.leadership.step_down("fenced")
-                self._bake(msgs[i:])
-                return
+                with self._lock:
+                    self.known_epoch = max(self.known_epoch, exc.newest)
+                self._step_down("fenced")
+                return msgs[sent:]
+            except RedisUnavailable as exc:
+                log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
+                self._step_down("Redis unreachable")
+                return msgs[sent:]
             n = sum(flags)
-            self.delivered += n
-            self.skipped += len(flags) - n
+            with self._lock:
+                self.delivered += n
+                self.skipped += len(flags) - n
             self.sender.send([(m.id, str(m.key), m.position) for m in chunk])
+            sent += len(chunk)
+        return None
+
+    def _step_down(self, reason: str) -> None:
+        with self._lock:
+            self.role = WORKER
+        self.leadership.step_down(reason)
 
     # -- escalations from the master --------------------------------------
     def on_claims(self, epoch: int, claims: list[tuple[str, str, str]]) -> int:
@@ -259,7 +442,9 @@ class FlowNode:
             self.known_epoch = max(self.known_epoch, epoch)
             if self.role == MASTER:
                 return 0  # a newer master is us: nothing of ours is baked
-            return sum(len(self.sort.claim(mid, parse(key), pos)) for mid, key, pos in claims)
+            released = sum(len(self.sort.claim(mid, parse(key), pos)) for mid, key, pos in claims)
+        self._update_backpressure()
+        return released
 
     def _escalation_targets(self) -> dict[str, str]:
         members = self.leadership.members() if self.leadership else {}
@@ -267,77 +452,153 @@ class FlowNode:
         return members
 
     # -- roles ------------------------------------------------------------
+    def _may_contend(self) -> bool:
+        """Queue for the election only once the stream is warm and Redis answers."""
+        return self.streaming and not self._stop.is_set() and self.store.ping()
+
     def _on_promoted(self, epoch: int) -> None:
-        in_force = self.store.raise_epoch(epoch)
-        if in_force > epoch:
-            # Redis has seen a newer epoch than ZooKeeper just gave us (ZooKeeper
-            # was reset?): our writes would all be refused. Stay a worker.
-            log.error("epoch %d from ZooKeeper is older than %d in Redis; not taking the master role",
-                      epoch, in_force)
-            self.leadership.step_down("stale epoch")
-            return
-        with self._lock:
-            self.epoch = epoch
-            self.known_epoch = max(self.known_epoch, epoch)
-            self.role = MASTER
-            rolled = self.sort.rollback()
-            if rolled:
-                self._deliver(rolled)
-        log.info("%s is master at epoch %d; rolled back %d unclaimed messages",
-                 self.cfg.node_id, epoch, len(rolled))
+        """Take the master role: fence, then deliver what the old master left (see module doc).
+
+        Raises when that fails; the election demotes the node and queues it again.
+        """
+        if not self._work.acquire(timeout=max(5.0, 5 * self.lease_s)):
+            raise RuntimeError("a batch in flight did not finish (waiting for Redis?); not taking the role")
+        try:
+            in_force = self.store.raise_epoch(epoch, deadline_s=self.lease_s)
+            if in_force > epoch:
+                # Redis has seen a newer epoch than ZooKeeper just gave us (ZooKeeper
+                # was reset?): our writes would all be refused. Stay a worker.
+                log.error("epoch %d from ZooKeeper is older than %d in Redis; not taking the master role",
+                          epoch, in_force)
+                self.leadership.step_down("stale epoch")
+                return
+            with self._lock:
+                self.epoch = epoch
+                self.known_epoch = max(self.known_epoch, epoch)
+                self.role = MASTER
+            rolled = self._catch_up(epoch)
+            with self._lock:
+                self.sort.rollback()  # every baked message was in the range just delivered
+                self.rolled_back += rolled
+            self._update_backpressure()
+        except BaseException:
+            with self._lock:
+                self.role = WORKER
+            raise
+        finally:
+            self._work.release()
+        log.info("%s is master at epoch %d; delivered %d messages the old master had not",
+                 self.cfg.node_id, epoch, rolled)
+
+    def _catch_up(self, epoch: int) -> int:
+        """Deliver every uplink entry after the processed mark up to where this node has
+        handled the uplink, re-read from Redis; returns how many were delivered now."""
+        mark = self.store.processed_mark(deadline_s=self.lease_s)
+        upto = self.handled_upto
+        if upto is None or (mark is not None and position_order(upto) <= position_order(mark)):
+            return 0
+        before = self.delivered
+        after = mark
+        while True:
+            rows = self.store.read_uplink(after, upto, self.read_size, self.spec.message.max_bytes,
+                                          max_bytes=self.spec.batch_bytes, deadline_s=self.lease_s)
+            if not rows:
+                break
+            msgs, bad = self._decode(rows)
+            self.store.record_failures(bad, max_entries=self.spec.failure_max_entries,
+                                       max_body=self.spec.message.max_bytes, deadline_s=self.lease_s)
+            if self._deliver(msgs, epoch) is not None:
+                raise _StepDown(f"stopped being master at epoch {epoch} during catch-up")
+            after = rows[-1][0]
+            if after == upto:
+                break
+        return self.delivered - before
 
     def _on_demoted(self, reason: str) -> None:
         with self._lock:
             self.role = WORKER
-        if reason == "handover":
-            # The next master must see every claim before it rolls back.
-            self.sender.flush(2.0)
 
     def handover(self, timeout_s: float) -> dict:
         if self.leadership is None:
             return {"ok": False, "reason": "node is not running"}
         return self.leadership.handover(timeout_s)
 
+    # -- backpressure -----------------------------------------------------
+    def _update_backpressure(self) -> None:
+        """Hold the reader while the next batch might take the bake past max_pending."""
+        with self._lock:
+            want = self.role != MASTER and self.sort.pending + self.read_size > self.spec.sort.max_pending
+            if want == self.held:
+                return
+            self.held = want
+            pending = self.sort.pending
+        if self.query is not None:
+            from ..runtime.spark.stream import hold_stream
+
+            hold_stream(self.query, want)
+        if want:
+            log.warning("%s holds %d messages (max_pending %d): stopped reading until claims free room",
+                        self.cfg.node_id, pending, self.spec.sort.max_pending)
+        else:
+            log.info("%s reads again (%d messages held)", self.cfg.node_id, pending)
+
     # -- timers -----------------------------------------------------------
     def _timer_loop(self) -> None:
         next_status = next_sweep = 0.0
+        # Often enough that a healthy master's status writes keep its lease fresh.
+        status_every = min(self.cfg.status_interval_s, self.lease_s / 3)
         while not self._stop.is_set():
             now = self.clock.now()
             with self._lock:
-                unclaimed = self.sort.tick(now) if self.role != MASTER else []
+                if self.role != MASTER:
+                    self._to_surface.extend(self.sort.tick(now))
                 deadline = self.sort.next_deadline()
+                surface, self._to_surface = self._to_surface, []
             try:
-                if unclaimed:
-                    log.warning("%d messages fully baked without a claim (first: %s)",
-                                len(unclaimed), unclaimed[0].id)
-                    self.store.surface_unclaimed(unclaimed, self.spec.sort.unclaimed_outlink)
+                if surface:
+                    log.warning("%d messages fully baked without a claim (first: %s)", len(surface), surface[0].id)
+                    try:
+                        self.store.surface_unclaimed(surface, self.spec.sort.unclaimed_outlink)
+                    except Exception:
+                        with self._lock:  # surfaced on the next round instead; they are still held
+                            self._to_surface[:0] = surface
+                        raise
                 mono = time.monotonic()
                 if mono >= next_sweep:
                     next_sweep = mono + self.cfg.sweep_interval_s
-                    self._sweep_overdue()
+                    self._sweep()
                 if mono >= next_status:
-                    next_status = mono + self.cfg.status_interval_s
-                    self.known_epoch = max(self.known_epoch, self.store.current_epoch())
+                    next_status = mono + status_every
+                    self._guard_epoch(0, deadline_s=0)
                     self.store.write_status(self.status(), ttl_s=max(5, int(4 * self.cfg.status_interval_s)))
-            except Exception:  # a timer must keep firing; the store already retries Redis errors
+            except Exception as exc:  # a timer must keep firing
                 if self._stop.is_set():
                     return
-                log.exception("timer loop")
-            wait = min(self.cfg.status_interval_s, self.cfg.sweep_interval_s)
+                log.warning("timer loop: %s: %s", type(exc).__name__, exc)
+            self._check_lease()
+            wait = min(status_every, self.cfg.sweep_interval_s)
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - self.clock.now()))
             self._wake.wait(wait)
             self._wake.clear()
 
-    def _sweep_overdue(self) -> None:
-        """Forget surfaced messages whose IDs reached the ID cache (their claim was lost)."""
-        with self._lock:
-            ids = self.sort.overdue_ids()
-        if not ids:
+    def _check_lease(self) -> None:
+        """A master that has not reached Redis for longer than its lease steps down."""
+        silent = time.monotonic() - self.store.last_ok
+        if self.leadership is not None and self.leadership.is_master and silent > self.lease_s:
+            log.error("%s: no answer from Redis for %.1f s, over the write lease (%.1f s): stepping down",
+                      self.cfg.node_id, silent, self.lease_s)
+            self._step_down("Redis unreachable")
+
+    def _sweep(self) -> None:
+        """Release every held message at or before the processed mark (one Redis read)."""
+        mark = self.store.processed_mark(deadline_s=0)
+        if mark is None:
             return
-        present = self.store.processed(ids)
         with self._lock:
-            self.sort.forget([i for i, p in zip(ids, present) if p])
+            released = self.sort.release_upto(mark)
+        if released:
+            self._update_backpressure()
 
     def status(self) -> dict:
         with self._lock:
@@ -348,13 +609,17 @@ class FlowNode:
                 "epoch": self.epoch if self.role == MASTER else self.known_epoch,
                 "baked": self.sort.pending,
                 "claimed": self.sort.claimed,
-                "rolled_back": self.sort.rolled_back,
+                "rolled_back": self.rolled_back,
                 "delivered": self.delivered,
                 "failed": self.failed,
                 "unclaimed": self.sort.unclaimed,
+                "backpressure": int(self.held),
+                "holding": int(self.holding),
                 "grpc_address": self.address,
             }
+        out["zookeeper"] = "suspended" if self.leadership and self.leadership.suspended else "connected"
         out["streaming"] = int(self.streaming)
+        out["streaming_since"] = self.streaming_since
         out["pid"] = os.getpid()
         try:
             out["uplink_lag"] = self.store.uplink_lag(self.cfg.node_id) if self.store else 0

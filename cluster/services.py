@@ -210,7 +210,10 @@ def _start_redis(directory: Path) -> Server:
     port = free_port()
     log = directory / "redis.log"
     pid = _spawn(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        # What the promises need (README "Redis configuration"): nothing evicted,
+        # the epoch, ID cache and processed mark kept across a restart.
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+         "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
          "--dir", str(directory), "--protected-mode", "yes"],
         log,
     )

@@ -51,16 +51,22 @@ class FlowSpec:
     action: ActionSpec
     session_timeout: float
     escalation_batch: int
+    batch_bytes: int = 64 << 20        # most body bytes one micro-batch reads
+    write_lease: float = 1.0           # a master whose Redis writes fail this long steps down
+    wait_replicas: int = 0             # escalate only once WAIT confirms this many replicas
+    replica_wait_ms: int = 1000
+    redis_checks: str = "refuse"       # refuse or warn on a Redis that cannot keep the promises
+    failure_max_entries: int = 100_000
     source: str = "<string>"
 
 
 def parse_flow(text: str, file: str = "<string>") -> FlowSpec:
     """Validate a cluster flow file's text; raise FlowFileError at the first problem."""
     doc = Doc(text, file)
-    top = Params(doc, "", doc.value).only("flow", "uplink", "message", "nodes", "cluster")
+    top = Params(doc, "", doc.value).only("flow", "uplink", "message", "nodes", "cluster", "failure")
     name = top.name("flow")
 
-    up = top.section("uplink").only("stream", "batch_size")
+    up = top.section("uplink").only("stream", "batch_size", "batch_bytes")
     msg = top.section("message").only("id", "key", "key_type", "max_bytes")
     spec = MessageSpec(
         id_path=msg.get("id", str, check=bool, why="must not be empty"),
@@ -101,7 +107,16 @@ def parse_flow(text: str, file: str = "<string>") -> FlowSpec:
         raise top.error("nodes", f"a cluster flow needs exactly one sort and one action node "
                                  f"(got {len(sorts)} and {len(actions)})")
 
-    cl = top.section("cluster", default={}).only("session_timeout", "escalation_batch")
+    cl = top.section("cluster", default={}).only(
+        "session_timeout", "escalation_batch", "write_lease", "wait_replicas", "replica_wait_ms", "redis_checks")
+    session_timeout = cl.get("session_timeout", (int, float), 2.0, check=lambda v: 1 <= v <= 60,
+                             why="must be seconds in [1, 60]") * 1.0
+    batch_bytes = up.get("batch_bytes", int, 64 << 20, check=lambda v: 1 << 20 <= v <= 256 << 20,
+                         why="must be 1048576..268435456 (1-256 MiB)")
+    if batch_bytes < spec.max_bytes:
+        raise up.error("batch_bytes", f"must be at least message.max_bytes ({spec.max_bytes}): "
+                                      f"a message of the largest allowed size must fit in a batch")
+    failure = top.section("failure", default={}).only("max_entries")
     return FlowSpec(
         name=name,
         uplink_stream=up.name("stream"),
@@ -109,9 +124,16 @@ def parse_flow(text: str, file: str = "<string>") -> FlowSpec:
         message=spec,
         sort=sorts[0],
         action=actions[0],
-        session_timeout=cl.get("session_timeout", (int, float), 2.0, check=lambda v: 1 <= v <= 60,
-                               why="must be seconds in [1, 60]") * 1.0,
+        session_timeout=session_timeout,
         escalation_batch=cl.get("escalation_batch", int, 500, check=lambda v: 1 <= v <= 10_000, why="must be 1..10000"),
+        batch_bytes=batch_bytes,
+        write_lease=cl.get("write_lease", (int, float), session_timeout / 2,
+                           check=lambda v: 0.2 <= v < session_timeout,
+                           why=f"must be seconds in [0.2, session_timeout = {session_timeout})") * 1.0,
+        wait_replicas=cl.integer("wait_replicas", 0, minimum=0),
+        replica_wait_ms=cl.integer("replica_wait_ms", 1000, minimum=1),
+        redis_checks=cl.choice("redis_checks", ["refuse", "warn"], "refuse"),
+        failure_max_entries=failure.integer("max_entries", 100_000, minimum=100),
         source=file,
     )
 

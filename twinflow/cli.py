@@ -19,6 +19,7 @@ SERVICES_STATE = Path(".twinflow") / "services.json"
 
 EXIT_BAD_FLOW = 2
 EXIT_UNAVAILABLE = 3
+EXIT_REFUSED = 4
 
 
 def _local_services():
@@ -54,7 +55,7 @@ def cmd_run(args) -> int:
     # fork handlers have nothing to protect there and can break it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from twinflow.cluster.connect import ServiceUnavailable
-    from twinflow.cluster.node import FlowNode, NodeConfig
+    from twinflow.cluster.node import FlowNode, NodeConfig, StartRefused
 
     spec = _load_flow(args.flow)
     cfg = NodeConfig(
@@ -66,6 +67,7 @@ def cmd_run(args) -> int:
         spark_master=args.spark_master or os.environ.get("TWINFLOW_SPARK_MASTER", "local[1]"),
         state_dir=args.state_dir,
         connect_deadline_s=args.connect_timeout,
+        start_from=args.start_from,
     )
     node = FlowNode(spec, cfg)
     signal.signal(signal.SIGTERM, lambda *_: node.request_term())
@@ -75,6 +77,10 @@ def cmd_run(args) -> int:
         print(f"twinflow: {exc}", file=sys.stderr)
         node.stop()
         return EXIT_UNAVAILABLE
+    except StartRefused as exc:
+        print(f"twinflow: refused to start: {exc}", file=sys.stderr)
+        node.stop()
+        return EXIT_REFUSED
     except KeyboardInterrupt:
         node.stop()
         return 130
@@ -227,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--listen", default="127.0.0.1:0", help="gRPC bind address (default 127.0.0.1:0)")
     r.add_argument("--advertise", help="gRPC address other nodes dial (default: the bound one)")
     r.add_argument("--state-dir", default=".twinflow", help="where Spark checkpoints live")
+    r.add_argument("--start-from", choices=["processed", "beginning"],
+                   help="a new state dir on a flow that has processed entries: read after the flow's "
+                        "processed mark, or re-read the whole uplink (nothing processed is delivered again)")
     r.add_argument("--connect-timeout", type=float, default=60.0,
                    help="seconds to wait for Redis and ZooKeeper at start (default 60)")
     r.set_defaults(fn=cmd_run)

@@ -148,7 +148,7 @@ class ClaimCache:
     releases the message with the claimed ID and every message at or below
     the claimed key that sits at or before the claim's own uplink order. A
     message past its ready time is overdue: reported once by :meth:`expire`,
-    but still held, so a claim, :meth:`forget` or :meth:`rollback` decides
+    but still held, so a claim, :meth:`release_upto` or :meth:`rollback` decides
     where it ends. Claims cost O(log n) per released message; nothing scans
     the whole cache except :meth:`rollback`.
 
@@ -161,13 +161,13 @@ class ClaimCache:
 
     def __init__(self):
         self._held: dict[Any, _Held] = {}           # order -> held message (baking or overdue)
-        self._overdue: dict[Any, _Held] = {}        # order -> overdue message, in expiry order
         self._by_id: dict[str, list[_Held]] = {}
         self._by_key = _MinQueue()                  # (key, serial, held); left ones are skipped
         self._by_ready = _MinQueue()                # (ready_at, serial, held) of baking ones
+        self._by_order = _MinQueue()                # (order, serial, held); left ones are skipped
         self._serial = 0                            # breaks ties so held objects are never compared
         self.baking = 0
-        self.claimed = 0      # released by a claim, by forget while baking, or never baked (processed)
+        self.claimed = 0      # released by a claim or the mark while baking, or never baked (processed)
         self.unclaimed = 0    # reported overdue by expire()
         self.rolled_back = 0  # returned by rollback()
 
@@ -195,6 +195,7 @@ class ClaimCache:
             same.append(held)
         self._by_key.push((key, held.serial, held))
         self._by_ready.push((ready_at, held.serial, held))
+        self._by_order.push((order, held.serial, held))
         self.baking += 1
         return None
 
@@ -229,7 +230,6 @@ class ClaimCache:
         for _, _, held in self._by_ready.pop_upto(now):
             if held.live:  # not claimed meanwhile
                 held.overdue = True
-                self._overdue[held.order] = held
                 out.append(held.item)
         self.baking -= len(out)
         self.unclaimed += len(out)
@@ -245,17 +245,16 @@ class ClaimCache:
             queue.pop()  # claimed before it was ready
         return None
 
-    def overdue_ids(self) -> list[str]:
-        return [h.ident for h in self._overdue.values()]
-
-    def forget(self, idents: Iterable[str]) -> int:
-        """Drop the messages with these IDs (proven processed elsewhere); return how many.
+    def release_upto(self, upto: Any) -> int:
+        """Drop every held message at or before uplink order ``upto`` (proven processed
+        in bulk: the flow's processed mark); return how many.
 
         A baking one counts as claimed; an overdue one was already reported.
+        Costs O(log n) per released message, whatever the cache holds.
         """
         n = 0
-        for ident in idents:
-            for held in list(self._by_id.get(ident, ())):
+        for _, _, held in self._by_order.pop_upto(upto):
+            if held.live:
                 if not held.overdue:
                     self.claimed += 1
                 self._drop(held)
@@ -267,10 +266,10 @@ class ClaimCache:
         """Every held item (baking and overdue) in uplink order; the cache is empty after."""
         out = [h.item for h in sorted(self._held.values(), key=_ORDER)]
         self._held.clear()
-        self._overdue.clear()
         self._by_id.clear()
         self._by_key = _MinQueue()
         self._by_ready = _MinQueue()
+        self._by_order = _MinQueue()
         self.baking = 0
         self.rolled_back += len(out)
         return out
@@ -278,9 +277,7 @@ class ClaimCache:
     def _drop(self, held: _Held) -> None:
         held.live = False
         del self._held[held.order]
-        if held.overdue:
-            del self._overdue[held.order]
-        else:
+        if not held.overdue:
             self.baking -= 1
         same = self._by_id[held.ident]
         if len(same) == 1:
@@ -293,6 +290,8 @@ class ClaimCache:
         # claim passes their key; rebuild it if they ever outnumber the live ones.
         if len(self._by_key) > 2 * len(self._held) + 1024:
             self._by_key = _MinQueue((h.key, h.serial, h) for h in self._held.values())
+        if len(self._by_order) > 2 * len(self._held) + 1024:
+            self._by_order = _MinQueue((h.order, h.serial, h) for h in self._held.values())
 
 
 class ClaimSortNode:
@@ -307,7 +306,7 @@ class ClaimSortNode:
     returns it for ``unclaimed_outlink`` (``done`` by default, as the seed's
     text says; ``failure`` as QFlow's code did) so it is surfaced, but the node
     keeps it, because routing it out must never make it unrecoverable: it
-    stays eligible for :meth:`rollback` until a claim or :meth:`forget` proves
+    stays eligible for :meth:`rollback` until a claim or :meth:`release_upto` proves
     it was processed.
 
     Claims and uplink order. Claiming "every message at or below the key" is
@@ -355,7 +354,7 @@ class ClaimSortNode:
 
     @property
     def claimed(self) -> int:
-        """Released to bypass: by a claim, by forget while baking, or as already processed."""
+        """Released to bypass: by a claim or the processed mark while baking, or as already processed."""
         return self._cache.claimed
 
     @property
@@ -391,17 +390,10 @@ class ClaimSortNode:
         """Route every fully baked message to the unclaimed outlink; they stay recoverable."""
         return self._cache.expire(now)
 
-    def overdue_ids(self) -> list[str]:
-        """IDs of routed-out but unclaimed messages, to check against the ID cache."""
-        return self._cache.overdue_ids()
-
-    def forget(self, processed_ids: Iterable[str]) -> int:
-        """Drop messages whose IDs turned out to be processed (found in the ID cache).
-
-        Baking ones leave through bypass like a claim; overdue ones already left.
-        Returns how many were dropped.
-        """
-        return self._cache.forget(processed_ids)
+    def release_upto(self, position: str) -> int:
+        """Drop every message at or before ``position``: the flow's processed mark proves
+        the masters processed all of them. Baking ones leave through bypass. Returns how many."""
+        return self._cache.release_upto(position_order(position))
 
     def rollback(self) -> list[Message]:
         """Every unclaimed message (baking and overdue), in uplink order; the node is empty after."""

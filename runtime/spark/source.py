@@ -6,42 +6,80 @@ Register once per session, then read with the format name::
     df = (spark.readStream.format("twinflow_redis_stream")
           .option("url", "redis://127.0.0.1:6379/0")
           .option("stream", "flow:uplink:0")
-          .load())                      # position STRING, data BINARY
+          .load())                      # position STRING, data BINARY, size LONG
+
+One row per stream entry: ``position`` is the entry ID; ``size`` the byte
+length of the entry's ``data`` field (null when it has none); ``data`` that
+field's bytes, or null when there is none or its body was withheld because
+``size`` exceeds ``max_body_bytes``. A withheld body stays in Redis: the
+caller learns the entry and its true size, never its bytes.
 
 Options: ``url``, ``stream`` (required); ``batch_size`` (max entries per
-micro-batch, default 2000); ``status_key`` (a hash, one per reader, that gets
-``read_n`` and ``read_id`` once a batch is processed, so ``XINFO STREAM``'s
-entries-added minus ``read_n`` is the exact backlog); ``connect_deadline_s``
-(default 300); ``block_ms`` (how long one read waits in Redis for new entries
-when there are none, default 100; 0 = poll); ``pause_file`` (set by
-``stream.start_stream``: once the file exists, no new batch is planned and
-``<pause_file>.ack`` says so); ``warmup`` ("1": the first read of each query
-run returns one synthetic row at position ``WARMUP_POSITION`` with no data,
-so the query pays its cold first batch, 5-12 s measured, at start rather
-than on the first real message, and the caller learns when it is ready).
+micro-batch, default 2000); ``batch_bytes`` (max body bytes per micro-batch,
+default 64 MiB; a batch holds at least one entry, so a single entry may go
+over it, up to ``max_body_bytes``; withheld bodies count 0); ``max_body_bytes``
+(longest body delivered, default 1 MiB); ``status_key`` (a hash, one per
+reader, that gets ``read_n`` and ``read_id`` once a batch is processed, so
+``XINFO STREAM``'s entries-added minus ``read_n`` is the exact backlog);
+``connect_deadline_s`` (default 300); ``block_ms`` (how long one read waits
+in Redis for new entries when there are none, default 100; 0 = poll);
+``pause_file`` (set by ``stream.start_stream``: once the file exists, no new
+batch is planned and ``<pause_file>.ack`` says so); ``hold_file`` (set by
+``stream.start_stream``: while the file exists no new batch is planned, see
+"Hold" below); ``warmup`` ("1": the first read of each query run returns one
+synthetic row ``(WARMUP_POSITION, None, None)``, so the query pays its cold
+first batch, 5-12 s measured, at start rather than on the first real
+message, and the caller learns when it is ready).
 
-Offsets are ``{"id": <last entry id read>, "n": <entries read so far>}`` and
-Spark checkpoints them, so a restarted query resumes right after the last
-entry of the last planned batch. The stream is never trimmed or acknowledged
-here: entries stay for other readers and for replay.
+Each batch is read with one Lua script call (``READ_BATCH``), which pages
+through XRANGE inside Redis and returns only what fits both bounds, so
+neither a long backlog nor large entries are ever fetched whole: the reply
+holds at most ``max(batch_bytes, max_body_bytes)`` bytes of bodies. When
+nothing is new, the read waits in Redis (XREAD BLOCK, COUNT 1) but reads
+only the first line of that reply, dropping the connection if an entry came,
+and then reads through the script; the new entry itself is never fetched by
+the wait. One script call keeps Redis busy for its run (about a batch's worth
+of XRANGE work), like the single XRANGE it replaces.
+
+Offsets are ``{"id": <last entry id read>, "n": <entries read so far>,
+"max_body": <max_body_bytes of that batch>}`` and Spark checkpoints them, so a
+restarted query resumes right after the last entry of the last planned
+batch. The stream is never trimmed or acknowledged here: entries stay for
+other readers and for replay.
+
+Hold (backpressure): while ``hold_file`` exists, each read plans nothing: it
+waits up to ``block_ms`` (100 ms if ``block_ms`` is 0), checking every 10 ms,
+and returns the start offset; it writes ``<hold_file>.ack``, a JSON object
+``{"hold": <the hold file's text>, "held_reads": <reads held under it>,
+"offset": <the start offset>}``, so whoever holds can see the reader has
+stopped planning. Removing the file lets the read in progress go on at once.
+A pause (``pause_file``) is still seen within 10 ms while held.
 
 Under failure:
 
 - Redis unreachable, timing out or still loading: every call waits and
   retries (backoff up to 1 s), logging what it waits for, and only raises
   after ``connect_deadline_s`` of continuous failure. A read never turns an
-  outage into "no data" without saying so.
-- Replay after a crash: ``readBetweenOffsets`` re-reads by entry ID, so the
-  replayed batch holds the same entries in the same order, provided nobody
-  trimmed them from the stream meanwhile (a shortfall is logged).
-- An entry without a ``data`` field is delivered with ``data`` = None, never
-  dropped; the flow routes it to a failure outlink.
+  outage into "no data" without saying so. A lost script cache (Redis
+  restarted) is reloaded transparently.
+- Replay after a crash: ``readBetweenOffsets`` re-reads by entry ID through
+  the same script, up to the batch's last ID and with the ``max_body`` the
+  batch was planned with, so the replayed batch holds the same entries, in
+  the same order, with the same bodies withheld, even if the reader's options
+  changed across the restart; provided nobody trimmed entries from the stream
+  meanwhile (a shortfall is logged). A replayed warm-up batch yields its
+  warm-up row again.
+- An entry without a ``data`` field is delivered with ``data`` and ``size``
+  None, never dropped; an entry whose body is withheld is delivered with
+  ``data`` None and its ``size``; the flow routes both to a failure outlink.
 
 Where the code runs (PySpark 4.3, classic): ``read``/``commit`` run in a
 long-lived Python worker that the driver JVM forks per query (not the
-driver's own Python process); ``readBetweenOffsets`` runs only on replay, in
-an executor's Python worker, so executors must reach Redis too. Needs Redis
-6.2+ for exclusive XRANGE bounds.
+driver's own Python process), so the pause and hold files live on the driver
+host; ``readBetweenOffsets`` runs only on replay, in an executor's Python
+worker, so executors must reach Redis too. Spark's wrapper keeps the rows of
+the last committed and the current batch in that worker, so it holds up to
+about two batches' bodies. Needs Redis 6.2+ for exclusive XRANGE bounds.
 """
 
 from __future__ import annotations
@@ -50,26 +88,36 @@ import json
 import logging
 import os
 import time
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
-from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_rows
 
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "twinflow_redis_stream"
 SCHEMA = StructType(
-    [StructField("position", StringType(), False), StructField("data", BinaryType(), True)]
+    [
+        StructField("position", StringType(), False),
+        StructField("data", BinaryType(), True),
+        StructField("size", LongType(), True),
+    ]
 )
 DEFAULT_BATCH_SIZE = 2000
+DEFAULT_BATCH_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 WARMUP_POSITION = "warmup"  # never a Redis entry ID, which is always "<ms>-<seq>"
 DEFAULT_CONNECT_DEADLINE_S = 300.0
 DEFAULT_BLOCK_MS = 100
 _MAX_BACKOFF_S = 1.0
 _LOG_EVERY_S = 10.0
+_HOLD_CHECK_S = 0.01
 
-Row = Tuple[str, "bytes | None"]
+Row = Tuple[str, Optional[bytes], Optional[int]]
+
 
 
 def register_source(spark: Any) -> None:
@@ -106,29 +154,38 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
                 raise ValueError(f"{SOURCE_NAME}: option {required!r} is required")
         self.url = options["url"]
         self.stream = options["stream"]
-        self.batch_size = int(options.get("batch_size") or DEFAULT_BATCH_SIZE)
-        if self.batch_size < 1:
-            raise ValueError(f"{SOURCE_NAME}: batch_size must be >= 1, got {self.batch_size}")
+        self.batch_size = _int_option(options, "batch_size", DEFAULT_BATCH_SIZE, 1)
+        self.batch_bytes = _int_option(options, "batch_bytes", DEFAULT_BATCH_BYTES, 1)
+        self.max_body_bytes = _int_option(options, "max_body_bytes", DEFAULT_MAX_BODY_BYTES, 0)
         self.status_key = options.get("status_key") or None
         self.connect_deadline_s = float(
             options.get("connect_deadline_s") or DEFAULT_CONNECT_DEADLINE_S
         )
         self.block_ms = int(options.get("block_ms") or DEFAULT_BLOCK_MS)
         self.pause_file = options.get("pause_file") or None
+        self.hold_file = options.get("hold_file") or None
+        self.start_id = options.get("start_id") or "0-0"
+        self.start_n = int(options.get("start_n") or 0)
         self._warmup_due = options.get("warmup") == "1"
         self._client = None
+        self._script = None
         self._recorded_n = -1
         self._reading_from: dict = {}
         self._pause_acked = False
+        self._hold_token: Optional[str] = None
+        self._held_reads = 0
 
     def __getstate__(self) -> dict:
         # Spark pickles readers to ship them to workers; sockets don't travel.
         state = self.__dict__.copy()
         state["_client"] = None
+        state["_script"] = None
         return state
 
     def initialOffset(self) -> dict:
-        return {"id": "0-0", "n": 0}
+        # A new checkpoint starts where the caller chose (``start_id``: read
+        # after it; ``start_n``: entries up to it, for the backlog figure).
+        return {"id": self.start_id, "n": self.start_n}
 
     def read(self, start: dict) -> Tuple[Iterator[Row], dict]:
         # Spark runs one batch at a time and asks for the next only after the
@@ -141,50 +198,51 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
             # batch unread.
             self._record_progress(start, pausable=True)
             self._check_pause()
-            entries = self._redis(
-                "read new entries",
-                lambda r: r.xrange(self.stream, min="(" + start["id"], count=self.batch_size),
-                pausable=True,
-            )
-            if not entries and self.block_ms:
+            self._wait_out_hold(start)
+            if self._warmup_due:
+                # Only a changed offset makes Spark run a batch; the token changes
+                # nothing else (same id, same n) and is dropped by the next batch.
+                self._warmup_due = False
+                return iter([(WARMUP_POSITION, None, None)]), {
+                    **start, "warmup": os.urandom(4).hex()
+                }
+            rows = self._read_rows("read new entries", start["id"], "+", self.max_body_bytes)
+            if not rows and self.block_ms:
                 # Nothing new: wait in Redis rather than let Spark poll every
                 # 10 ms (about 20% of a core per idle query, measured). A new
                 # entry still comes back at once.
-                reply = self._redis(
+                came = self._redis(
                     "wait for new entries",
-                    lambda r: r.xread(
-                        {self.stream: start["id"]}, count=self.batch_size, block=self.block_ms
-                    ),
+                    lambda r: _wait_for_entry(r, self.stream, start["id"], self.block_ms),
                     pausable=True,
                 )
-                entries = reply[0][1] if reply else []
-        except _Paused:
+                if came:
+                    rows = self._read_rows(
+                        "read new entries", start["id"], "+", self.max_body_bytes
+                    )
+        except (_Paused, _Held):
             return iter(()), start
-        if self._warmup_due:
-            # Only a changed offset makes Spark run a batch; the token changes
-            # nothing else (same id, same n) and is dropped by the next batch.
-            self._warmup_due = False
-            return iter([(WARMUP_POSITION, None)]), {**start, "warmup": os.urandom(4).hex()}
-        if not entries:
+        if not rows:
             return iter(()), start
-        rows = [_row(entry) for entry in entries]
+        end = {"id": rows[-1][0], "n": int(start["n"]) + len(rows), "max_body": self.max_body_bytes}
         # A list iterator, not a generator: Spark's wrapper copy.copy()s it.
-        return iter(rows), {"id": rows[-1][0], "n": int(start["n"]) + len(rows)}
+        return iter(rows), end
 
     def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[Row]:
-        rows: list[Row] = []
+        if end.get("warmup") and end.get("warmup") != start.get("warmup"):
+            return iter([(WARMUP_POSITION, None, None)])
+        # The batch's own withholding limit, so the replay matches it even if the
+        # option changed across a restart (offsets before it lack the key).
+        max_body = int(end.get("max_body", self.max_body_bytes))
+        rows: List[Row] = []
         after = start["id"]
-        while True:
-            entries = self._redis(
-                "re-read a planned batch",
-                lambda r: r.xrange(
-                    self.stream, min="(" + after, max=end["id"], count=self.batch_size
-                ),
-            )
-            rows.extend(_row(entry) for entry in entries)
-            if len(entries) < self.batch_size:
+        while after != end["id"]:
+            # Usually one call: the same bounds cut the batch where read() did.
+            more = self._read_rows("re-read a planned batch", after, end["id"], max_body)
+            if not more:
                 break
-            after = rows[-1][0]
+            rows.extend(more)
+            after = more[-1][0]
         expected = int(end["n"]) - int(start["n"])
         if len(rows) != expected:
             log.warning(
@@ -195,6 +253,15 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         self._record_progress(end)
+
+    def _read_rows(self, what: str, after: str, last: str, max_body: int) -> List[Row]:
+        """Entries after ``after`` up to ``last`` ("+": no end), within the batch bounds."""
+        args = read_batch_args(after, last, self.batch_size, self.batch_bytes, max_body)
+        reply = self._redis(
+            what, lambda r: self._script(keys=[self.stream], args=args, client=r),
+            pausable=last == "+",
+        )
+        return read_batch_rows(reply)
 
     def _record_progress(self, done: dict, pausable: bool = False) -> None:
         n = int(done["n"])
@@ -223,6 +290,42 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
             self._pause_acked = True
         raise _Paused()
 
+    def _wait_out_hold(self, start: dict) -> None:
+        """Return at once when not held; else acknowledge, wait, and raise _Held.
+
+        The wait (about block_ms) keeps a held query from spinning through
+        Spark's 10 ms polling; it ends early when the hold is lifted (then the
+        read goes on) or a pause is asked (_Paused).
+        """
+        token = self._hold_token_now()
+        if token is None:
+            self._hold_token = None
+            return
+        if token != self._hold_token:
+            self._hold_token, self._held_reads = token, 0
+        self._held_reads += 1
+        ack = {"hold": token, "held_reads": self._held_reads, "offset": start}
+        _write_atomically(self.hold_file + ".ack", json.dumps(ack))
+        until = time.monotonic() + (self.block_ms or DEFAULT_BLOCK_MS) / 1000
+        while True:
+            self._check_pause()
+            if not os.path.exists(self.hold_file):
+                self._hold_token = None
+                return
+            left = until - time.monotonic()
+            if left <= 0:
+                raise _Held()
+            time.sleep(min(_HOLD_CHECK_S, left))
+
+    def _hold_token_now(self) -> Optional[str]:
+        if not self.hold_file:
+            return None
+        try:
+            with open(self.hold_file) as hold:
+                return hold.read()
+        except FileNotFoundError:
+            return None
+
     def _redis(self, what: str, call: Any, pausable: bool = False) -> Any:
         """Run ``call(client)``; wait out connection trouble up to the deadline.
 
@@ -239,6 +342,7 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
                 self.url, retry=Retry(NoBackoff(), 0), socket_timeout=10, socket_connect_timeout=2,
                 decode_responses=False,
             )
+            self._script = self._client.register_script(READ_BATCH)
         began = time.monotonic()
         next_log = began
         delay = 0.05
@@ -277,6 +381,69 @@ class _Paused(Exception):
     """A pause was asked for: read() reports no new data from now on."""
 
 
-def _row(entry: tuple) -> Row:
-    entry_id, fields = entry
-    return entry_id.decode(), fields.get(b"data")
+class _Held(Exception):
+    """A hold is in place: this read() plans no batch."""
+
+
+def _int_option(options: dict, name: str, default: int, least: int) -> int:
+    value = int(options.get(name) or default)
+    if value < least:
+        raise ValueError(f"{SOURCE_NAME}: {name} must be >= {least}, got {value}")
+    return value
+
+
+def _write_atomically(path: str, text: str) -> None:
+    # A reader polling the file sees the old or the new text, never half of it.
+    aside = f"{path}.{os.getpid()}.tmp"
+    with open(aside, "w") as out:
+        out.write(text)
+    os.replace(aside, path)
+
+
+def _wait_for_entry(client: Any, stream: str, after: str, block_ms: int) -> bool:
+    """Block in Redis until the stream has an entry after ``after``; False after block_ms.
+
+    XREAD's reply would carry the new entry whole, however big. Only the
+    reply's first line is read here ("*-1": none came; "*1": one did); when an
+    entry came, the connection is dropped with the rest of the reply unread,
+    and the entry is then read through READ_BATCH like any other.
+    """
+    import socket
+
+    import redis
+
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    clean = False
+    try:
+        conn.send_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", stream, after)
+        sock = conn._sock  # redis-py has no public call to read part of a reply
+        sock.settimeout(block_ms / 1000 + (conn.socket_timeout or 10))
+        received = b""
+        try:
+            while b"\r\n" not in received:
+                chunk = sock.recv(256)
+                if not chunk:
+                    raise redis.ConnectionError("Redis closed the connection while waiting")
+                received += chunk
+        except socket.timeout as exc:
+            raise redis.TimeoutError("timed out waiting for XREAD BLOCK to answer") from exc
+        except OSError as exc:
+            raise redis.ConnectionError(f"waiting for new entries: {exc}") from exc
+        line, _, rest = received.partition(b"\r\n")
+        if line in (b"*-1", b"_"):  # RESP2 / RESP3 null: nothing came within block_ms
+            clean = not rest
+            return False
+        if line.startswith(b"-"):
+            clean = not rest
+            message = line[1:].decode(errors="replace")
+            if message.startswith("LOADING"):
+                raise redis.BusyLoadingError(message)  # a ConnectionError: retried
+            raise redis.ResponseError(message)
+        return True
+    finally:
+        if clean:
+            conn._sock.settimeout(conn.socket_timeout)
+        else:
+            conn.disconnect()
+        pool.release(conn)

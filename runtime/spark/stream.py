@@ -4,13 +4,28 @@
                          stream="flow:uplink:0", checkpoint_dir="/var/lib/tf/ck",
                          on_batch=lambda batch_id, rows: print(batch_id, len(rows)))
     ...
+    hold_stream(query, True)       # backpressure: plan no new batch ...
+    hold_stream(query, False)      # ... until released
     stop_stream(query, timeout_s=10)
 
-``on_batch(batch_id, rows)`` gets ``[(position, data), ...]`` in uplink
-order, ``data`` being bytes or None. It runs in this Python process (classic
-PySpark calls foreachBatch back over Py4J), on Spark's callback thread, one
-batch at a time, so it may touch in-process state but should not block long:
-the next batch waits for it.
+``on_batch(batch_id, rows)`` gets ``[(position, data, size), ...]`` in uplink
+order: ``size`` is the length of the entry's ``data`` field (None when it has
+none); ``data`` its bytes, or None when there is no such field or the body is
+longer than ``max_body_bytes`` and was withheld (then ``size`` still tells
+how long it is). A batch holds at most ``batch_size`` entries and at most
+``batch_bytes`` bytes of delivered bodies, except that a batch of one entry
+may go over ``batch_bytes`` (up to ``max_body_bytes``). A warm-up row (source
+option ``warmup``) is ``(WARMUP_POSITION, None, None)``. ``on_batch`` runs in
+this Python process (classic PySpark calls foreachBatch back over Py4J), on
+Spark's callback thread, one batch at a time, so it may touch in-process
+state but should not block long: the next batch waits for it.
+
+``hold_stream(query, True)`` stops the source planning batches (the batch in
+flight, if any, still completes) until ``hold_stream(query, False)``;
+``hold_state(query)`` tells whether the source has seen the hold and how many
+of its reads it held back. Reading resumes at once on release (the held
+source checks every 10 ms); entries added meanwhile wait in Redis. A hold
+belongs to one query run: a restarted query starts unheld.
 
 Under failure:
 
@@ -25,30 +40,41 @@ Under failure:
   between batches), but not across a bare ``query.stop()``, which can cut a
   batch short after ``on_batch`` returned.
 - Redis down: the source waits (see ``source``); no batch runs meanwhile.
+- Held: ``stop_stream`` still stops the query at a batch boundary, within
+  about 10 ms of asking plus Spark's own stop. Holding never loses or repeats
+  an entry: the source just returns "nothing new" from where it is.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
+import uuid
 from typing import Callable, List, Optional, Tuple
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from twinflow.runtime.spark.source import DEFAULT_BATCH_SIZE, SOURCE_NAME
+from twinflow.runtime.spark.source import (
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_BODY_BYTES,
+    SOURCE_NAME,
+)
 
 log = logging.getLogger(__name__)
 
 PAUSE_FILE = "pause"
-# runId -> directory of that run's pause file; see stop_stream.
+HOLD_FILE = "hold"
+# runId -> directory of that run's pause and hold files; see stop_stream, hold_stream.
 _pause_dirs: dict[str, str] = {}
 
-Rows = List[Tuple[str, Optional[bytes]]]
+Rows = List[Tuple[str, Optional[bytes], Optional[int]]]
 OnBatch = Callable[[int, Rows], None]
 
 
@@ -60,6 +86,8 @@ def start_stream(
     checkpoint_dir: str,
     on_batch: OnBatch,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     status_key: str | None = None,
     query_name: str | None = None,
     source_options: dict | None = None,
@@ -67,15 +95,21 @@ def start_stream(
     """Start a query feeding ``stream`` to ``on_batch``; returns once started.
 
     ``spark`` must have the source registered (``build_session`` does it).
-    ``source_options`` passes further source options (``connect_deadline_s``,
-    ``block_ms``) through.
+    ``batch_size`` and ``batch_bytes`` bound a batch's entries and delivered
+    body bytes; a body longer than ``max_body_bytes`` is withheld (``data``
+    None, ``size`` set). ``source_options`` passes further source options
+    (``connect_deadline_s``, ``block_ms``, ``warmup``) through.
     """
-    # The source watches this file so stop_stream can pause it between batches;
-    # it lives on the driver host, where Spark runs the source's read().
+    # The source watches these files so stop_stream can pause it between batches
+    # and hold_stream can hold it; they live on the driver host, where Spark
+    # runs the source's read().
     pause_dir = tempfile.mkdtemp(prefix="twinflow-stream-")
     options = {**(source_options or {}), "url": redis_url, "stream": stream}
     options["batch_size"] = str(batch_size)
+    options["batch_bytes"] = str(batch_bytes)
+    options["max_body_bytes"] = str(max_body_bytes)
     options["pause_file"] = os.path.join(pause_dir, PAUSE_FILE)
+    options["hold_file"] = os.path.join(pause_dir, HOLD_FILE)
     if status_key:
         options["status_key"] = status_key
     reader = spark.readStream.format(SOURCE_NAME)
@@ -85,7 +119,7 @@ def start_stream(
     def deliver(batch_df: DataFrame, batch_id: int) -> None:
         # One partition (SimpleDataSourceStreamReader), so collect keeps uplink order.
         rows = batch_df.collect()
-        on_batch(batch_id, [(r[0], None if r[1] is None else bytes(r[1])) for r in rows])
+        on_batch(batch_id, [(r[0], None if r[1] is None else bytes(r[1]), r[2]) for r in rows])
 
     writer = (
         reader.load()
@@ -150,3 +184,57 @@ def stop_stream(query: StreamingQuery, timeout_s: float) -> bool:
     if pause_dir and stopped:
         shutil.rmtree(pause_dir, ignore_errors=True)
     return stopped
+
+
+def hold_stream(query: StreamingQuery, on: bool) -> bool:
+    """Hold (``on``) or release ``query``'s source; False if the query is not ours or stopped.
+
+    While held the source plans no new batch; a batch already planned still
+    runs to the end. Placing a hold that is already in place changes nothing;
+    releasing lets the source read again at once. Watch
+    ``hold_state`` to learn when the source has seen the hold.
+    """
+    pause_dir = _pause_dirs.get(query.runId)
+    if pause_dir is None:
+        return False
+    hold = os.path.join(pause_dir, HOLD_FILE)
+    if on:
+        if not os.path.exists(hold):
+            os.makedirs(pause_dir, exist_ok=True)  # a /tmp cleaner may have removed it
+            # A fresh token per hold, echoed in the source's acknowledgement, so
+            # an acknowledgement of an earlier hold is never taken for this one.
+            aside = hold + ".tmp"
+            with open(aside, "w") as out:
+                out.write(uuid.uuid4().hex)
+            os.replace(aside, hold)
+    else:
+        for path in (hold, hold + ".ack"):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+    return True
+
+
+def hold_state(query: StreamingQuery) -> Optional[dict]:
+    """The source's acknowledgement of the hold now in place, or None.
+
+    ``{"held_reads": n, "offset": {...}}``: the source has held back ``n``
+    reads since this hold was placed, each returning "nothing new" from
+    ``offset`` (every batch before it committed). None while not held, or
+    held but not yet seen by the source.
+    """
+    pause_dir = _pause_dirs.get(query.runId)
+    if pause_dir is None:
+        return None
+    hold = os.path.join(pause_dir, HOLD_FILE)
+    try:
+        with open(hold) as held:
+            token = held.read()
+        with open(hold + ".ack") as acked:
+            ack = json.load(acked)
+    except (FileNotFoundError, ValueError):
+        return None
+    if ack.get("hold") != token:
+        return None
+    return {"held_reads": ack["held_reads"], "offset": ack["offset"]}

@@ -1,14 +1,18 @@
-"""A flow's shared state in Redis: uplink, sink, ID cache, failures, epochs, node status.
+"""A flow's shared state in Redis: uplink, sink, ID cache, processed mark, failures, epochs, node status.
 
 Every key of flow ``F`` starts with ``tf:{F}:`` (one hash slot per flow).
 
-Under failure: when Redis is down or times out, every call waits and
-retries with a bounded back-off (logging what it waits for) until Redis
-answers or the store is closed; it never drops a write. Retrying a write is
-safe because every write is idempotent: delivery is keyed by message ID in
-the ID cache, failure records by uplink position. A delivery from a writer
-whose epoch is older than the newest raises :class:`Fenced` and changes
-nothing.
+Under failure: when Redis is down, times out, is out of memory or read-only
+(a replica after a failover), a call waits and retries with a bounded
+back-off (logging what it waits for) until Redis answers, the store is
+closed (:class:`StoreClosed`) or the call's deadline passes
+(:class:`RedisUnavailable`); it never drops a write silently. Retrying a
+write is safe because every write is idempotent: delivery is keyed by
+message ID and uplink position, failure records by uplink position. A
+delivery from a writer whose epoch is older than the newest raises
+:class:`Fenced` and changes nothing. The master's writes carry a deadline
+(its write lease, shorter than its ZooKeeper session) so that a master cut
+off from Redis gives up the role instead of holding it while it waits.
 """
 
 from __future__ import annotations
@@ -20,14 +24,28 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from ..message import Message
+from ..message import Message, position_order
 from . import scripts
 
 log = logging.getLogger("twinflow.store")
 T = TypeVar("T")
 
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+# Errors a Redis answers with while it cannot take writes for now: out of
+# memory (noeviction at maxmemory), a read-only replica after a failover, a
+# master without its replicas. Waiting may cure them; nothing was written.
+TRANSIENT_REPLIES = ("OOM", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "LOADING")
+
+# redis-py strips the code off the replies it has a class for.
+TRANSIENT_ERRORS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+                    redis.exceptions.MasterDownError, redis.exceptions.TryAgainError,
+                    redis.exceptions.ClusterDownError)
+
+DELIVER_MAX_MESSAGES = 1000      # per delivery script: keeps each script short
+DELIVER_MAX_BYTES = 16 << 20     # per delivery script: far below Redis's 1 GiB query buffer
 
 
 class Fenced(RuntimeError):
@@ -40,6 +58,38 @@ class Fenced(RuntimeError):
 
 class StoreClosed(RuntimeError):
     """The store was closed while a call waited for Redis."""
+
+
+class RedisUnavailable(RuntimeError):
+    """Redis did not answer (or refused writes) for longer than the call's deadline; nothing was lost."""
+
+    def __init__(self, what: str, waited_s: float, last: BaseException):
+        super().__init__(f"Redis did not answer {what} for {waited_s:.1f} s: {last}")
+        self.what, self.waited_s, self.last = what, waited_s, last
+
+
+def transient(exc: BaseException) -> bool:
+    """True for an error that waiting may cure (connection trouble, OOM, read-only, loading)."""
+    if isinstance(exc, RETRYABLE + TRANSIENT_ERRORS):
+        return True
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(TRANSIENT_REPLIES)
+
+
+def chunked(messages: list[Message], max_count: int = DELIVER_MAX_MESSAGES,
+            max_bytes: int = DELIVER_MAX_BYTES) -> Iterable[list[Message]]:
+    """Split ``messages`` (in order) into chunks of at most ``max_count`` messages and
+    ``max_bytes`` of bodies; a single larger message is a chunk of its own."""
+    chunk: list[Message] = []
+    size = 0
+    for m in messages:
+        n = len(m.body)
+        if chunk and (len(chunk) >= max_count or size + n > max_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(m)
+        size += n
+    if chunk:
+        yield chunk
 
 
 @dataclass(frozen=True)
@@ -77,6 +127,11 @@ class FlowKeys:
         return self.prefix + "id:"
 
     @property
+    def processed(self) -> str:
+        """The uplink position up to which the flow's masters processed every entry."""
+        return self.prefix + "processed"
+
+    @property
     def failed_prefix(self) -> str:
         return self.prefix + "failed:"
 
@@ -103,74 +158,203 @@ class FlowStore:
         *,
         id_ttl: int = 7 * 86400,
         sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
     ):
+        # This store owns waiting and deadlines: redis-py's own retries (ten by
+        # default in redis-py 8, with back-off) would stretch every deadline.
+        client.set_retry(Retry(NoBackoff(), 0))
         self.r = client
         self.keys = keys
         self.node_id = node_id
         self.id_ttl = id_ttl
         self._sleep = sleep
+        self._monotonic = monotonic
         self._closed = threading.Event()
         self._scripts = scripts.register(client)
+        self.last_ok = monotonic()  # when a call last got an answer from Redis
 
     def close(self) -> None:
         self._closed.set()
 
     # -- retry ------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
+    def _call(self, what: str, fn: Callable[[], T], deadline_s: float | None = None) -> T:
+        """``fn()``, retried while Redis is unreachable or refuses writes for now.
+
+        ``deadline_s`` None waits as long as it takes (until closed); 0 tries
+        once; otherwise RedisUnavailable once that many seconds have passed.
+        """
+        began = self._monotonic()
         backoff = 0.05
         while True:
             try:
-                return fn()
-            except RETRYABLE as exc:
+                result = fn()
+                self.last_ok = self._monotonic()
+                return result
+            except redis.RedisError as exc:
+                if not transient(exc):
+                    raise
                 if self._closed.is_set():
                     raise StoreClosed(what) from exc
+                waited = self._monotonic() - began
+                if deadline_s is not None and waited >= deadline_s:
+                    raise RedisUnavailable(what, waited, exc) from exc
                 log.warning("Redis unavailable during %s (%s); retrying in %.2f s", what, exc, backoff)
-                self._sleep(backoff)
+                pause = backoff if deadline_s is None else min(backoff, max(0.0, deadline_s - waited))
+                self._sleep(pause)
                 backoff = min(backoff * 2, 1.0)
 
-    # -- epochs -----------------------------------------------------------
-    def raise_epoch(self, epoch: int) -> int:
-        """Make ``epoch`` the fencing epoch unless a newer one exists; returns the one in force."""
-        return int(self._call("raise_epoch", lambda: self._scripts["raise_epoch"](keys=[self.keys.epoch], args=[epoch])))
+    def ping(self) -> bool:
+        """One PING, no retry: whether Redis answers now."""
+        try:
+            self._call("ping", self.r.ping, deadline_s=0)
+            return True
+        except (RedisUnavailable, redis.RedisError):
+            return False
 
-    def current_epoch(self) -> int:
-        return int(self._call("current_epoch", lambda: self.r.get(self.keys.epoch)) or 0)
+    # -- start-up checks --------------------------------------------------
+    def config_problems(self) -> list[str]:
+        """What in this Redis's configuration can break the promises (empty: none found).
+
+        The ID cache and the processed mark must never be evicted, and the
+        epoch and the mark must survive a restart. A Redis that refuses
+        CONFIG (a managed service) is reported as unverifiable.
+        """
+        try:
+            conf = self._call("CONFIG GET", lambda: {
+                **self.r.config_get("maxmemory-policy"), **self.r.config_get("appendonly"),
+                **self.r.config_get("save")})
+        except redis.ResponseError as exc:
+            return [f"cannot read the Redis configuration to check it ({exc})"]
+        conf = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in conf.items()}
+        problems = []
+        policy = conf.get("maxmemory-policy", "")
+        if policy != "noeviction":
+            problems.append(f"maxmemory-policy is {policy!r}: Redis may evict ID-cache keys and the "
+                            f"processed mark (set it to 'noeviction')")
+        if conf.get("appendonly") != "yes" and not conf.get("save"):
+            problems.append("persistence is off (appendonly no, no save points): a Redis restart loses "
+                            "the fencing epoch, the ID cache and the processed mark")
+        return problems
+
+    # -- epochs -----------------------------------------------------------
+    def raise_epoch(self, epoch: int, deadline_s: float | None = None) -> int:
+        """Make ``epoch`` the fencing epoch unless a newer one exists; returns the one in force."""
+        return int(self._call("raise_epoch", lambda: self._scripts["raise_epoch"](
+            keys=[self.keys.epoch], args=[epoch]), deadline_s))
+
+    def current_epoch(self, deadline_s: float | None = None) -> int:
+        return int(self._call("current_epoch", lambda: self.r.get(self.keys.epoch), deadline_s) or 0)
 
     # -- master: delivery -------------------------------------------------
-    def deliver(self, epoch: int, messages: list[Message]) -> list[bool]:
-        """Deliver to the sink and record IDs, atomically and fenced by ``epoch``.
+    def deliver(self, epoch: int, messages: list[Message], *, deadline_s: float | None = None,
+                replicas: int = 0, replica_wait_ms: int = 1000) -> list[bool]:
+        """Deliver to the sink, record IDs and the processed mark, atomically and fenced by ``epoch``.
 
-        Returns, per message, True if delivered now, False if its ID was
-        already in the ID cache. Raises Fenced if ``epoch`` is stale.
+        ``messages`` are one chunk (see :func:`chunked`), in uplink order.
+        Returns, per message, True if delivered now, False if it was already
+        processed (its ID in the ID cache, or its position at or before the
+        processed mark). Raises Fenced if ``epoch`` is stale, RedisUnavailable
+        past ``deadline_s``. With ``replicas`` > 0 it returns only once
+        ``WAIT`` confirms that many replicas have the delivery, so a Redis
+        failover cannot erase what the caller escalates next.
         """
         if not messages:
             return []
         args: list = [epoch, self.id_ttl, self.keys.id_prefix, self.node_id]
         for m in messages:
             args += [m.id, m.position, m.body]
-        res = self._call("deliver", lambda: self._scripts["deliver"](keys=[self.keys.epoch, self.keys.sink], args=args))
+        keys = [self.keys.epoch, self.keys.sink, self.keys.processed]
+
+        def write():
+            if not replicas:
+                return self._scripts["deliver"](keys=keys, args=args), replicas
+            # WAIT counts the writes of its own connection: same pipeline.
+            pipe = self.r.pipeline(transaction=False)
+            self._scripts["deliver"](keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", replicas, replica_wait_ms)
+            res, acked = pipe.execute()
+            return res, int(acked)
+
+        res, acked = self._call("deliver", write, deadline_s)
         if int(res[0]) == -1:
             raise Fenced(epoch, int(res[1]))
+        if acked < replicas:
+            self._await_replicas(replicas, replica_wait_ms, deadline_s)
         return [bool(int(f)) for f in res[1:]]
 
+    def _await_replicas(self, replicas: int, wait_ms: int, deadline_s: float | None) -> None:
+        """Wait until ``replicas`` replicas have everything written so far, or RedisUnavailable."""
+        began = self._monotonic()
+        sync_key = self.keys.prefix + "sync:" + self.node_id
+
+        def confirm():
+            # A write on this connection moves its offset past the delivery
+            # (replication is ordered), so WAIT covers the delivery too.
+            pipe = self.r.pipeline(transaction=False)
+            pipe.incr(sync_key)
+            pipe.execute_command("WAIT", replicas, wait_ms)
+            acked = int(pipe.execute()[1])
+            if acked < replicas:
+                raise redis.ResponseError(f"NOREPLICAS {acked} of {replicas} replicas confirmed within {wait_ms} ms")
+
+        left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
+        self._call("wait for replicas", confirm, left)
+
+    def processed_mark(self, deadline_s: float | None = None) -> str | None:
+        """The position up to which every uplink entry was processed, or None before the first delivery."""
+        raw = self._call("processed mark", lambda: self.r.get(self.keys.processed), deadline_s)
+        return raw.decode() if isinstance(raw, bytes) else raw
+
     # -- worker: the ID cache ---------------------------------------------
-    def processed(self, ids: list[str]) -> list[bool]:
-        """Per ID, whether the ID cache holds it (one round trip)."""
-        if not ids:
+    def processed(self, messages: list[Message], handled_upto: str | None = None) -> list[bool]:
+        """Per message, whether the flow already processed it: its ID is in the
+        ID cache or its position is at or before the processed mark (one round trip).
+
+        ``handled_upto``, when given, is recorded as how far this node has
+        handled the uplink in the same round trip (see :meth:`handled_position`).
+        """
+        def read():
+            pipe = self.r.pipeline(transaction=False)
+            pipe.get(self.keys.processed)
+            if messages:
+                pipe.mget([self.keys.id_prefix + m.id for m in messages])
+            if handled_upto:
+                pipe.hset(self.keys.read(self.node_id), "handled_id", handled_upto)
+            return pipe.execute()
+
+        out = self._call("processed", read)
+        if not messages:
             return []
-        keys = [self.keys.id_prefix + i for i in ids]
-        vals = self._call("processed", lambda: self.r.mget(keys))
-        return [v is not None for v in vals]
+        mark = out[0].decode() if out[0] else None
+        after = position_order(mark) if mark else None
+        return [v is not None or (after is not None and position_order(m.position) <= after)
+                for m, v in zip(messages, out[1])]
+
+    def handled_position(self, node_id: str | None = None) -> str | None:
+        """How far ``node_id`` (default: this node) has handled the uplink in any role, or None."""
+        raw = self._call("handled position", lambda: self.r.hget(self.keys.read(node_id or self.node_id),
+                                                                 "handled_id"))
+        return raw.decode() if isinstance(raw, bytes) else raw
 
     # -- outlinks ---------------------------------------------------------
-    def record_failures(self, failures: list[tuple[str, str, bytes | None]]) -> int:
-        """Put (position, reason, body) on the failure stream, once per position."""
+    def record_failures(self, failures: list[tuple[str, str, bytes | None, int | None]], *,
+                        max_entries: int = 100_000, max_body: int = 1 << 20,
+                        deadline_s: float | None = None) -> int:
+        """Put (position, reason, body, size) on the failure stream, once per position.
+
+        The stream keeps about ``max_entries`` records and each keeps at most
+        ``max_body`` bytes of its body (``size`` is the whole body's length);
+        the entry itself stays in the uplink at its position.
+        """
         if not failures:
             return 0
-        args: list = [self.id_ttl, self.keys.failed_prefix, self.node_id]
-        for pos, reason, body in failures:
-            args += [pos, reason, body if body is not None else b""]
-        return int(self._call("record_failure", lambda: self._scripts["record_failure"](keys=[self.keys.failure], args=args)))
+        args: list = [self.id_ttl, self.keys.failed_prefix, self.node_id, max_entries]
+        for pos, reason, body, size in failures:
+            body = body or b""
+            args += [pos, reason, body[:max_body], -1 if size is None else size]
+        return int(self._call("record_failure", lambda: self._scripts["record_failure"](
+            keys=[self.keys.failure], args=args), deadline_s))
 
     def surface_unclaimed(self, messages: list[Message], outlink: str, cap: int = 100_000) -> None:
         """Make fully baked, unclaimed messages visible (capped stream; they stay in the node)."""
@@ -187,8 +371,11 @@ class FlowStore:
         self._call("surface_unclaimed", write)
 
     # -- uplink -----------------------------------------------------------
-    def publish(self, bodies: Iterable[bytes]) -> list[str]:
-        """Append documents to the uplink; returns their entry IDs."""
+    def publish(self, bodies: Iterable[bytes], deadline_s: float | None = None) -> list[str]:
+        """Append documents to the uplink; returns their entry IDs.
+
+        RedisUnavailable once ``deadline_s`` passes without Redis answering.
+        """
         bodies = list(bodies)
 
         def write():
@@ -197,7 +384,42 @@ class FlowStore:
                 pipe.xadd(self.keys.uplink, {"data": b})
             return [p.decode() if isinstance(p, bytes) else p for p in pipe.execute()]
 
-        return self._call("publish", write)
+        return self._call("publish", write, deadline_s)
+
+    def read_uplink(self, after: str | None, upto: str, count: int, max_body: int, *,
+                    max_bytes: int = 64 << 20, deadline_s: float | None = None
+                    ) -> list[tuple[str, bytes | None, int | None]]:
+        """Uplink entries after ``after`` (exclusive; None: from the start) up to ``upto``,
+        as (position, data, size) rows bounded like a Spark batch: at most ``count``
+        entries and ``max_bytes`` of bodies, a body over ``max_body`` withheld (data None)."""
+        args = scripts.read_batch_args(after or "0-0", upto, count, max_bytes, max_body)
+        reply = self._call("read uplink", lambda: self._scripts["read_batch"](keys=[self.keys.uplink], args=args),
+                           deadline_s)
+        return scripts.read_batch_rows(reply)
+
+    def entries_upto(self, position: str) -> int:
+        """How many entries the uplink has had up to ``position``: all it was ever given
+        minus those after it (counted by reading their IDs, so meant for a short tail)."""
+        def count():
+            try:
+                added = int(self.r.xinfo_stream(self.keys.uplink).get("entries-added", 0))
+            except redis.ResponseError:  # no stream yet
+                return 0
+            after, n = position, 0
+            while True:
+                page = self.r.xrange(self.keys.uplink, "(" + after, "+", count=10_000)
+                n += len(page)
+                if len(page) < 10_000:
+                    return max(0, added - n)
+                after = page[-1][0].decode()
+
+        return self._call("count uplink entries", count)
+
+    def oldest_after(self, after: str | None) -> str | None:
+        """The position of the first uplink entry after ``after`` (None: the first of all), or None."""
+        low = "-" if after is None else "(" + after
+        entries = self._call("read uplink", lambda: self.r.xrange(self.keys.uplink, low, "+", count=1))
+        return entries[0][0].decode() if entries else None
 
     def uplink_lag(self, node_id: str) -> int:
         """Uplink entries ``node_id`` has not read yet (entries-added minus what it read).
@@ -213,6 +435,7 @@ class FlowStore:
 
     # -- node status ------------------------------------------------------
     def write_status(self, status: dict, ttl_s: int = 10) -> None:
+        """One attempt, no retry (the next status replaces it): raises when Redis does not answer."""
         key = self.keys.node(self.node_id)
 
         def write():
@@ -222,7 +445,7 @@ class FlowStore:
             pipe.expire(key, ttl_s)
             pipe.execute()
 
-        self._call("write_status", write)
+        self._call("write_status", write, deadline_s=0)
 
     def read_statuses(self) -> list[dict]:
         """The live status of every node of the flow (stale nodes drop out by TTL)."""

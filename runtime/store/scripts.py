@@ -4,6 +4,30 @@ All keys of a flow share the hash tag ``{<flow>}``, so a script that builds
 further keys from a prefix (the ID cache) still touches one cluster slot.
 Scripts are registered once per client (``register``) and called with
 ``client=pipe`` where they batch.
+
+Two rules live here rather than in any caller, so that every writer keeps
+them (promises 2 and 3 of DESIGN.md):
+
+- The fencing epoch never goes backwards: a delivery raises the stored epoch
+  to the writer's, so a Redis that lost its data cannot let an older writer
+  pass once the newest master has written again.
+- The processed mark: the flow's masters deliver the uplink in order, so the
+  delivery script records the position of the last entry it handled
+  (``processed``). An entry at or before that mark is never delivered again,
+  whether or not its ID is still in the ID cache: a node that re-reads the
+  uplink (new state directory, down longer than ``id_ttl``) cannot double-feed.
+"""
+
+# Lua: true when stream entry ID a ("<ms>-<seq>") sorts at or before b.
+_AT_OR_BEFORE = """
+local function at_or_before(a, b)
+  if not b then return false end
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  ams, bms = tonumber(ams), tonumber(bms)
+  if ams ~= bms then return ams < bms end
+  return tonumber(aseq) <= tonumber(bseq)
+end
 """
 
 # RAISE_EPOCH: make the flow's fencing epoch at least ARGV[1].
@@ -19,52 +43,135 @@ end
 return cur
 """
 
-# DELIVER: fenced delivery of a batch to the sink, recording each ID in the
-# ID cache in the same atomic step.
-# KEYS[1] epoch key, KEYS[2] sink stream.
+# DELIVER: fenced delivery of a chunk of uplink entries (in uplink order) to
+# the sink, recording each ID in the ID cache and the processed mark in the
+# same atomic step.
+# KEYS[1] epoch key, KEYS[2] sink stream, KEYS[3] processed mark.
 # ARGV[1] writer's epoch, ARGV[2] ID-cache TTL (s), ARGV[3] ID-cache key prefix,
 # ARGV[4] writer's node id, then (id, position, body) triples.
 # Returns {-1, epoch in force} when the writer is stale (nothing written), else
-# {1, f1, f2, ...} with fi = 1 delivered now, 0 already in the ID cache.
-DELIVER = """
+# {1, f1, f2, ...} with fi = 1 delivered now, 0 already processed (its ID is in
+# the ID cache, or its position is at or before the processed mark).
+DELIVER = _AT_OR_BEFORE + """
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local epoch = tonumber(ARGV[1])
 if epoch < cur then
   return {-1, cur}
 end
+if epoch > cur then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+local mark = redis.call('GET', KEYS[3])
 local out = {1}
+local last = nil
 for i = 5, #ARGV, 3 do
-  local id = ARGV[i]
-  if redis.call('SET', ARGV[3] .. id, ARGV[1], 'NX', 'EX', ARGV[2]) then
-    redis.call('XADD', KEYS[2], '*', 'id', id, 'position', ARGV[i + 1], 'epoch', ARGV[1],
+  local id, pos = ARGV[i], ARGV[i + 1]
+  if at_or_before(pos, mark) then
+    out[#out + 1] = 0
+  elseif redis.call('SET', ARGV[3] .. id, ARGV[1], 'NX', 'EX', ARGV[2]) then
+    redis.call('XADD', KEYS[2], '*', 'id', id, 'position', pos, 'epoch', ARGV[1],
                'node', ARGV[4], 'data', ARGV[i + 2])
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end
+  last = pos
+end
+if last and not at_or_before(last, mark) then
+  redis.call('SET', KEYS[3], last)
 end
 return out
 """
 
 # RECORD_FAILURE: put a bad uplink entry on the failure stream once, however
 # many nodes read it (keyed by its uplink position, so no epoch is needed: a
-# second writer changes nothing).
+# second writer changes nothing). The stream is capped (approximately) at
+# ARGV[4] entries: a record that falls off still points at its uplink entry.
 # KEYS[1] failure stream.  ARGV[1] TTL (s) of the seen-marker, ARGV[2] marker
-# prefix, ARGV[3] node id, then (position, reason, body) triples.
+# prefix, ARGV[3] node id, ARGV[4] cap, then (position, reason, body, size) quadruples.
 # Returns how many were recorded now.
 RECORD_FAILURE = """
 local n = 0
-for i = 4, #ARGV, 3 do
+for i = 5, #ARGV, 4 do
   if redis.call('SET', ARGV[2] .. ARGV[i], ARGV[3], 'NX', 'EX', ARGV[1]) then
-    redis.call('XADD', KEYS[1], '*', 'position', ARGV[i], 'reason', ARGV[i + 1],
-               'node', ARGV[3], 'data', ARGV[i + 2])
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'position', ARGV[i], 'reason', ARGV[i + 1],
+               'node', ARGV[3], 'size', ARGV[i + 3], 'data', ARGV[i + 2])
     n = n + 1
   end
 end
 return n
 """
 
-ALL = {"raise_epoch": RAISE_EPOCH, "deliver": DELIVER, "record_failure": RECORD_FAILURE}
+# READ_BATCH: the entries of a stream after an ID, bounded in count and bytes.
+# KEYS[1] the stream.
+# ARGV[1] exclusive start ID; ARGV[2] inclusive end ID, or "+" for none;
+# ARGV[3] max entries (>= 1); ARGV[4] max body bytes returned, the first entry
+# always included whatever its size; ARGV[5] max bytes of one body (a longer
+# one is withheld and counts 0); ARGV[6] max entries per XRANGE page; ARGV[7]
+# page bytes (pages shrink to about this many bytes once entries are big).
+# Returns a flat array, three items per entry: ID, body (false when the entry
+# has no data field or its body is withheld), body length (-1: no data field).
+READ_BATCH = """
+local after, last = ARGV[1], ARGV[2]
+local max_n, max_bytes = tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_body, max_page, page_bytes = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local out, n, bytes, page = {}, 0, 0, max_page
+while n < max_n do
+  local want = math.min(page, max_n - n)
+  local entries = redis.call('XRANGE', KEYS[1], '(' .. after, last, 'COUNT', want)
+  local biggest = 0
+  for _, entry in ipairs(entries) do
+    local fields, body, size = entry[2], false, -1
+    for i = 1, #fields, 2 do
+      if fields[i] == 'data' then body = fields[i + 1] end
+    end
+    if body then
+      size = #body
+      if size > biggest then biggest = size end
+      if size > max_body then body = false end
+    end
+    local cost = body and size or 0
+    if n > 0 and bytes + cost > max_bytes then return out end
+    out[#out + 1] = entry[1]
+    out[#out + 1] = body
+    out[#out + 1] = size
+    n = n + 1
+    bytes = bytes + cost
+    after = entry[1]
+  end
+  if #entries < want then break end
+  page = math.max(1, math.min(max_page, math.floor(page_bytes / math.max(biggest, 1))))
+end
+return out
+"""
+
+# XRANGE page inside the script: at most this many entries ...
+_PAGE_ENTRIES = 64
+# ... and, once a page has shown entries this big, fewer, so the script's own
+# copy of a page of large entries stays near this many bytes.
+_PAGE_BYTES = 8 * 1024 * 1024
+
+
+def read_batch_args(after: str, last: str, count: int, max_bytes: int, max_body: int) -> list:
+    """ARGV for READ_BATCH: entries after ``after`` up to ``last`` ("+": no end)."""
+    return [after, last, count, max_bytes, max_body, _PAGE_ENTRIES, _PAGE_BYTES]
+
+
+def read_batch_rows(reply: list) -> list[tuple[str, bytes | None, int | None]]:
+    """READ_BATCH's reply as (position, data, size) rows; see READ_BATCH for None."""
+    # A missing or withheld body is Lua false: None over RESP2, False over RESP3.
+    return [
+        (
+            reply[i].decode(),
+            reply[i + 1] if isinstance(reply[i + 1], bytes) else None,
+            None if reply[i + 2] < 0 else reply[i + 2],
+        )
+        for i in range(0, len(reply), 3)
+    ]
+
+
+ALL = {"raise_epoch": RAISE_EPOCH, "deliver": DELIVER, "record_failure": RECORD_FAILURE,
+       "read_batch": READ_BATCH}
 
 
 def register(client) -> dict:

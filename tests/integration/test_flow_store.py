@@ -1,5 +1,7 @@
-"""The Redis store against a real redis-server: fencing, the ID cache, failures, outages."""
+"""The Redis store against a real redis-server: fencing, the ID cache, the processed mark, failures, outages."""
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -9,12 +11,14 @@ import redis
 
 from twinflow.cluster.services import free_port, redis_answers
 from twinflow.runtime.message import Message
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore, Fenced
+from twinflow.runtime.store.flow_store import (
+    DELIVER_MAX_BYTES, FlowKeys, FlowStore, Fenced, RedisUnavailable, chunked)
 from tests.conftest import wait_until
 
 
-def msgs(*ids):
-    return [Message(id=i, key=n, position=f"{n + 1}-0", body=b'{"x":1}') for n, i in enumerate(ids)]
+def msgs(*ids, first: int = 1):
+    """Messages at uplink positions first-0, first+1-0, ..."""
+    return [Message(id=i, key=n, position=f"{n + first}-0", body=b'{"x":1}') for n, i in enumerate(ids)]
 
 
 @pytest.fixture
@@ -27,11 +31,12 @@ def store(redis_url, flow_name):
 def test_deliver_records_ids_and_never_delivers_twice(store):
     store.raise_epoch(1)
     assert store.deliver(1, msgs("a", "b")) == [True, True]
-    assert store.deliver(1, msgs("b", "c")) == [False, True]
+    assert store.deliver(1, msgs("b", "c", first=3)) == [False, True]  # "b" again, later in the uplink
     sink = store.r.xrange(store.keys.sink)
     assert [f[b"id"] for _, f in sink] == [b"a", b"b", b"c"]
     assert {f[b"epoch"] for _, f in sink} == {b"1"}
-    assert store.processed(["a", "c", "zz"]) == [True, True, False]
+    assert store.processed(msgs("a", "c", "zz")[:2]) == [True, True]
+    assert store.processed([Message("zz", 9, "99-0", b"{}")]) == [False]
     assert 0 < store.r.ttl(store.keys.id_prefix + "a") <= 600  # bounded ID cache
 
 
@@ -42,15 +47,15 @@ def test_stale_epoch_changes_nothing(store):
         store.deliver(2, msgs("a"))
     assert err.value.newest == 3
     assert store.r.xlen(store.keys.sink) == 0
-    assert store.processed(["a"]) == [False]
+    assert store.processed(msgs("a")) == [False]
     assert store.deliver(3, msgs("a")) == [True]
 
 
 def test_failures_are_recorded_once_whichever_node_sees_them(redis_url, flow_name):
     a = FlowStore(redis.Redis.from_url(redis_url), FlowKeys(flow_name), "node-a")
     b = FlowStore(redis.Redis.from_url(redis_url), FlowKeys(flow_name), "node-b")
-    assert a.record_failures([("7-0", "body is not JSON", b"{")]) == 1
-    assert b.record_failures([("7-0", "body is not JSON", b"{"), ("8-0", "no key", None)]) == 1
+    assert a.record_failures([("7-0", "body is not JSON", b"{", 1)]) == 1
+    assert b.record_failures([("7-0", "body is not JSON", b"{", 1), ("8-0", "no key", None, None)]) == 1
     rows = a.r.xrange(a.keys.failure)
     assert [(f[b"position"], f[b"reason"]) for _, f in rows] == [(b"7-0", b"body is not JSON"), (b"8-0", b"no key")]
 
@@ -88,3 +93,122 @@ def test_delivery_waits_for_redis_and_loses_nothing(tmp_path):
         s.close()
         server.kill()
         server.wait()
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """Start a redis-server of our own with extra arguments; every one is killed after the test."""
+    started = []
+
+    def start(*args):
+        port = free_port()
+        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--dir", str(tmp_path), "--dbfilename", f"{port}.rdb", *args],
+                                stdout=subprocess.DEVNULL)
+        started.append(proc)
+        wait_until(lambda: redis_answers(port), 10, what="redis-server")
+        return port, proc
+
+    yield start
+    for proc in started:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+
+
+def test_processed_mark_fences_reread_entries_after_their_ids_expired(store):
+    """Defect 4: a node that re-reads the uplink must not deliver again what the flow delivered,
+    even once the IDs have left the ID cache."""
+    store.raise_epoch(1)
+    assert store.deliver(1, msgs("a", "b")) == [True, True]
+    assert store.processed_mark() == "2-0"
+    store.r.delete(store.keys.id_prefix + "a", store.keys.id_prefix + "b")  # as if id_ttl passed
+    assert store.deliver(1, msgs("a", "b")) == [False, False]
+    assert store.processed(msgs("a", "b")) == [True, True]  # a worker bypasses them too
+    later = [Message("c", 5, "5-0", b"{}")]
+    assert store.processed(later) == [False]
+    assert store.deliver(1, later) == [True]
+    assert store.processed_mark() == "5-0"
+    assert [f[b"id"] for _, f in store.r.xrange(store.keys.sink)] == [b"a", b"b", b"c"]
+
+
+def test_a_delivery_restores_the_epoch_redis_lost(store):
+    """Defect 7: if Redis loses the epoch, the newest master's next write puts it back."""
+    assert store.raise_epoch(5) == 5
+    store.r.delete(store.keys.epoch)  # Redis restarted without its data
+    assert store.deliver(5, msgs("a")) == [True]
+    assert store.current_epoch() == 5
+    with pytest.raises(Fenced):
+        store.deliver(3, [Message("b", 2, "9-0", b"{}")])
+
+
+def test_redis_configuration_is_checked(store, own_redis):
+    """Defect 7: eviction and missing persistence are reported; the test services pass."""
+    assert store.config_problems() == []
+    port, _ = own_redis("--maxmemory-policy", "allkeys-lru", "--appendonly", "no")
+    bad = FlowStore(redis.Redis(port=port), FlowKeys("x"), "node-a").config_problems()
+    assert len(bad) == 2
+    assert "allkeys-lru" in bad[0] and "noeviction" in bad[0]
+    assert "persistence is off" in bad[1]
+
+
+def test_wait_replicas_confirms_the_delivery_reached_a_replica(own_redis, flow_name):
+    """Defect 7: with wait_replicas, deliver returns only once a replica has the delivery."""
+    port, _ = own_redis()
+    rport, replica = own_redis("--replicaof", "127.0.0.1", str(port))
+    s = FlowStore(redis.Redis(port=port, socket_timeout=2), FlowKeys(flow_name), "node-a")
+    wait_until(lambda: s.r.info("replication")["connected_slaves"] == 1
+               and redis.Redis(port=rport).info("replication")["master_link_status"] == "up",
+               20, what="the replica to sync")
+    assert s.deliver(1, msgs("a"), replicas=1, replica_wait_ms=2000) == [True]
+    assert redis.Redis(port=rport).xlen(s.keys.sink) == 1  # already on the replica when deliver returned
+
+    os.kill(replica.pid, signal.SIGSTOP)  # the replica stops acknowledging
+    t0 = time.monotonic()
+    with pytest.raises(RedisUnavailable) as err:
+        s.deliver(1, [Message("b", 2, "9-0", b"{}")], deadline_s=1.0, replicas=1, replica_wait_ms=200)
+    assert "replicas" in str(err.value) and time.monotonic() - t0 < 5
+    os.kill(replica.pid, signal.SIGCONT)
+    # Nothing is lost: the delivery is in the primary, recorded once.
+    assert s.deliver(1, [Message("b", 2, "9-0", b"{}")], replicas=1, replica_wait_ms=5000) == [False]
+    assert s.r.xlen(s.keys.sink) == 2
+
+
+def test_failure_stream_is_capped_and_keeps_at_most_max_body_bytes(store):
+    """Defect 6: the failure stream is bounded in entries and in body bytes."""
+    bad = [(f"{n}-0", "body is not JSON", b"{" * 10, 10) for n in range(1, 1001)]
+    assert store.record_failures(bad, max_entries=100) == 1000
+    assert store.r.xlen(store.keys.failure) <= 300  # approximate trimming (whole stream nodes)
+    big = b"x" * (2 << 20)
+    store.record_failures([("2000-0", "message is too large", big, len(big))], max_entries=100, max_body=1024)
+    _, last = store.r.xrevrange(store.keys.failure, count=1)[0]
+    assert len(last[b"data"]) == 1024 and int(last[b"size"]) == len(big)
+
+
+def test_chunks_bound_count_and_bytes():
+    """Defect 10: delivery scripts are cut by bytes as well as count; one huge message goes alone."""
+    small = [Message(f"s{i}", i, f"{i + 1}-0", b"x" * 10) for i in range(2500)]
+    assert [len(c) for c in chunked(small)] == [1000, 1000, 500]
+    big = [Message(f"b{i}", i, f"{i + 1}-0", b"x" * (6 << 20)) for i in range(5)]
+    sizes = [sum(len(m.body) for m in c) for c in chunked(big)]
+    assert all(size <= DELIVER_MAX_BYTES for size in sizes) and sum(sizes) == 5 * (6 << 20)
+    huge = [Message("h", 1, "1-0", b"x" * (DELIVER_MAX_BYTES + 1))]
+    assert [len(c) for c in chunked(huge)] == [1]
+
+
+def test_delivery_of_messages_near_the_limit(store):
+    """Defect 10: 40 messages of 1 MiB (the default max_bytes) are delivered in byte-bounded scripts."""
+    body = b'{"id": "x", "pad": "' + b"x" * ((1 << 20) - 40) + b'"}'
+    batch = [Message(f"m{i}", i, f"{i + 1}-0", body) for i in range(40)]
+    flags = [f for chunk in chunked(batch) for f in store.deliver(1, chunk)]
+    assert flags == [True] * 40
+    assert store.r.xlen(store.keys.sink) == 40
+
+
+def test_publish_gives_up_at_its_deadline():
+    """Defect 11: with Redis down, publish raises RedisUnavailable at its deadline instead of hanging."""
+    s = FlowStore(redis.Redis(port=free_port(), socket_connect_timeout=0.2), FlowKeys("down"), "node-a")
+    t0 = time.monotonic()
+    with pytest.raises(RedisUnavailable):
+        s.publish([b"{}"], deadline_s=0.5)
+    assert time.monotonic() - t0 < 2.0

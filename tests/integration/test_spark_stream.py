@@ -2,14 +2,16 @@
 
 One SparkSession serves the module (start-up costs seconds); every test
 uses its own stream key, status key and checkpoint directory. The reader's
-outage and pause behaviour is tested in-process, without Spark, through a
-small TCP forwarder that plays a Redis which is down and then comes up.
+outage, pause, hold and replay behaviour is also tested in-process, without
+Spark (the outage through a small TCP forwarder that plays a Redis which is
+down and then comes up).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import socket
 import threading
 import time
@@ -21,8 +23,12 @@ import redis
 from pyspark.sql import SparkSession
 
 from twinflow.runtime.spark.session import build_session
-from twinflow.runtime.spark.source import RedisStreamReader
-from twinflow.runtime.spark.stream import start_stream, stop_stream
+from twinflow.runtime.spark.source import (
+    DEFAULT_MAX_BODY_BYTES,
+    WARMUP_POSITION,
+    RedisStreamReader,
+)
+from twinflow.runtime.spark.stream import hold_stream, hold_state, start_stream, stop_stream
 
 # The first micro-batch of a query includes JIT and worker start-up (seconds).
 DEADLINE_S = 45.0
@@ -101,6 +107,31 @@ def payloads(first: int, count: int) -> list:
     return [None if i % 97 == 0 else b"m%d" % i for i in range(first, first + count)]
 
 
+def expected(ids: list[str], sent: list, max_body: int = DEFAULT_MAX_BODY_BYTES) -> list:
+    """The rows the source delivers for these entries: (position, data, size)."""
+    return [
+        (i, None if p is None or len(p) > max_body else p, None if p is None else len(p))
+        for i, p in zip(ids, sent)
+    ]
+
+
+def body_bytes(rows: list) -> int:
+    return sum(len(data) for _, data, _ in rows if data is not None)
+
+
+def read_all(reader: RedisStreamReader) -> list[tuple[dict, dict, list]]:
+    """(start, end, rows) of every batch the reader plans until nothing is new."""
+    batches = []
+    start = reader.initialOffset()
+    while True:
+        rows, end = reader.read(start)
+        rows = list(rows)
+        if not rows:
+            return batches
+        batches.append((start, end, rows))
+        start = end
+
+
 def test_every_entry_reaches_on_batch_once_in_order(spark, r, redis_url, key, tmp_path):
     sent = payloads(0, 3000)
     ids = add(r, key, sent)
@@ -123,7 +154,7 @@ def test_every_entry_reaches_on_batch_once_in_order(spark, r, redis_url, key, tm
             lambda: (s := r.hgetall(key + ":status")).get(b"read_n") == b"5000" and s,
             "status read_n = 5000",
         )
-        assert got.rows == list(zip(ids, sent))
+        assert got.rows == expected(ids, sent)
         assert status[b"read_id"].decode() == ids[-1]
         assert r.xinfo_stream(key)["entries-added"] - int(status[b"read_n"]) == 0
         batch_ids = [b for b, _ in got.batches]
@@ -159,8 +190,8 @@ def test_restart_from_checkpoint_delivers_nothing_twice(spark, r, redis_url, key
         wait_until(lambda: len(after.rows) >= 50, "entries added while stopped", query=query)
         ids += add(r, key, payloads(150, 50))
         wait_until(lambda: r.hget(key + ":status", "read_n") == b"200", "read_n = 200")
-        assert [p for p, _ in before.rows] == ids[:100]
-        assert [p for p, _ in after.rows] == ids[100:]
+        assert [row[0] for row in before.rows] == ids[:100]
+        assert [row[0] for row in after.rows] == ids[100:]
         # Batch IDs continue from the checkpoint instead of starting over.
         assert after.batches[0][0] > before.batches[-1][0]
     finally:
@@ -171,10 +202,14 @@ def test_on_batch_error_fails_query_and_batch_is_redelivered(spark, r, redis_url
     def run(collector):
         return start_stream(
             spark, redis_url=redis_url, stream=key, checkpoint_dir=str(tmp_path / "ck"),
-            on_batch=collector,
+            on_batch=collector, batch_bytes=2000, max_body_bytes=1000,
         )
 
-    ids = add(r, key, payloads(0, 30))
+    # The first batch is cut by bytes (600 + 1000 + 300 delivered; the next
+    # 400 would make 2,300) and holds a withheld body and one without data.
+    sent = [b"a" * 600, b"b" * 5000, None, b"c" * 1000, b"d" * 300] + payloads(1, 25)
+    sent[5] = b"e" * 400
+    ids = add(r, key, sent)
     failing = Collector(fail_first=True)
     query = run(failing)
     try:
@@ -182,17 +217,155 @@ def test_on_batch_error_fails_query_and_batch_is_redelivered(spark, r, redis_url
         assert "on_batch refused the batch" in str(query.exception())
     finally:
         stop_stream(query, 10)
+    assert failing.batches[0][1] == expected(ids[:5], sent[:5], max_body=1000)
 
     # The refused batch was never committed: a restart replays it (Spark
-    # re-reads it via readBetweenOffsets), same batch ID, same entries.
+    # re-reads it via readBetweenOffsets), same batch ID, same rows.
     again = Collector()
     query = run(again)
     try:
         wait_until(lambda: len(again.rows) >= 30, "the replayed batch", query=query)
         assert again.batches[0] == failing.batches[0]
-        assert [p for p, _ in again.rows] == ids
+        assert again.rows == expected(ids, sent, max_body=1000)
     finally:
         assert stop_stream(query, 10)
+
+
+def test_batches_respect_entry_and_byte_bounds(spark, r, redis_url, key, tmp_path):
+    batch_size, batch_bytes, max_body = 25, 8000, 10000
+    rng = random.Random(7)
+    sent: list = [bytes([i % 251]) * rng.randint(0, 2500) for i in range(240)]
+    for i in range(0, 240, 37):
+        sent[i] = None
+    sent[50] = b"s" * 9000  # alone in its batch: over batch_bytes, under max_body
+    sent[51] = b"t" * 7900
+    sent[90] = b"w" * 12000  # withheld: arrives as its size only, counts 0
+    sent[91] = b"W" * 300_000
+    sent[150:180] = [b""] * 30  # empty bodies: 30 entries, 0 bytes, cut by count
+    ids = add(r, key, sent)  # all there before the first batch is planned
+    got = Collector()
+    query = start_stream(
+        spark, redis_url=redis_url, stream=key, checkpoint_dir=str(tmp_path / "ck"),
+        on_batch=got, batch_size=batch_size, batch_bytes=batch_bytes, max_body_bytes=max_body,
+    )
+    try:
+        wait_until(lambda: len(got.rows) >= len(sent), "every entry", query=query)
+    finally:
+        assert stop_stream(query, 10)
+
+    assert got.rows == expected(ids, sent, max_body=max_body)  # each once, in order
+    batches = [rows for _, rows in got.batches]
+    for rows, following in zip(batches, batches[1:] + [[]]):
+        assert 1 <= len(rows) <= batch_size
+        assert body_bytes(rows) <= batch_bytes or len(rows) == 1, rows[0][0]
+        if following:
+            # Each batch is as large as the bounds allow: the next entry did not fit.
+            assert len(rows) == batch_size or body_bytes(rows + following[:1]) > batch_bytes
+    assert [(p, s) for p, data, s in got.rows if data is None] == [
+        (ids[i], None if sent[i] is None else len(sent[i]))
+        for i in range(len(sent)) if sent[i] is None or len(sent[i]) > max_body
+    ]
+    assert [ids[50]] in [[row[0] for row in rows] for rows in batches]
+    assert any(len(rows) == batch_size for rows in batches)
+    assert any(len(rows) < batch_size for rows in batches[:-1])
+
+
+def test_over_limit_body_is_withheld_even_when_the_read_waits_for_it(r, redis_url, key):
+    big = 16 * 1024 * 1024
+    ids = add(r, key, [b"small", b"x" * (3 * 1024 * 1024), None])
+    reader = RedisStreamReader({"url": redis_url, "stream": key, "block_ms": "10000"})
+    rows, end = reader.read(reader.initialOffset())
+    assert list(rows) == [
+        (ids[0], b"small", 5), (ids[1], None, 3 * 1024 * 1024), (ids[2], None, None)
+    ]
+
+    # Nothing new: the read waits in Redis (XREAD BLOCK). An entry that comes
+    # meanwhile must reach the reader withheld, never fetched whole.
+    result: list = []
+    waiting = threading.Thread(target=lambda: result.append(reader.read(end)))
+    waiting.start()
+    try:
+        wait_until(
+            lambda: any(c.get("cmd") == "xread" and "b" in c.get("flags", "")
+                        for c in r.client_list()),
+            "the reader to block in XREAD",
+        )
+        sent_before = r.info("stats")["total_net_output_bytes"]
+        new_id = r.xadd(key, {"data": b"y" * big}).decode()
+        waiting.join(DEADLINE_S)
+        sent_by_redis = r.info("stats")["total_net_output_bytes"] - sent_before
+    finally:
+        waiting.join(DEADLINE_S)
+    assert not waiting.is_alive()
+    rows, last = result[0]
+    assert list(rows) == [(new_id, None, big)]
+    assert last["id"] == new_id and last["n"] == 4
+    # Socket buffers may take a few MiB before the reader drops the connection;
+    # fetching the entry would have sent all 16.
+    assert sent_by_redis < big // 2
+
+
+def test_replay_returns_the_planned_rows_whatever_the_options(r, redis_url, key):
+    rng = random.Random(11)
+    sent: list = [b"p" * rng.randint(0, 900) for _ in range(150)]
+    sent[3], sent[70], sent[71] = None, b"q" * 5000, None
+    ids = add(r, key, sent)
+    options = {"url": redis_url, "stream": key, "batch_size": "9", "batch_bytes": "2500",
+               "max_body_bytes": "800"}
+    batches = read_all(RedisStreamReader(options))
+    assert [row for _, _, rows in batches for row in rows] == expected(ids, sent, max_body=800)
+    assert any(len(rows) < 9 for _, _, rows in batches[:-1])  # some were cut by bytes
+    # A replay may run in another process whose options changed since.
+    other = RedisStreamReader({**options, "batch_size": "2", "batch_bytes": "1",
+                               "max_body_bytes": "100000"})
+    for start, end, rows in batches:
+        assert list(other.readBetweenOffsets(start, end)) == rows
+
+    warm = RedisStreamReader({**options, "warmup": "1"})
+    rows, end = warm.read(batches[-1][1])
+    assert list(rows) == [(WARMUP_POSITION, None, None)]
+    assert list(warm.readBetweenOffsets(batches[-1][1], end)) == [(WARMUP_POSITION, None, None)]
+
+
+def test_hold_plans_nothing_until_released(spark, r, redis_url, key, tmp_path, caplog):
+    got = Collector()
+    query = start_stream(
+        spark, redis_url=redis_url, stream=key, checkpoint_dir=str(tmp_path / "ck"),
+        on_batch=got, status_key=key + ":status",
+    )
+    try:
+        ids = add(r, key, payloads(1, 20))
+        wait_until(lambda: len(got.rows) >= 20, "the first 20 entries", query=query)
+        assert hold_state(query) is None
+        assert hold_stream(query, True)
+        wait_until(lambda: hold_state(query), "the source to see the hold", query=query)
+
+        ids += add(r, key, payloads(21, 10))
+        seen = hold_state(query)["held_reads"]
+        state = wait_until(
+            lambda: (s := hold_state(query)) and s["held_reads"] >= seen + 3 and s,
+            "three more held reads", query=query,
+        )
+        assert state["offset"]["n"] == 20
+        assert [row[0] for row in got.rows] == ids[:20]  # no batch carried the new ones
+        assert r.hget(key + ":status", "read_n") == b"20"
+
+        assert hold_stream(query, False)
+        assert hold_state(query) is None
+        wait_until(lambda: len(got.rows) >= 30, "the entries added while held", query=query)
+        assert got.rows == expected(ids, payloads(1, 30))
+
+        # Held again, the query still stops at a batch boundary, and promptly.
+        assert hold_stream(query, True)
+        wait_until(lambda: hold_state(query), "the source to see the second hold", query=query)
+    finally:
+        began = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="twinflow.runtime.spark.stream"):
+            assert stop_stream(query, 10)
+        took = time.monotonic() - began
+    assert "did not reach a batch boundary" not in caplog.text
+    assert took < 5, took
+    assert not hold_stream(query, False)  # a stopped query is no longer ours to hold
 
 
 class Forwarder:
@@ -257,8 +430,8 @@ def test_reader_waits_for_redis_to_come_up_and_says_so(r, redis_url, key, caplog
         for forwarder in forwarders:
             forwarder.close()
     assert time.monotonic() - began >= 0.9
-    assert list(rows) == [(ids[0], b"a"), (ids[1], None), (ids[2], b"c")]
-    assert end == {"id": ids[2], "n": 3}
+    assert list(rows) == [(ids[0], b"a", 1), (ids[1], None, None), (ids[2], b"c", 1)]
+    assert end == {"id": ids[2], "n": 3, "max_body": DEFAULT_MAX_BODY_BYTES}
     assert "waiting for Redis" in caplog.text and "answers again" in caplog.text
 
 
@@ -277,7 +450,7 @@ def test_paused_reader_plans_nothing_but_still_replays(r, redis_url, key, tmp_pa
     pause = tmp_path / "pause"
     reader = RedisStreamReader({"url": redis_url, "stream": key, "pause_file": str(pause)})
     rows, first = reader.read(reader.initialOffset())
-    assert [p for p, _ in rows] == ids
+    assert [row[0] for row in rows] == ids
     ids += add(r, key, payloads(5, 3))
     pause.touch()
     rows, end = reader.read(first)
@@ -285,4 +458,60 @@ def test_paused_reader_plans_nothing_but_still_replays(r, redis_url, key, tmp_pa
     assert json.loads((tmp_path / "pause.ack").read_text()) == first
     # A replay must still return the batch's entries, pause or not.
     replay = reader.readBetweenOffsets(reader.initialOffset(), first)
-    assert [p for p, _ in replay] == ids[:5]
+    assert [row[0] for row in replay] == ids[:5]
+
+
+def test_held_reader_waits_acknowledges_and_resumes_on_release(r, redis_url, key, tmp_path):
+    ids = add(r, key, payloads(1, 3))
+    hold, pause = tmp_path / "hold", tmp_path / "pause"
+    options = {"url": redis_url, "stream": key, "hold_file": str(hold), "pause_file": str(pause)}
+    reader = RedisStreamReader({**options, "block_ms": "300"})
+    start = reader.initialOffset()
+    hold.write_text("h1")
+    for n in (1, 2):
+        began = time.monotonic()
+        rows, end = reader.read(start)
+        # No data, and not a spin: each held read waits about block_ms.
+        assert list(rows) == [] and end == start
+        assert time.monotonic() - began >= 0.25
+        ack = json.loads((tmp_path / "hold.ack").read_text())
+        assert ack == {"hold": "h1", "held_reads": n, "offset": start}
+
+    def read_in_thread(reader, start):
+        result: list = []
+        thread = threading.Thread(target=lambda: result.append(reader.read(start)))
+        thread.start()
+        return thread, result
+
+    def acked(token, n=1):
+        def check():
+            try:
+                ack = json.loads((tmp_path / "hold.ack").read_text())
+            except (FileNotFoundError, ValueError):
+                return False
+            return ack["hold"] == token and ack["held_reads"] >= n
+        return check
+
+    # A new hold counts afresh; releasing it lets the held read go on at once.
+    slow = RedisStreamReader({**options, "block_ms": "20000"})
+    hold.write_text("h2")
+    thread, result = read_in_thread(slow, start)
+    wait_until(acked("h2"), "the reader to acknowledge hold h2")
+    assert json.loads((tmp_path / "hold.ack").read_text())["held_reads"] == 1
+    hold.unlink()
+    released = time.monotonic()
+    thread.join(DEADLINE_S)
+    assert time.monotonic() - released < 5
+    rows, end = result[0]
+    assert [row[0] for row in rows] == ids and end["n"] == 3
+
+    # A pause is seen while held, so a held query still stops promptly.
+    hold.write_text("h3")
+    thread, result = read_in_thread(slow, end)
+    wait_until(acked("h3"), "the reader to acknowledge hold h3")
+    pause.touch()
+    paused = time.monotonic()
+    thread.join(DEADLINE_S)
+    assert time.monotonic() - paused < 5
+    assert list(result[0][0]) == [] and result[0][1] == end
+    assert json.loads((tmp_path / "pause.ack").read_text()) == end

@@ -65,15 +65,26 @@ def test_fully_baked_message_is_surfaced_but_stays_recoverable():
     assert node.pending == 0 and node.rolled_back == 2
 
 
-def test_claim_and_forget_reach_overdue_messages():
+def test_claim_and_the_processed_mark_reach_overdue_messages():
     node = ClaimSortNode(bake_time=1.0)
-    for i in range(3):
+    for i in range(4):
         node.offer(msg(i), now=0.0)
-    node.tick(2.0)
-    assert node.overdue_ids() == ["m0", "m1", "m2"]
+    assert len(node.tick(2.0)) == 4 and node.unclaimed == 4
     assert ids(node.claim("m0", 0, msg(0).position)) == ["m0"]
-    assert node.forget(["m2"]) == 1
-    assert ids(node.rollback()) == ["m1"]
+    claimed = node.claimed
+    assert node.release_upto(msg(2).position) == 2  # m1, m2: at or before the mark
+    assert node.claimed == claimed  # overdue ones were already reported, not claimed again
+    assert ids(node.rollback()) == ["m3"]
+
+
+def test_the_processed_mark_releases_baking_messages_as_claimed():
+    node = ClaimSortNode(bake_time=10.0)
+    for i in (3, 1, 2, 5):  # a replayed or late entry sits before later ones in the uplink
+        node.offer(msg(i), now=0.0)
+    assert node.release_upto(msg(3).position) == 3
+    assert node.claimed == 3 and node.pending == 1
+    assert node.release_upto(msg(3).position) == 0
+    assert ids(node.rollback()) == ["m5"]
 
 
 def test_replayed_entry_is_not_baked_twice():
@@ -164,15 +175,13 @@ class ScanModel:
         self.unclaimed += len(ready)
         return [self.overdue[p] for p in ready]
 
-    def forget(self, ids):
-        n = 0
-        for i in ids:
-            for p, m in self.held():
-                if m.id == i:
-                    self.claimed += p in self.baked
-                    self._remove(p)
-                    n += 1
-        return n
+    def release_upto(self, position):
+        upto = position_order(position)
+        take = [p for p, _ in self.held() if position_order(p) <= upto]
+        self.claimed += sum(p in self.baked for p in take)
+        for p in take:
+            self._remove(p)
+        return len(take)
 
     def rollback(self):
         out = [m for _, m in sorted(self.held(), key=lambda e: position_order(e[0]))]
@@ -194,7 +203,7 @@ model_ops = st.lists(
         st.tuples(st.just("reread"), st.integers(0, 99), st.just(False)),  # an earlier entry read again
         st.tuples(st.just("claim"), st.integers(0, 99), st.booleans()),   # True: a foreign ID, same key/position
         st.tuples(st.just("tick"), st.sampled_from([0.0, 0.4, 1.0, 2.5]), st.just(False)),
-        st.tuples(st.just("forget"), st.integers(0, 99), st.just(False)),
+        st.tuples(st.just("mark"), st.integers(0, 99), st.just(False)),
         st.tuples(st.just("rollback"), st.just(0), st.just(False)),
     ),
     max_size=80,
@@ -222,8 +231,9 @@ def test_the_claim_node_behaves_like_the_plain_scan(ops):
         elif kind == "tick":
             clock.advance(a)
             got = ids(node.tick(clock.now())), ids(model.tick(clock.now()))
-        elif kind == "forget" and offered:
-            got = node.forget([f"m{a % len(offered)}"]), model.forget([f"m{a % len(offered)}"])
+        elif kind == "mark" and offered:
+            p = offered[a % len(offered)].position
+            got = node.release_upto(p), model.release_upto(p)
         elif kind == "rollback":
             got = ids(node.rollback()), ids(model.rollback())
         else:
@@ -232,5 +242,4 @@ def test_the_claim_node_behaves_like_the_plain_scan(ops):
         assert (node.claimed, node.unclaimed, node.rolled_back) == (model.claimed, model.unclaimed, model.rolled_back)
         assert (node.baked, node.pending) == (len(model.baked), len(model.baked) + len(model.overdue))
         assert node.next_deadline() == model.next_deadline()
-        assert sorted(node.overdue_ids()) == sorted(m.id for m in model.overdue.values())
 
