@@ -67,12 +67,15 @@ def parse_flow(text: str, file: str = "<string>") -> FlowSpec:
     name = top.name("flow")
 
     up = top.section("uplink").only("stream", "batch_size", "batch_bytes")
-    msg = top.section("message").only("id", "key", "key_type", "max_bytes")
+    msg = top.section("message").only("id", "key", "key_type", "max_bytes", "max_depth", "max_number_digits")
     spec = MessageSpec(
         id_path=msg.get("id", str, check=bool, why="must not be empty"),
         key_path=msg.get("key", str, check=bool, why="must not be empty"),
         key_type=msg.choice("key_type", sorted(KEY_TYPES), "int"),
         max_bytes=msg.get("max_bytes", int, 1 << 20, check=lambda v: 1 <= v <= 64 << 20, why="must be 1..67108864"),
+        max_depth=msg.get("max_depth", int, 64, check=lambda v: 1 <= v <= 1000, why="must be 1..1000"),
+        max_number_digits=msg.get("max_number_digits", int, 100, check=lambda v: 1 <= v <= 4000,
+                                  why="must be 1..4000 (Python refuses longer integers)"),
     )
 
     nodes = top.section("nodes")

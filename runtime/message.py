@@ -2,22 +2,44 @@
 
 An uplink entry carries one JSON document in its ``data`` field. The flow
 file names where the message ID and the sort key live in it. Decoding never
-raises anything but :class:`BadMessage`, whose ``reason`` is what the
-failure outlink records: the flow goes on with the next message.
+raises anything but :class:`BadMessage`, whatever the entry holds (any bytes,
+or something that is not bytes at all); its ``reason`` is what the failure
+outlink records, and the flow goes on with the next message.
+
+Anyone who can publish to the uplink chooses these bytes, so the body is
+bounded BEFORE it is parsed: at most ``max_bytes`` bytes, nesting of arrays
+and objects at most ``max_depth`` levels deep (the parser recurses once a
+level), and no number literal with more than ``max_number_digits`` digits
+(Python refuses to convert an integer of over 4,300 digits, and converts long
+ones in quadratic time). Brackets and digits inside JSON strings do not count.
+
+IDs: an ID is its text. The ID field may hold a non-empty string or an
+integer, and the integer ``1`` and the string ``"1"`` are the same ID, so a
+producer that switches between the two encodings can never have one message
+fed twice. (``"01"`` is a different ID from ``1``: only the decimal text of
+the integer counts.) Integer IDs are bounded like every number, by
+``max_number_digits``.
 
 >>> spec = MessageSpec(id_path="id", key_path="seq", key_type="int")
 >>> m = decode("1700000000000-0", b'{"id": "a1", "seq": 7}', spec)
 >>> (m.id, m.key, m.position)
 ('a1', 7, '1700000000000-0')
+>>> decode("1-0", b'{"id": 1, "seq": 7}', spec).id == decode("1-1", b'{"id": "1", "seq": 7}', spec).id
+True
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 KEY_TYPES = {"int": int, "float": float, "str": str}
+
+MAX_REASON = 200  # characters of a reason taken from a value or an exception
 
 
 class BadMessage(ValueError):
@@ -28,22 +50,49 @@ class BadMessage(ValueError):
         self.reason = reason
 
 
+def _clip(text: str, limit: int = MAX_REASON) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _show(raw: Any) -> str:
+    """``repr(raw)`` short enough for a reason (a bad value may be kilobytes long)."""
+    if isinstance(raw, str) and len(raw) > MAX_REASON:
+        return f"{raw[:40]!r}... ({len(raw)} characters)"
+    return _clip(repr(raw), 80)
+
+
 @dataclass(frozen=True)
 class MessageSpec:
-    """Where a message keeps its ID and sort key, and how large it may be."""
+    """Where a message keeps its ID and sort key, and how large it may be.
+
+    ``max_depth`` is the deepest nesting of arrays and objects allowed (the
+    top-level object is level 1); ``max_number_digits`` the most digits a JSON
+    number literal may have (sign, point and exponent marks not counted).
+    """
 
     id_path: str = "id"
     key_path: str = "key"
     key_type: str = "int"
     max_bytes: int = 1 << 20
+    max_depth: int = 64
+    max_number_digits: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("max_depth", "max_number_digits"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
     def parse_key(self, raw: Any) -> Any:
         """The sort key as ``key_type``; raises BadMessage when it is not one.
 
         Never converts with loss: 7.5 is not an int key, and neither is "7.5".
+        A string is an int key only within the number-length bound.
         """
         if isinstance(raw, bool) or raw is None or isinstance(raw, (dict, list)):
-            raise BadMessage(f"key {raw!r} is not a {self.key_type}")
+            raise BadMessage(f"key {_show(raw)} is not a {self.key_type}")
+        if self.key_type == "int" and isinstance(raw, str) and len(raw.strip().lstrip("+-")) > self.max_number_digits:
+            raise BadMessage(f"key {_show(raw)} is longer than {self.max_number_digits} digits")
         try:
             if self.key_type == "int":
                 key = raw if isinstance(raw, int) else int(raw) if isinstance(raw, str) else None
@@ -54,9 +103,9 @@ class MessageSpec:
             else:
                 key = KEY_TYPES[self.key_type](raw)
         except (TypeError, ValueError, OverflowError):
-            raise BadMessage(f"key {raw!r} is not a {self.key_type}") from None
+            raise BadMessage(f"key {_show(raw)} is not a {self.key_type}") from None
         if self.key_type == "float" and (key != key or key in (float("inf"), float("-inf"))):
-            raise BadMessage(f"key {raw!r} does not order (NaN or infinite)")
+            raise BadMessage(f"key {_show(raw)} does not order (NaN or infinite)")
         return key
 
 
@@ -78,29 +127,128 @@ def field(doc: Any, path: str) -> Any:
     return value
 
 
+# -- bounds checked before parsing -------------------------------------------------
+#
+# All checks run on UTF-8 bytes, where an ASCII byte is always that ASCII
+# character (no multi-byte sequence contains one). They go from cheap to exact:
+#   1. count '[', '{' and digits anywhere (one C-speed translate): when there are
+#      few, neither bound can be exceeded - the common case stops here;
+#   2. nesting: openers counted alone; numbers: a regex search for a run of more
+#      than max_number_digits number characters (both C speed);
+#   3. only when those cannot rule a problem out, the exact measure with JSON
+#      strings blanked out, so brackets and digits inside strings do not count.
+# The exact measures are upper bounds of what json.loads meets before it stops:
+# it reads left to right, and up to the point where it fails, it sees strings
+# where step 3 does.
+
+_UTF8 = frozenset({"utf-8", "utf-8-sig"})
+_OPENERS_AND_DIGITS = b"[{0123456789"
+_NOT_OPENERS_OR_DIGITS = bytes(c for c in range(256) if c not in _OPENERS_AND_DIGITS)
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_NUMBER_CHARS = b"-+.eE0123456789"
+_NUMBER_MARKS = b"-+.eE"
+# '[' and '{' become +1, ']' and '}' become -1 (as signed bytes): nesting is the maximum prefix sum.
+_DEPTH_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+# A JSON string, escapes included; an unterminated one runs to the end (linear time,
+# no backtracking, whatever the input).
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+
+
+@lru_cache(maxsize=16)
+def _long_run(max_digits: int) -> re.Pattern[bytes]:
+    """A maximal run of more than ``max_digits`` number characters.
+
+    The look-behind starts a match only where a run starts, so a search is
+    linear in the input, not quadratic in the length of the runs.
+    """
+    chars = re.escape(_NUMBER_CHARS).decode()
+    return re.compile(rf"(?<![{chars}])[{chars}]{{{max_digits + 1},}}".encode())
+
+
+def _nesting(bare: bytes) -> int:
+    steps = bare.translate(_DEPTH_STEPS, _NOT_BRACKETS)
+    return max(accumulate(memoryview(steps).cast("b")), default=0)
+
+
+def _check_bounds(raw: bytes, spec: MessageSpec) -> None:
+    """Raise BadMessage when ``raw`` nests deeper or holds a longer number than ``spec`` allows.
+
+    ``decode`` inlines step 1 and calls this only when step 1 cannot rule a problem out.
+    """
+    max_depth, max_digits = spec.max_depth, spec.max_number_digits
+    counted = raw.translate(None, _NOT_OPENERS_OR_DIGITS)
+    if len(counted) <= max_depth and len(counted) <= max_digits:
+        return
+    openers = counted.count(b"[") + counted.count(b"{")
+    deep = openers > max_depth
+    long_run = _long_run(max_digits)
+    long = len(counted) - openers > max_digits and long_run.search(raw) is not None
+    if not (deep or long):
+        return
+    bare = _STRING.sub(b'""', raw)
+    if deep and _nesting(bare) > max_depth:
+        raise BadMessage(f"nesting deeper than {max_depth} levels")
+    if long:
+        for run in long_run.finditer(bare):
+            if len(run[0].translate(None, _NUMBER_MARKS)) > max_digits:
+                raise BadMessage(f"a number longer than {max_digits} digits")
+
+
 def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
-    """Decode one uplink entry, or raise BadMessage with the reason."""
-    if data is None:
-        raise BadMessage("uplink entry has no 'data' field")
-    if len(data) > spec.max_bytes:
-        raise BadMessage(f"message is {len(data)} bytes, over the limit of {spec.max_bytes}")
+    """Decode one uplink entry, or raise BadMessage with the reason.
+
+    Total: whatever ``data`` is, the only exception is BadMessage. ``data`` may
+    be any bytes-like object; the body is JSON in UTF-8 (or UTF-16/32, detected
+    as ``json.loads`` does), bounded by ``spec`` before it is parsed.
+
+    The ID is its text: an integer ID and its decimal text are the same ID
+    (``1`` and ``"1"`` give ``"1"``), so a producer that switches encodings
+    cannot feed a message twice; integer IDs are bounded by ``max_number_digits``.
+    """
     try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadMessage(f"body is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadMessage("body is not a JSON object")
-    try:
-        raw_id = field(doc, spec.id_path)
-    except KeyError:
-        raise BadMessage(f"message has no ID field '{spec.id_path}'") from None
-    if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or str(raw_id) == "":
-        raise BadMessage(f"ID field '{spec.id_path}' is not a non-empty string or integer")
-    try:
-        raw_key = field(doc, spec.key_path)
-    except KeyError:
-        raise BadMessage(f"message has no key field '{spec.key_path}'") from None
-    return Message(id=str(raw_id), key=spec.parse_key(raw_key), position=position, body=data)
+        if data is None:
+            raise BadMessage("uplink entry has no 'data' field")
+        if not isinstance(data, bytes):
+            try:
+                view = memoryview(data)
+            except TypeError:
+                raise BadMessage(f"body is a {type(data).__name__}, not bytes") from None
+            if view.nbytes > spec.max_bytes:
+                raise BadMessage(f"message is {view.nbytes} bytes, over the limit of {spec.max_bytes}")
+            data = view.tobytes()
+        if len(data) > spec.max_bytes:
+            raise BadMessage(f"message is {len(data)} bytes, over the limit of {spec.max_bytes}")
+        # What json.loads(bytes) does, with a fast path for the usual '{' in UTF-8.
+        encoding = "utf-8" if data.startswith(b"{") and data[1:2] != b"\x00" else json.detect_encoding(data)
+        try:
+            text = data.decode(encoding, "surrogatepass")
+        except UnicodeDecodeError as exc:
+            raise BadMessage(f"body is not JSON: not {encoding} text ({exc.reason} at byte {exc.start})") from None
+        raw = data if encoding in _UTF8 else text.encode("utf-8", "surrogatepass")
+        counted = len(raw.translate(None, _NOT_OPENERS_OR_DIGITS))  # step 1 of the bounds, inline
+        if counted > spec.max_depth or counted > spec.max_number_digits:
+            _check_bounds(raw, spec)
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BadMessage(f"body is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise BadMessage("body is not a JSON object")
+        try:
+            raw_id = field(doc, spec.id_path)
+        except KeyError:
+            raise BadMessage(f"message has no ID field '{spec.id_path}'") from None
+        if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or raw_id == "":
+            raise BadMessage(f"ID field '{spec.id_path}' is not a non-empty string or integer")
+        try:
+            raw_key = field(doc, spec.key_path)
+        except KeyError:
+            raise BadMessage(f"message has no key field '{spec.key_path}'") from None
+        return Message(id=str(raw_id), key=spec.parse_key(raw_key), position=position, body=data)
+    except BadMessage:
+        raise
+    except Exception as exc:  # the backstop: one bad message must never stop the node
+        raise BadMessage(_clip(f"message cannot be decoded: {type(exc).__name__}: {exc}")) from exc
 
 
 def position_order(position: str) -> tuple[int, int]:

@@ -88,7 +88,7 @@ def cmd_run(args) -> int:
 
 # -- status / handover -------------------------------------------------------
 STATUS_COLUMNS = ["node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
-                  "delivered", "failed", "unclaimed", "grpc_address"]
+                  "delivered", "failed", "unclaimed", "backpressure", "grpc_address"]
 
 
 def _flow_store(args):

@@ -75,8 +75,9 @@ class Flow:
             print(self.logs())
             raise
 
-    def handled(self, node_id: str) -> str | None:
-        raw = self.r.hget(self.key(f"read:{node_id}"), "handled_id")
+    def read_upto(self, node_id: str) -> str | None:
+        """The last uplink position whose batch ``node_id`` processed and Spark committed."""
+        raw = self.r.hget(self.key(f"read:{node_id}"), "read_id")
         return raw.decode() if raw else None
 
     def stop_all(self) -> None:

@@ -28,6 +28,21 @@ def test_defaults():
     assert spec.sort.unclaimed_outlink == "done"
     assert spec.action.id_ttl == 7 * 86400  # the ID cache never grows without bound
     assert spec.session_timeout == 2.0
+    # The limits that keep a node safe: bounded batches, a lease below the session, a capped failure stream.
+    assert spec.batch_bytes == 64 << 20 and spec.write_lease == 1.0 < spec.session_timeout
+    assert (spec.message.max_depth, spec.message.max_number_digits) == (64, 100)
+    assert spec.redis_checks == "refuse" and spec.wait_replicas == 0
+    assert spec.failure_max_entries == 100_000
+
+
+def test_the_new_limits_are_read():
+    spec = parse_flow(GOOD.replace("message: {id: id, key: seq}",
+                                   "message: {id: id, key: seq, max_depth: 8, max_number_digits: 20}")
+                      + "cluster: {session_timeout: 4, write_lease: 3, wait_replicas: 1, redis_checks: warn}\n"
+                      + "failure: {max_entries: 500}\n")
+    assert (spec.message.max_depth, spec.message.max_number_digits) == (8, 20)
+    assert (spec.write_lease, spec.wait_replicas, spec.redis_checks) == (3.0, 1, "warn")
+    assert spec.failure_max_entries == 500
 
 
 @pytest.mark.parametrize("old, new, line, field, reason", [
@@ -39,6 +54,13 @@ def test_defaults():
     ("flow: f1", "flow: 'has space'", 1, "flow", "letters, digits"),
     ("    type: action", "    type: teleport", 7, "nodes.act.type", "must be 'sort' or 'action'"),
     ("    sink: {stream: out}", "    sink: {}", 8, "nodes.act.sink.stream", "is required"),
+    ("uplink: {stream: up}", "uplink: {stream: up, batch_bytes: 100}", 2, "uplink.batch_bytes", "1-256 MiB"),
+    ("uplink: {stream: up}\nmessage: {id: id, key: seq}",
+     "uplink: {stream: up, batch_bytes: 2097152}\nmessage: {id: id, key: seq, max_bytes: 4194304}", 2,
+     "uplink.batch_bytes", "at least message.max_bytes"),
+    ("message: {id: id, key: seq}", "message: {id: id, key: seq, max_depth: 0}", 3, "message.max_depth", "1..1000"),
+    ("flow: f1", "flow: f1\ncluster: {write_lease: 2}", 2, "cluster.write_lease", "session_timeout"),
+    ("flow: f1", "flow: f1\ncluster: {redis_checks: maybe}", 2, "cluster.redis_checks", "refuse, warn"),
 ])
 def test_bad_field_is_refused_with_line_field_and_reason(old, new, line, field, reason):
     text = GOOD.replace(old, new)

@@ -1,8 +1,13 @@
 """Decoding uplink entries: good ones, and every kind of bad one with its reason."""
 
-import pytest
+import json
+import time
 
-from twinflow.runtime.message import BadMessage, MessageSpec, decode, position_order
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from twinflow.runtime import message as message_module
+from twinflow.runtime.message import BadMessage, Message, MessageSpec, decode, position_order
 
 SPEC = MessageSpec(id_path="meta.id", key_path="seq", key_type="int", max_bytes=200)
 
@@ -47,3 +52,271 @@ def test_keys_that_would_lose_or_not_order_are_bad(key_type, raw):
 
 def test_positions_order_numerically_not_as_text():
     assert position_order("9-0") < position_order("10-0") < position_order("10-2")
+
+
+# -- a bad message is a BadMessage, never a crash -----------------------------------
+
+BIG = MessageSpec(id_path="id", key_path="seq", key_type="int", max_bytes=4 << 20)
+
+
+def refused(data, spec=BIG):
+    with pytest.raises(BadMessage) as err:
+        decode("1-0", data, spec)
+    return err.value.reason
+
+
+def test_new_bounds_default_to_64_levels_and_100_digits():
+    spec = MessageSpec()
+    assert (spec.max_depth, spec.max_number_digits) == (64, 100)
+
+
+@pytest.mark.parametrize("name", ["max_depth", "max_number_digits"])
+@pytest.mark.parametrize("value", [0, -1, True, 1.5])
+def test_bounds_must_be_positive_integers(name, value):
+    with pytest.raises(ValueError):
+        MessageSpec(**{name: value})
+
+
+def test_a_5000_digit_number_is_refused_not_a_crash():
+    # Python refuses to convert it (ValueError) - this used to escape and kill the node.
+    data = b'{"id": "big", "seq": ' + b"7" * 5000 + b"}"
+    assert "a number longer than 100 digits" in refused(data)
+
+
+def test_a_5000_digit_number_in_utf16_is_refused_too():
+    data = '{"id": "big", "seq": 1, "n": 1'.encode("utf-16-le") + ("7" * 5000 + "}").encode("utf-16-le")
+    assert "a number longer than 100 digits" in refused(data)
+
+
+@pytest.mark.parametrize("literal", [
+    "1" * 100, "-" + "9" * 100, "1" * 50 + "." + "2" * 50, "1" * 40 + "." + "2" * 40 + "e+" + "3" * 20,
+])
+def test_a_number_of_exactly_max_digits_is_accepted(literal):
+    m = decode("1-0", b'{"id": "a", "seq": 1, "n": ' + literal.encode() + b"}", BIG)
+    assert (m.id, m.key) == ("a", 1)
+    assert json.loads(m.body)["n"] == json.loads(literal)
+
+
+@pytest.mark.parametrize("literal", [
+    "1" * 101, "-" + "9" * 101, "1" * 50 + "." + "2" * 51, "1" * 40 + "." + "2" * 40 + "e+" + "3" * 21,
+])
+def test_a_number_one_digit_longer_is_refused(literal):
+    assert "a number longer than 100 digits" in refused(b'{"id": "a", "seq": 1, "n": ' + literal.encode() + b"}")
+
+
+def test_the_digit_bound_follows_the_spec():
+    spec = MessageSpec(id_path="id", key_path="seq", max_number_digits=3)
+    assert decode("1-0", b'{"id": "a", "seq": 999, "n": [1, 22, 333]}', spec).key == 999
+    assert "a number longer than 3 digits" in refused(b'{"id": "a", "seq": 1, "n": [1, 22, 4444]}', spec)
+
+
+def nested(levels: int) -> bytes:
+    """An object (level 1) holding ``levels - 1`` nested arrays."""
+    inner = levels - 1
+    return b'{"id": "a", "seq": 1, "x": ' + b"[" * inner + b"]" * inner + b"}"
+
+
+def test_nesting_at_the_limit_is_accepted():
+    m = decode("1-0", nested(64), BIG)
+    depth, value = 1, json.loads(m.body)["x"]
+    while value:
+        depth, value = depth + 1, value[0]
+    assert depth + 1 == 64  # the innermost [] is level 64
+
+
+def test_nesting_one_level_deeper_is_refused():
+    assert "nesting deeper than 64 levels" in refused(nested(65))
+
+
+def test_objects_count_as_levels_like_arrays():
+    spec = MessageSpec(id_path="id", key_path="seq", max_depth=3)
+    assert decode("1-0", b'{"id": "a", "seq": 1, "x": {"y": {}}}', spec).id == "a"
+    assert "nesting deeper than 3 levels" in refused(b'{"id": "a", "seq": 1, "x": {"y": {"z": {}}}}', spec)
+    assert "nesting deeper than 3 levels" in refused(b'{"id": "a", "seq": 1, "x": [{"y": []}]}', spec)
+
+
+@pytest.mark.parametrize("data", [
+    b"[" * 100_000 + b"]" * 100_000,
+    b"[" * 100_000,
+    b'{"id": "deep", "seq": 1, "x": ' + b"[" * 500 + b"]" * 500 + b"}",
+    b'{"a":' * 100_000,
+], ids=["balanced", "unclosed", "500-in-object", "objects"])
+def test_very_deep_nesting_is_refused_without_recursion_error(data):
+    # json.loads raises RecursionError on these - this used to escape and kill the node.
+    assert "nesting deeper than 64 levels" in refused(data)
+
+
+def test_many_shallow_arrays_are_accepted():
+    doc = {"id": "a", "seq": 1, "rows": [[i, [i]] for i in range(1000)]}
+    assert decode("1-0", json.dumps(doc).encode(), BIG).id == "a"
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 1000 + "{" * 1000,
+    "7" * 5000,
+    '\\"' + "[" * 200 + "1" * 200,        # an escaped quote does not end the string
+    "\\\\" + "[[[" * 100,                 # an escaped backslash is no escape of the next character
+    "é€😀" + "[" * 100 + "9" * 300,     # multi-byte UTF-8 around them
+])
+def test_brackets_and_digit_runs_inside_strings_are_accepted(text):
+    doc = {"id": "a", "seq": 1, "s": text, "t": [text, {"u": text}]}
+    for ensure_ascii in (True, False):
+        m = decode("1-0", json.dumps(doc, ensure_ascii=ensure_ascii).encode(), BIG)
+        assert json.loads(m.body)["s"] == text
+
+
+def test_a_string_ending_in_an_escaped_backslash_does_not_hide_what_follows():
+    data = b'{"id": "a\\\\", "seq": 1, "x": ' + b"[" * 100 + b"]" * 100 + b"}"
+    assert "nesting deeper than 64 levels" in refused(data)
+    data = b'{"id": "a\\\\", "seq": 1, "x": ' + b"1" * 101 + b"}"
+    assert "a number longer than 100 digits" in refused(data)
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe", b'{"id": "\xc3", "seq": 1}', b'{"id": "a", "seq": 1, "s": "\xed\xa0"}',
+                                  b"\x80" * 1000])
+def test_invalid_utf8_is_refused_as_not_json(data):
+    assert "not JSON" in refused(data)
+
+
+@pytest.mark.parametrize("data, kind", [
+    ('{"id": "a", "seq": 1}', "str"), (17, "int"), ([b"{}"], "list"), ({"id": "a"}, "dict"), (1.5, "float"),
+])
+def test_data_that_is_not_bytes_like_is_refused(data, kind):
+    assert f"body is a {kind}, not bytes" in refused(data)
+
+
+@pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview])
+def test_bytes_like_data_is_accepted_and_kept_as_bytes(wrap):
+    m = decode("1-0", wrap(b'{"id": "a", "seq": 3}'), BIG)
+    assert (m.id, m.key, m.body) == ("a", 3, b'{"id": "a", "seq": 3}') and type(m.body) is bytes
+
+
+def test_bytes_like_data_over_the_limit_is_refused_before_copying():
+    assert "over the limit of 200" in refused(bytearray(b" " * 201), SPEC)
+
+
+def test_an_unexpected_error_becomes_a_bad_message_naming_its_type(monkeypatch):
+    def boom(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+    monkeypatch.setattr(message_module.json, "loads", boom)
+    reason = refused(b'{"id": "a", "seq": 1}')
+    assert "RecursionError" in reason and "maximum recursion depth" in reason
+
+
+def test_a_broken_spec_still_gives_a_bad_message_naming_the_error():
+    reason = refused(b'{"id": "a", "seq": 1}', MessageSpec(id_path="id", key_path="seq", key_type="bogus"))
+    assert "KeyError" in reason
+
+
+def test_a_huge_string_key_is_refused_with_a_short_reason():
+    reason = refused(b'{"id": "a", "seq": "' + b"7" * 5000 + b'"}')
+    assert "longer than 100 digits" in reason and len(reason) < 300
+
+
+def test_bounds_are_checked_in_linear_time():
+    # Runs of just-allowed numbers, and many unterminated-looking strings: no quadratic blow-up.
+    runs = b'{"id": "a", "seq": 1, "n": [' + b",".join([b"1" * 100] * 20_000) + b"]}"
+    quotes = b'{"id": "a", "seq": 1, "s": "' + b'\\"' * 500_000 + b'"}'
+    start = time.perf_counter()
+    assert decode("1-0", runs, BIG).id == "a"
+    assert decode("1-0", quotes, BIG).id == "a"
+    assert time.perf_counter() - start < 2.0
+
+
+# -- IDs: an ID is its text -----------------------------------------------------------
+
+def test_an_integer_id_and_its_decimal_text_are_one_id():
+    as_int = decode("1-0", b'{"id": 1, "seq": 7}', BIG)
+    as_text = decode("1-1", b'{"id": "1", "seq": 7}', BIG)
+    assert as_int.id == as_text.id == "1"
+    assert decode("1-2", b'{"id": "01", "seq": 7}', BIG).id != as_int.id
+    assert decode("1-3", b'{"id": -5, "seq": 7}', BIG).id == "-5"
+
+
+def test_integer_ids_are_accepted_only_within_the_number_bound():
+    m = decode("1-0", b'{"id": ' + b"9" * 100 + b', "seq": 7}', BIG)
+    assert m.id == "9" * 100
+    assert "a number longer than 100 digits" in refused(b'{"id": ' + b"9" * 101 + b', "seq": 7}')
+
+
+@pytest.mark.parametrize("raw_id", [b"true", b"1.0", b"null", b"[1]", b'""'])
+def test_ids_that_are_neither_text_nor_integers_are_refused(raw_id):
+    assert "is not a non-empty string or integer" in refused(b'{"id": ' + raw_id + b', "seq": 7}')
+
+
+# -- properties -----------------------------------------------------------------------
+
+SMALL = MessageSpec(id_path="id", key_path="key", key_type="int", max_bytes=4096, max_depth=3, max_number_digits=6)
+
+
+def total(data, spec):
+    try:
+        return decode("1-0", data, spec)
+    except BadMessage as exc:
+        assert isinstance(exc.reason, str) and exc.reason
+        return exc
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=512))
+def test_decode_on_any_bytes_returns_a_message_or_raises_bad_message(data):
+    for spec in (BIG, SMALL):
+        result = total(data, spec)
+        assert isinstance(result, (Message, BadMessage))
+
+
+JSONISH = st.lists(st.sampled_from([
+    b"[", b"]", b"{", b"}", b'"', b"\\", b"\\\\", b'\\"', b":", b",", b" ", b"-", b".", b"e", b"+", b"0",
+    b"1234567", b'"id"', b'"key"', b"true", b"null", b"\xc3\xa9", b"\xff", b"\x00",
+]), max_size=80).map(b"".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(JSONISH)
+def test_decode_on_json_like_bytes_returns_a_message_or_raises_bad_message(data):
+    for spec in (BIG, SMALL):
+        assert isinstance(total(data, spec), (Message, BadMessage))
+        assert isinstance(total(b'{"id": "a", "key": 1, "x": ' + data + b"}", spec), (Message, BadMessage))
+
+
+def depth(value) -> int:
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+    return 0 if children is None else 1 + max(map(depth, children), default=0)
+
+
+def longest_number(value) -> int:
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return max(map(longest_number, value), default=0)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return sum(c.isdigit() for c in json.dumps(value))
+    return 0
+
+
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**9, 10**9) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.sampled_from('[]{}"\\0123456789eé😀 '), max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(VALUES, st.booleans())
+def test_bounds_measure_exactly_what_the_parser_meets(value, ensure_ascii):
+    doc = {"id": "a", "key": 1, "v": value}
+    data = json.dumps(doc, ensure_ascii=ensure_ascii).encode()
+    result = total(data, SMALL)
+    if depth(doc) > SMALL.max_depth:
+        assert isinstance(result, BadMessage) and "nesting deeper than 3 levels" in result.reason
+    elif longest_number(doc) > SMALL.max_number_digits:
+        assert isinstance(result, BadMessage) and "a number longer than 6 digits" in result.reason
+    else:
+        assert isinstance(result, Message) and json.loads(result.body) == doc
+
+
+def test_a_string_int_key_is_bounded_like_a_number():
+    assert decode("1-0", b'{"id": "a", "seq": "' + b"9" * 100 + b'"}', BIG).key == int("9" * 100)
+    assert decode("1-0", b'{"id": "a", "seq": "-' + b"9" * 100 + b'"}', BIG).key == -int("9" * 100)
+    assert "longer than 100 digits" in refused(b'{"id": "a", "seq": "' + b"9" * 101 + b'"}')
