@@ -86,7 +86,7 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     result = request_handover(cluster.statuses()[first]["grpc_address"], timeout_s=5)
     assert result["ok"] and result["new_master"] == second, result
     print(f"handover by RPC: {result['seconds'] * 1000:.0f} ms")
-    wait_until(lambda: cluster.master() and cluster.master()[0] == second, 5, what="second as master")
+    wait_until(lambda: (m := cluster.master()) is not None and m[0] == second, 5, what="second as master")
     assert cluster.master()[1] > epoch1
     st = node_status(cluster.statuses()[first]["grpc_address"])
     assert st["role"] == "worker"  # the old master stays, as a worker
@@ -94,7 +94,7 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     # 2. SIGTERM of the new master at 70%: it hands back, then exits cleanly.
     wait_until(lambda: len(pub.ids) >= MESSAGES * 0.7, 30, what="70% published")
     assert cluster.nodes[second].terminate(deadline_s=30) == 0
-    wait_until(lambda: cluster.master() and cluster.master()[0] == first, 10, what="first as master again")
+    wait_until(lambda: (m := cluster.master()) is not None and m[0] == first, 10, what="first as master again")
 
     pub.join(timeout=60)
     assert pub.error is None
