@@ -3,8 +3,8 @@
 One SparkSession serves the module (start-up costs seconds); every test
 uses its own stream key, status key and checkpoint directory. The reader's
 outage, pause, hold and replay behaviour is also tested in-process, without
-Spark (the outage through a small TCP forwarder that plays a Redis which is
-down and then comes up).
+Spark (the outage through ``chaos.tcp_proxy.TcpProxy`` playing a Redis that
+is down and then comes up).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 import redis
 from pyspark.sql import SparkSession
 
+from twinflow.chaos.tcp_proxy import TcpProxy
 from twinflow.runtime.spark.session import build_session
 from twinflow.runtime.spark.source import (
     DEFAULT_MAX_BODY_BYTES,
@@ -368,39 +369,6 @@ def test_hold_plans_nothing_until_released(spark, r, redis_url, key, tmp_path, c
     assert not hold_stream(query, False)  # a stopped query is no longer ours to hold
 
 
-class Forwarder:
-    """Pipes TCP connections on ``port`` to ``target``: a Redis that can come up late."""
-
-    def __init__(self, port: int, target: tuple[str, int]) -> None:
-        self.target = target
-        self.server = socket.create_server(("127.0.0.1", port))
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            src.close()
-            dst.close()
-
-    def close(self) -> None:
-        self.server.close()
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -414,10 +382,10 @@ def test_reader_waits_for_redis_to_come_up_and_says_so(r, redis_url, key, caplog
         {"url": f"redis://127.0.0.1:{port}/0", "stream": key, "block_ms": "0"}
     )
     parts = urlsplit(redis_url)
-    forwarders: list[Forwarder] = []
+    proxies: list[TcpProxy] = []
     # Nothing listens on ``port`` for the first second: "Redis is down".
     later = threading.Timer(
-        1.0, lambda: forwarders.append(Forwarder(port, (parts.hostname, parts.port)))
+        1.0, lambda: proxies.append(TcpProxy((parts.hostname, parts.port), listen_port=port).start())
     )
     later.start()
     began = time.monotonic()
@@ -427,8 +395,8 @@ def test_reader_waits_for_redis_to_come_up_and_says_so(r, redis_url, key, caplog
     finally:
         later.cancel()
         later.join()
-        for forwarder in forwarders:
-            forwarder.close()
+        for proxy in proxies:
+            proxy.stop()
     assert time.monotonic() - began >= 0.9
     assert list(rows) == [(ids[0], b"a", 1), (ids[1], None, None), (ids[2], b"c", 1)]
     assert end == {"id": ids[2], "n": 3, "max_body": DEFAULT_MAX_BODY_BYTES}
