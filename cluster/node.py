@@ -584,13 +584,12 @@ class FlowNode:
 
     def _check_lease(self) -> None:
         """A master that has not reached Redis for longer than its lease steps down."""
-        silent = time.monotonic() - self.store.last_ok
-        if self.leadership is None or not self.leadership.is_master or silent <= self.lease_s:
+        if self.leadership is None or not self.leadership.is_master or self.store.silent_s() <= self.lease_s:
             return
         # A starved timer thread also looks silent: ask Redis once more first.
         if self.store.ping():
             return
-        silent = time.monotonic() - self.store.last_ok
+        silent = self.store.silent_s()
         if silent > self.lease_s:
             log.error("%s: no answer from Redis for %.1f s, over the write lease (%.1f s): stepping down",
                       self.cfg.node_id, silent, self.lease_s)

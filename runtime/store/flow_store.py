@@ -203,6 +203,10 @@ class FlowStore:
                 self._sleep(pause)
                 backoff = min(backoff * 2, 1.0)
 
+    def silent_s(self) -> float:
+        """Seconds since a call last got an answer from Redis (on the store's clock)."""
+        return self._monotonic() - self.last_ok
+
     def ping(self) -> bool:
         """One PING, no retry: whether Redis answers now."""
         try:
