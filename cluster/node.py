@@ -69,7 +69,6 @@ from .leadership import Leadership
 log = logging.getLogger("twinflow.node")
 
 MASTER, WORKER, STARTING = "master", "worker", "starting"
-START_FROM = ("processed", "beginning")
 
 
 class NodeStopping(RuntimeError):

@@ -50,6 +50,9 @@ def _load_flow(path: str):
 
 
 # -- run ---------------------------------------------------------------------
+START_FROM = ("processed", "beginning")  # where a node with a new state dir may start (NodeConfig.start_from)
+
+
 def cmd_run(args) -> int:
     # The node's only fork is Spark's JVM launch, an immediate exec: gRPC's
     # fork handlers have nothing to protect there and can break it.
@@ -233,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--listen", default="127.0.0.1:0", help="gRPC bind address (default 127.0.0.1:0)")
     r.add_argument("--advertise", help="gRPC address other nodes dial (default: the bound one)")
     r.add_argument("--state-dir", default=".twinflow", help="where Spark checkpoints live")
-    r.add_argument("--start-from", choices=["processed", "beginning"],
+    r.add_argument("--start-from", choices=START_FROM,
                    help="a new state dir on a flow that has processed entries: read after the flow's "
                         "processed mark, or re-read the whole uplink (nothing processed is delivered again)")
     r.add_argument("--connect-timeout", type=float, default=60.0,
