@@ -7,7 +7,6 @@ or quietly swap in a fresh pooled connection.
 
 from __future__ import annotations
 
-import doctest
 import socket
 import threading
 from urllib.parse import urlsplit
@@ -17,7 +16,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from twinflow.chaos import tcp_proxy
 from twinflow.chaos.tcp_proxy import TcpProxy
 from twinflow.cluster.services import free_port
 from tests.conftest import wait_until
@@ -157,7 +155,3 @@ def test_an_unreachable_upstream_closes_the_client(connect):
     finally:
         assert proxy.stop(timeout_s=2)
 
-
-def test_module_example_runs():
-    result = doctest.testmod(tcp_proxy)
-    assert result.attempted > 0 and result.failed == 0
