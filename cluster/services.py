@@ -9,7 +9,9 @@ state (PIDs, ports, directories) can be saved to a JSON file so that
 
 Under failure: a server that exits or does not answer before its deadline
 raises :class:`ServiceError` carrying the tail of its log, and whatever was
-already started is stopped. ``stop()`` never raises for a server that is
+already started is stopped. A port that was free when picked but taken
+before the server bound it (outgoing connections draw from the same range)
+is retried on a fresh port, up to ``PORT_ATTEMPTS`` times. ``stop()`` never raises for a server that is
 already gone.
 
 >>> svc = LocalServices.start()          # doctest: +SKIP
@@ -28,6 +30,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -147,10 +150,8 @@ class LocalServices:
         base = base_dir or tempfile.mkdtemp(prefix="twinflow-services-")
         svc = cls(base_dir=base, owns_base_dir=owns)
         try:
-            svc.servers.append(_start_redis(Path(base) / "redis"))
-            svc.servers.append(_start_zookeeper(Path(base) / "zookeeper"))
-            for server in svc.servers:
-                _wait_answering(server, deadline_s)
+            svc.servers.append(_start_answering(_start_redis, Path(base) / "redis", deadline_s))
+            svc.servers.append(_start_answering(_start_zookeeper, Path(base) / "zookeeper", deadline_s))
         except BaseException:
             svc.stop()
             raise
@@ -238,13 +239,40 @@ def _start_zookeeper(directory: Path) -> Server:
     return Server("zookeeper", port, pid, str(log))
 
 
+class _PortTaken(ServiceError):
+    """The port picked for a server was bound by someone else before it started."""
+
+
+# How many ports a start tries: a port free when picked can be taken by any
+# outgoing connection on the machine (both come from the ephemeral range)
+# before a JVM that takes a second to start binds it.
+PORT_ATTEMPTS = 5
+
+
+def _start_answering(start: Callable[[Path], Server], directory: Path, deadline_s: float) -> Server:
+    """Start a server and wait until it answers, on a fresh port when the picked one was taken."""
+    for attempt in range(PORT_ATTEMPTS):
+        server = start(directory)
+        try:
+            _wait_answering(server, deadline_s)
+            return server
+        except _PortTaken:
+            if attempt == PORT_ATTEMPTS - 1:
+                raise
+            # Keep the failed start's log for a reader, out of the next one's way.
+            Path(server.log).replace(f"{server.log}.port-{server.port}")
+    raise AssertionError("unreachable")
+
+
 def _wait_answering(server: Server, deadline_s: float) -> None:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if server.answers():
             return
         if not _pid_alive(server.pid):
-            raise ServiceError(f"{server.name} exited during start-up; log:\n{_log_tail(server.log)}")
+            log = _log_tail(server.log)
+            error = _PortTaken if "Address already in use" in log else ServiceError
+            raise error(f"{server.name} exited during start-up; log:\n{log}")
         time.sleep(0.05)
     raise ServiceError(
         f"{server.name} on 127.0.0.1:{server.port} did not answer within {deadline_s:.0f} s; "

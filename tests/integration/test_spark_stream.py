@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import socket
 import threading
 import time
 import uuid
@@ -23,6 +22,7 @@ import redis
 from pyspark.sql import SparkSession
 
 from twinflow.chaos.tcp_proxy import TcpProxy
+from twinflow.cluster.services import free_port
 from twinflow.runtime.spark.session import build_session
 from twinflow.runtime.spark.source import (
     DEFAULT_MAX_BODY_BYTES,
@@ -367,12 +367,6 @@ def test_hold_plans_nothing_until_released(spark, r, redis_url, key, tmp_path, c
     assert "did not reach a batch boundary" not in caplog.text
     assert took < 5, took
     assert not hold_stream(query, False)  # a stopped query is no longer ours to hold
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_reader_waits_for_redis_to_come_up_and_says_so(r, redis_url, key, caplog):
