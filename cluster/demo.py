@@ -27,10 +27,11 @@ from .services import LocalServices
 FLOW = """\
 flow: {name}
 uplink: {{stream: uplink}}
-message: {{id: id, key: seq, key_type: int}}
+message: {{id: id, id_ttl: 86400}}
+input: deliver
 nodes:
-  sort: {{type: sort, mode: claim, bake_time: {bake_time}, unclaimed_outlink: done}}
-  deliver: {{type: action, sink: {{stream: sink}}, id_ttl: 86400}}
+  deliver: {{type: action, sink: {{stream: sink}}}}
+  sort: {{type: sort, pairs_with: deliver, key: seq, key_type: int, bake_time: {bake_time}, unclaimed_outlink: done}}
 cluster: {{session_timeout: 2.0}}
 """
 

@@ -3,16 +3,19 @@
 Every node reads the whole uplink through Spark. What it does with a batch
 depends on its role:
 
-- master: the ActionNode delivers each message to the sink and records its
-  ID and the flow's processed mark in one fenced Redis step, then escalates
-  the processed messages (id, key, uplink position) to the other nodes;
-- worker: messages the flow already processed (ID in the ID cache, or at or
-  before the processed mark) leave through bypass; the rest are baked by
-  the claim-mode SortNode until an escalation claims them.
+- master: the flow graph (the same nodes as ``twinflow replay``, see
+  ``master_flow.py``) takes each message the flow has not processed yet;
+  what left through its outlinks, the node state it changed, the IDs and
+  the processed mark are written in one fenced Redis step; then the
+  processed messages (id, key, uplink position) are escalated to the others;
+- worker: with a claim pair, messages the flow already processed (ID in the
+  ID cache, or at or before the processed mark) leave through bypass and the
+  rest bake in the pair's claim-mode sort until an escalation claims them;
+  without one, the worker only records how far it has read.
 
-The rule that makes a message processed: the delivery script that sinks it
-(or finds it already processed) also moves the processed mark, the position
-up to which the masters handled every uplink entry, in uplink order.
+The rule that makes a message processed: the commit of the step that ran it
+also moves the processed mark, the position up to which the masters handled
+every uplink entry, in uplink order (``master_flow.py`` says it per node).
 
 Promises under failure (DESIGN.md's numbering):
 
@@ -41,8 +44,10 @@ Promises under failure (DESIGN.md's numbering):
   frees surfaced messages costs one Redis read whatever it holds.
 - Bad input (6): every entry that cannot be decoded goes to the failure
   stream with its reason, once, whichever node sees it first.
-- Timers (bake expiry, sweep, status, lease) run on their own thread, so they
-  fire with no new input; idle, that thread wakes a few times a second.
+- Timers (node deadlines on the master, bake expiry, sweep, status, lease)
+  run on their own thread, so they fire with no new input; idle, that thread
+  wakes a few times a second. A master fires the deadlines in the state it
+  loaded, so the old master's pending time-outs fire too (promise 4).
 """
 
 from __future__ import annotations
@@ -56,15 +61,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.clock import Clock, SystemClock
-from ..runtime.flowfile import FlowSpec
+from ..runtime.flowgraph import FlowGraph
 from ..runtime.message import BadMessage, Message, decode, position_order
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.spark.source import WARMUP_POSITION
 from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable, chunked
+from ..runtime.store.step import Step
 from .connect import connect_redis, connect_zookeeper
 from .escalation import EscalationSender, EscalationServicer, StaleEpoch
 from .grpc_server import AdminServicer, IngestServicer, create_server
 from .leadership import Leadership
+from .master_flow import MasterFlow, not_on_cluster
 
 log = logging.getLogger("twinflow.node")
 
@@ -83,6 +90,30 @@ class _StepDown(RuntimeError):
     """The node stopped being master while it was catching up on promotion."""
 
 
+class NoPair:
+    """The worker's side of a flow without a claim pair: nothing bakes, nothing is claimed."""
+
+    pending = baked = claimed = unclaimed = rolled_back = 0
+
+    def offer(self, msg, now, processed=False):
+        return None
+
+    def claim(self, msg_id, key, position):
+        return []
+
+    def tick(self, now):
+        return []
+
+    def next_deadline(self):
+        return None
+
+    def release_upto(self, position):
+        return 0
+
+    def rollback(self):
+        return []
+
+
 @dataclass
 class NodeConfig:
     node_id: str
@@ -98,16 +129,42 @@ class NodeConfig:
     start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
 
 
+def cluster_flow(graph: FlowGraph):
+    """The flow's cluster sections; StartRefused when the flow cannot run on the cluster."""
+    if graph.cluster is None:
+        raise StartRefused(f"{graph.source}: flow {graph.name!r} has no uplink section, so it runs in "
+                           f"replay only (README 'Flow files')")
+    local = not_on_cluster(graph)
+    if local:
+        raise StartRefused(f"{graph.source}: these nodes keep their state in one process only so far and "
+                           f"run in replay only: {', '.join(local)}")
+    return graph.cluster
+
+
+def flow_keys(graph: FlowGraph) -> FlowKeys:
+    """The flow's Redis keys: its uplink, and as its sink the paired action's (or the only action's)."""
+    spec = graph.cluster
+    actions = [n for n in graph.nodes.values() if getattr(n, "sink", None)]
+    pair_action = graph.nodes.get(spec.pair.action) if spec and spec.pair else None
+    sink = getattr(pair_action, "sink", None) or (actions[0].sink if len(actions) == 1 else None)
+    return FlowKeys(graph.name, spec.uplink_stream if spec else "uplink", sink or "sink")
+
+
 class FlowNode:
-    def __init__(self, spec: FlowSpec, config: NodeConfig, clock: Clock | None = None):
+    def __init__(self, graph: FlowGraph, config: NodeConfig, clock: Clock | None = None):
+        spec = cluster_flow(graph)
+        self.graph = graph
         self.spec = spec
+        self.name = graph.name
         self.cfg = config
         self.clock = clock or SystemClock()
-        self.keys = FlowKeys(spec.name, spec.uplink_stream, spec.action.sink_stream)
-        self.sort = ClaimSortNode(spec.sort.bake_time, spec.sort.unclaimed_outlink, spec.sort.max_pending)
+        pair = spec.pair
+        self.keys = flow_keys(graph)
+        self.sort = ClaimSortNode(pair.bake_time, pair.unclaimed_outlink, pair.max_pending) if pair else NoPair()
+        self.flow: MasterFlow | None = None   # the master's graph, a cache of its state in Redis
         # A batch never takes the bake past max_pending: the reader takes at
         # most this many entries, and holds while the next batch might not fit.
-        self.read_size = min(spec.batch_size, spec.sort.max_pending)
+        self.read_size = min(spec.batch_size, spec.max_pending)
         self.lease_s = spec.write_lease
         self.role = STARTING
         self.epoch = 0            # this node's epoch while master
@@ -145,7 +202,7 @@ class FlowNode:
         # Each Redis call is bounded by the lease, so a link that drops packets
         # shows as failed writes in time for the master to step down.
         client = connect_redis(cfg.redis_url, cfg.connect_deadline_s, socket_timeout_s=max(0.5, self.lease_s))
-        self.store = FlowStore(client, self.keys, cfg.node_id, id_ttl=self.spec.action.id_ttl)
+        self.store = FlowStore(client, self.keys, cfg.node_id, id_ttl=self.spec.message.id_ttl)
         self._check_redis()
         self.zk = connect_zookeeper(cfg.zk_hosts, cfg.connect_deadline_s, self.spec.session_timeout)
         self._guard_epoch(self._zookeeper_epoch())
@@ -157,19 +214,19 @@ class FlowNode:
 
         self.server, port = create_server(
             cfg.listen,
-            escalation=EscalationServicer(self.spec.name, self.on_claims),
-            ingest=IngestServicer(self.spec.name, self.store.publish),
+            escalation=EscalationServicer(self.name, self.on_claims),
+            ingest=IngestServicer(self.name, self.store.publish),
             admin=AdminServicer(self.status, self.handover),
         )
         host = cfg.listen.rsplit(":", 1)[0]
         self.address = cfg.advertise or f"{host}:{port}"
         self.sender = EscalationSender(
-            self.spec.name, cfg.node_id, lambda: self.epoch, self._escalation_targets,
+            self.name, cfg.node_id, lambda: self.epoch, self._escalation_targets,
             batch_max=self.spec.escalation_batch,
         )
         with self._lock:
             self.role = WORKER
-        self.leadership = Leadership(self.zk, self.spec.name, cfg.node_id, self.address,
+        self.leadership = Leadership(self.zk, self.name, cfg.node_id, self.address,
                                      self._on_promoted, self._on_demoted, may_contend=self._may_contend)
         self.leadership.start()
         threading.Thread(target=self._timer_loop, name="timers", daemon=True).start()
@@ -187,7 +244,7 @@ class FlowNode:
         log.warning("RUNNING ON A REDIS THAT CANNOT KEEP THE PROMISES: %s", text)
 
     def _zookeeper_epoch(self) -> int:
-        stat = self.zk.exists(f"/twinflow/{self.spec.name}/epoch")
+        stat = self.zk.exists(f"/twinflow/{self.name}/epoch")
         return stat.version if stat else 0
 
     def _guard_epoch(self, seen: int, deadline_s: float | None = None) -> None:
@@ -202,7 +259,7 @@ class FlowNode:
             self.known_epoch = max(self.known_epoch, newest)
 
     def _checkpoint_dir(self) -> Path:
-        return Path(self.cfg.state_dir) / self.spec.name / self.cfg.node_id / "checkpoint"
+        return Path(self.cfg.state_dir) / self.name / self.cfg.node_id / "checkpoint"
 
     def _start_position(self) -> dict:
         """Where a new checkpoint starts reading (a checkpoint with commits resumes by itself).
@@ -227,15 +284,15 @@ class FlowNode:
             start = {"id": mark, "n": self.store.entries_upto(mark)}
         else:
             raise StartRefused(
-                f"flow {self.spec.name!r} has processed its uplink up to {mark}, but this node has no "
+                f"flow {self.name!r} has processed its uplink up to {mark}, but this node has no "
                 f"checkpoint in {checkpoint}: pass --start-from processed (read after {mark}; the usual "
                 f"choice for a new or rebuilt node) or --start-from beginning (re-read the whole uplink; "
                 f"entries up to {mark} are never delivered again)")
         oldest = self.store.oldest_after(mark)
-        if oldest is not None and time.time() - position_order(oldest)[0] / 1000 > self.spec.action.id_ttl:
+        if oldest is not None and time.time() - position_order(oldest)[0] / 1000 > self.spec.message.id_ttl:
             log.warning("the oldest unprocessed uplink entry (%s) is older than id_ttl (%d s): a re-published "
                         "duplicate of a message processed before it may no longer be recognised by its ID",
-                        oldest, self.spec.action.id_ttl)
+                        oldest, self.spec.message.id_ttl)
         chosen.parent.mkdir(parents=True, exist_ok=True)
         chosen.write_text(json.dumps(start))
         log.info("%s starts reading %s after %s", self.cfg.node_id, self.keys.uplink, start["id"])
@@ -244,7 +301,7 @@ class FlowNode:
     def _start_spark(self) -> None:
         from ..runtime.spark.session import build_session
 
-        self.spark = build_session(f"twinflow-{self.spec.name}-{self.cfg.node_id}", self.cfg.spark_master)
+        self.spark = build_session(f"twinflow-{self.name}-{self.cfg.node_id}", self.cfg.spark_master)
 
     def _start_stream(self, start: dict) -> None:
         from ..runtime.spark.stream import start_stream
@@ -261,7 +318,7 @@ class FlowNode:
             batch_bytes=self.spec.batch_bytes,
             max_body_bytes=self.spec.message.max_bytes,
             status_key=self.keys.read(self.cfg.node_id),
-            query_name=f"{self.spec.name}_{self.cfg.node_id}".replace("-", "_"),
+            query_name=f"{self.name}_{self.cfg.node_id}".replace("-", "_"),
             source_options={"warmup": "1", "start_id": start["id"], "start_n": str(start["n"])},
         )
         log.info("%s started reading %s (gRPC %s); ready after the warm-up batch",
@@ -349,7 +406,7 @@ class FlowNode:
                 self._bake(msgs, last)
                 return
             if self.leadership.may_write():
-                rest = self._deliver(msgs, epoch)
+                rest = self._run_master(msgs, epoch, last)
                 if rest is None:
                     self._handled(last)
                 else:  # stepped down part-way: the rest is a worker's
@@ -398,38 +455,67 @@ class FlowNode:
         self._update_backpressure()
         self._wake.set()
 
-    def _deliver(self, msgs: list[Message], epoch: int) -> list[Message] | None:
-        """Deliver as master at ``epoch`` (caller holds _work); None when all went, else
-        the undelivered rest, after this node stopped being master."""
+    def _master_flow(self) -> MasterFlow:
+        """The master's flow graph; loaded from Redis after a promotion or a failed step."""
+        if self.flow is None:
+            self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.lease_s)
+        return self.flow
+
+    def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
+        """Run a batch through the flow as master at ``epoch`` (caller holds _work); None when
+        all of it was committed, else the uncommitted rest, after this node stopped being master."""
+        done = self.store.processed(msgs)  # already processed: never run through the graph again
         sent = 0
-        for chunk in chunked(msgs):
+        chunks = list(chunked(msgs)) or [[]]
+        for i, chunk in enumerate(chunks):
             with self._lock:
                 if self.role != MASTER or self.epoch != epoch:
                     return msgs[sent:]
-            try:
-                flags = self.store.deliver(epoch, chunk, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
-                                           replica_wait_ms=self.spec.replica_wait_ms)
-            except Fenced as exc:
-                log.error("%s: %s; stepping down and baking instead", self.cfg.node_id, exc)
-                with self._lock:
-                    self.known_epoch = max(self.known_epoch, exc.newest)
-                self._step_down("fenced")
+            fresh = [m for m, d in zip(chunk, done[sent:sent + len(chunk)]) if not d]
+            # The last chunk's step moves the mark past the whole batch (bad entries included).
+            mark = last if i == len(chunks) - 1 else chunk[-1].position
+            if not self._commit(epoch, lambda flow: flow.run(fresh, self.clock.now(), epoch, mark)):
                 return msgs[sent:]
-            except RedisUnavailable as exc:
-                log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
-                self._step_down("Redis unreachable")
-                return msgs[sent:]
-            n = sum(flags)
             with self._lock:
-                self.delivered += n
-                self.skipped += len(flags) - n
-            self.sender.send([(m.id, str(m.key), m.position) for m in chunk])
+                self.delivered += len(fresh)
+                self.skipped += len(chunk) - len(fresh)
+            if self.spec.pair is not None and chunk:
+                self.sender.send([(m.id, str(m.key), m.position) for m in chunk])
             sent += len(chunk)
+        self._wake.set()  # the step may have opened an earlier deadline
         return None
+
+    def _commit(self, epoch: int, make_step) -> bool:
+        """Build a step on the master's flow and commit it; False after stepping down.
+
+        Any failure drops the flow: its nodes are ahead of Redis, and the next
+        step starts from the state Redis holds.
+        """
+        try:
+            step: Step = make_step(self._master_flow())
+            self.store.commit(epoch, step, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
+                              replica_wait_ms=self.spec.replica_wait_ms)
+        except Fenced as exc:
+            self.flow = None
+            log.error("%s: %s; stepping down", self.cfg.node_id, exc)
+            with self._lock:
+                self.known_epoch = max(self.known_epoch, exc.newest)
+            self._step_down("fenced")
+            return False
+        except RedisUnavailable as exc:
+            self.flow = None
+            log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
+            self._step_down("Redis unreachable")
+            return False
+        except BaseException:
+            self.flow = None
+            raise
+        return True
 
     def _step_down(self, reason: str) -> None:
         with self._lock:
             self.role = WORKER
+        self.flow = None
         self.leadership.step_down(reason)
 
     # -- escalations from the master --------------------------------------
@@ -471,6 +557,7 @@ class FlowNode:
                           epoch, in_force)
                 self.leadership.step_down("stale epoch")
                 return
+            self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.lease_s)
             with self._lock:
                 self.epoch = epoch
                 self.known_epoch = max(self.known_epoch, epoch)
@@ -483,6 +570,7 @@ class FlowNode:
         except BaseException:
             with self._lock:
                 self.role = WORKER
+            self.flow = None
             raise
         finally:
             self._work.release()
@@ -506,9 +594,9 @@ class FlowNode:
             msgs, bad = self._decode(rows)
             self.store.record_failures(bad, max_entries=self.spec.failure_max_entries,
                                        max_body=self.spec.message.max_bytes, deadline_s=self.lease_s)
-            if self._deliver(msgs, epoch) is not None:
-                raise _StepDown(f"stopped being master at epoch {epoch} during catch-up")
             after = rows[-1][0]
+            if self._run_master(msgs, epoch, after) is not None:
+                raise _StepDown(f"stopped being master at epoch {epoch} during catch-up")
             if after == upto:
                 break
         return self.delivered - before
@@ -516,6 +604,7 @@ class FlowNode:
     def _on_demoted(self, reason: str) -> None:
         with self._lock:
             self.role = WORKER
+        self.flow = None
 
     def handover(self, timeout_s: float) -> dict:
         if self.leadership is None:
@@ -526,7 +615,7 @@ class FlowNode:
     def _update_backpressure(self) -> None:
         """Hold the reader while the next batch might take the bake past max_pending."""
         with self._lock:
-            want = self.role != MASTER and self.sort.pending + self.read_size > self.spec.sort.max_pending
+            want = self.role != MASTER and self.sort.pending + self.read_size > self.spec.max_pending
             if want == self.held:
                 return
             self.held = want
@@ -537,7 +626,7 @@ class FlowNode:
             hold_stream(self.query, want)
         if want:
             log.warning("%s holds %d messages (max_pending %d): stopped reading until claims free room",
-                        self.cfg.node_id, pending, self.spec.sort.max_pending)
+                        self.cfg.node_id, pending, self.spec.max_pending)
         else:
             log.info("%s reads again (%d messages held)", self.cfg.node_id, pending)
 
@@ -554,10 +643,13 @@ class FlowNode:
                 deadline = self.sort.next_deadline()
                 surface, self._to_surface = self._to_surface, []
             try:
+                master_deadline = self._fire_due(now)
+                if master_deadline is not None and (deadline is None or master_deadline < deadline):
+                    deadline = master_deadline
                 if surface:
                     log.warning("%d messages fully baked without a claim (first: %s)", len(surface), surface[0].id)
                     try:
-                        self.store.surface_unclaimed(surface, self.spec.sort.unclaimed_outlink)
+                        self.store.surface_unclaimed(surface, self.spec.pair.unclaimed_outlink)
                     except Exception:
                         with self._lock:  # surfaced on the next round instead; they are still held
                             self._to_surface[:0] = surface
@@ -580,6 +672,27 @@ class FlowNode:
                 wait = min(wait, max(0.0, deadline - self.clock.now()))
             self._wake.wait(wait)
             self._wake.clear()
+
+    def _fire_due(self, now: float) -> float | None:
+        """As master, fire the flow's deadlines due at ``now`` and commit what they did;
+        returns the next deadline. A batch in progress fires them itself, so this never waits for one."""
+        flow = self.flow
+        if flow is None or self.role != MASTER:
+            return None
+        due = flow.next_deadline()
+        if due is None or due > now:
+            return due
+        if not self._work.acquire(blocking=False):
+            return due
+        try:
+            with self._lock:
+                role, epoch = self.role, self.epoch
+            if role == MASTER and self.flow is not None and self.leadership.may_write():
+                self._commit(epoch, lambda flow: flow.fire(now, epoch))
+        finally:
+            self._work.release()
+        flow = self.flow
+        return flow.next_deadline() if flow is not None else None
 
     def _check_lease(self) -> None:
         """A master that has not reached Redis for longer than its lease steps down."""
@@ -605,12 +718,14 @@ class FlowNode:
             self._update_backpressure()
 
     def status(self) -> dict:
+        flow = self.flow
         with self._lock:
             out = {
-                "flow": self.spec.name,
+                "flow": self.name,
                 "node_id": self.cfg.node_id,
                 "role": self.role,
                 "epoch": self.epoch if self.role == MASTER else self.known_epoch,
+                "pending": flow.pending() if flow is not None else 0,
                 "baked": self.sort.pending,
                 "claimed": self.sort.claimed,
                 "rolled_back": self.rolled_back,

@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
 from typing import Any
+
+from .fields import FieldPath, MissingField
+from .nodes.base import Msg
 
 KEY_TYPES = {"int": int, "float": float, "str": str}
 
@@ -71,8 +74,9 @@ class MessageSpec:
     """
 
     id_path: str = "id"
-    key_path: str = "key"
+    key_path: str | None = None   # the claim pair's sort key; None when the flow has no pair
     key_type: str = "int"
+    id_ttl: int = 7 * 86400       # seconds a processed ID is remembered
     max_bytes: int = 1 << 20
     max_depth: int = 64
     max_number_digits: int = 100
@@ -112,19 +116,14 @@ class MessageSpec:
 @dataclass(frozen=True, slots=True)
 class Message:
     id: str
-    key: Any
+    key: Any       # None when the flow has no claim pair
     position: str  # the uplink entry ID
     body: bytes
+    doc: dict = field(default_factory=dict, compare=False, repr=False)
 
-
-def field(doc: Any, path: str) -> Any:
-    """The value at a dotted ``path`` in ``doc``; KeyError when it is absent."""
-    value = doc
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            raise KeyError(path)
-        value = value[part]
-    return value
+    def msg(self) -> Msg:
+        """The message as the flow's nodes take it."""
+        return Msg(self.id, self.doc)
 
 
 # -- bounds checked before parsing -------------------------------------------------
@@ -235,20 +234,28 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
         if not isinstance(doc, dict):
             raise BadMessage("body is not a JSON object")
         try:
-            raw_id = field(doc, spec.id_path)
-        except KeyError:
+            raw_id = _path(spec.id_path).get(doc)
+        except MissingField:
             raise BadMessage(f"message has no ID field '{spec.id_path}'") from None
         if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or raw_id == "":
             raise BadMessage(f"ID field '{spec.id_path}' is not a non-empty string or integer")
-        try:
-            raw_key = field(doc, spec.key_path)
-        except KeyError:
-            raise BadMessage(f"message has no key field '{spec.key_path}'") from None
-        return Message(id=str(raw_id), key=spec.parse_key(raw_key), position=position, body=data)
+        key = None
+        if spec.key_path is not None:
+            try:
+                raw_key = _path(spec.key_path).get(doc)
+            except MissingField:
+                raise BadMessage(f"message has no key field '{spec.key_path}'") from None
+            key = spec.parse_key(raw_key)
+        return Message(id=str(raw_id), key=key, position=position, body=data, doc=doc)
     except BadMessage:
         raise
     except Exception as exc:  # the backstop: one bad message must never stop the node
         raise BadMessage(_clip(f"message cannot be decoded: {type(exc).__name__}: {exc}")) from exc
+
+
+@lru_cache(maxsize=64)
+def _path(path: str) -> FieldPath:
+    return FieldPath(path)
 
 
 def position_order(position: str) -> tuple[int, int]:

@@ -32,80 +32,14 @@ from __future__ import annotations
 import json
 from typing import Callable, Iterable, Iterator
 
+from .engine import Engine
 from .fields import MissingField
 from .flowgraph import FlowGraph
-from .nodes.base import Emit, Msg
-
-MAX_FIRINGS = 10_000_000  # a flow whose timers never run out is stopped here, not run forever
+from .nodes.base import Msg
 
 
 class BadEvent(ValueError):
     pass
-
-
-class Engine:
-    """One flow's nodes on a virtual clock; emissions go to ``record``."""
-
-    def __init__(self, graph: FlowGraph, record: Callable[[dict], None]):
-        self.graph = graph
-        self.record = record
-        self.now = float("-inf")
-
-    def feed(self, msg: Msg, at: float) -> None:
-        self.advance(at)
-        self._deliver(self.graph.input, msg)
-
-    def advance(self, to: float) -> None:
-        """Fire every deadline at or before ``to``, in time order; the clock ends at ``to``."""
-        self._fire(lambda t: t <= to)
-        self.now = max(self.now, to)
-
-    def drain(self) -> None:
-        """Fire deadlines until none is left."""
-        self._fire(lambda t: True)
-
-    def _fire(self, due: Callable[[float], bool]) -> None:
-        for _ in range(MAX_FIRINGS):
-            name, deadline = self._earliest()
-            if name is None or not due(deadline):
-                return
-            self.now = max(self.now, deadline)
-            self._route(name, self.graph.nodes[name].on_time(self.now))
-        raise RuntimeError(f"more than {MAX_FIRINGS} timer firings: a node's deadlines never run out")
-
-    def _earliest(self) -> tuple[str | None, float]:
-        best, best_t = None, float("inf")
-        for name, node in self.graph.nodes.items():
-            t = node.next_deadline()
-            if t is not None and t < best_t:
-                best, best_t = name, t
-        return best, best_t
-
-    def _deliver(self, name: str, msg: Msg) -> None:
-        self._route(name, self.graph.nodes[name].on_message(msg, self.now))
-
-    def _route(self, name: str, emits: list[Emit]) -> None:
-        for e in emits:
-            self.record(_line(self.now, name, e))
-            nxt = self.graph.links.get(name, {}).get(e.outlink)
-            if nxt is None:
-                continue
-            if len(e.msgs) == 1:
-                self._deliver(nxt, e.msgs[0])
-            else:
-                ids = [m.id for m in e.msgs]
-                self._deliver(nxt, Msg("+".join(ids), {"ids": ids, "messages": [dict(m.doc) for m in e.msgs]}))
-
-
-def _line(at: float, node: str, e: Emit) -> dict:
-    out: dict = {"at": at, "node": node, "outlink": e.outlink}
-    if len(e.msgs) == 1:
-        out["id"] = e.msgs[0].id
-    else:
-        out["ids"] = [m.id for m in e.msgs]
-    for k, v in e.info.items():
-        out.setdefault(k, v)
-    return out
 
 
 def parse_event(line: str, last_at: float, graph: FlowGraph) -> tuple[float, Msg | None]:

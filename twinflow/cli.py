@@ -39,14 +39,24 @@ def _address(flag: str | None, env: str, kind: str) -> str:
     raise SystemExit(f"twinflow: no {kind} address: pass --{kind}, set {env}, or run `twinflow services up`")
 
 
-def _load_flow(path: str):
-    from twinflow.runtime.flowfile import FlowFileError, load_flow
+def _load_flow(path: str, cluster: bool = True):
+    """The flow graph, or exit EXIT_BAD_FLOW naming what is wrong; ``cluster``: it must run on the cluster."""
+    from twinflow.runtime.flowgraph import FlowFileError, load_graph
 
     try:
-        return load_flow(path)
+        graph = load_graph(path)
     except FlowFileError as exc:
         print(f"twinflow: flow file refused: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_FLOW) from None
+    if cluster:
+        from twinflow.cluster.node import StartRefused, cluster_flow
+
+        try:
+            cluster_flow(graph)
+        except StartRefused as exc:
+            print(f"twinflow: flow file refused: {exc}", file=sys.stderr)
+            raise SystemExit(EXIT_BAD_FLOW) from None
+    return graph
 
 
 # -- run ---------------------------------------------------------------------
@@ -60,7 +70,7 @@ def cmd_run(args) -> int:
     from twinflow.cluster.connect import ServiceUnavailable
     from twinflow.cluster.node import FlowNode, NodeConfig, StartRefused
 
-    spec = _load_flow(args.flow)
+    graph = _load_flow(args.flow)
     cfg = NodeConfig(
         node_id=args.node_id,
         redis_url=_address(args.redis, "TWINFLOW_REDIS", "redis"),
@@ -72,7 +82,7 @@ def cmd_run(args) -> int:
         connect_deadline_s=args.connect_timeout,
         start_from=args.start_from,
     )
-    node = FlowNode(spec, cfg)
+    node = FlowNode(graph, cfg)
     signal.signal(signal.SIGTERM, lambda *_: node.request_term())
     try:
         return node.run_forever()
@@ -97,17 +107,18 @@ STATUS_COLUMNS = ["node_id", "role", "epoch", "uplink_lag", "baked", "claimed", 
 def _flow_store(args):
     import redis
 
-    from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
+    from twinflow.cluster.node import flow_keys
+    from twinflow.runtime.store.flow_store import FlowStore
 
-    spec = _load_flow(args.flow)
+    graph = _load_flow(args.flow)
     client = redis.Redis.from_url(_address(args.redis, "TWINFLOW_REDIS", "redis"), socket_connect_timeout=3)
-    return spec, FlowStore(client, FlowKeys(spec.name, spec.uplink_stream, spec.action.sink_stream), "cli")
+    return graph, FlowStore(client, flow_keys(graph), "cli")
 
 
 def cmd_status(args) -> int:
     import redis
 
-    spec, store = _flow_store(args)
+    graph, store = _flow_store(args)
     try:
         rows = store.read_statuses()
         for row in rows:  # live lag, not the one cached with the status
@@ -116,10 +127,10 @@ def cmd_status(args) -> int:
         print(f"twinflow: Redis at {store.r} did not answer: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     if args.json:
-        print(json.dumps({"flow": spec.name, "nodes": rows}))
+        print(json.dumps({"flow": graph.name, "nodes": rows}))
         return 0
     if not rows:
-        print(f"flow {spec.name}: no live nodes")
+        print(f"flow {graph.name}: no live nodes")
         return 0
     print(_table(STATUS_COLUMNS, [[r.get(c, "") for c in STATUS_COLUMNS] for r in rows]))
     return 0
@@ -183,15 +194,9 @@ def cmd_services(args) -> int:
 
 # -- replay -------------------------------------------------------------------
 def cmd_replay(args) -> int:
-    from twinflow.runtime.flowgraph import load_graph
-    from twinflow.runtime.params import FlowFileError
     from twinflow.runtime.replay import replay
 
-    try:
-        graph = load_graph(args.flow)
-    except FlowFileError as exc:
-        print(f"twinflow: flow file refused: {exc}", file=sys.stderr)
-        return EXIT_BAD_FLOW
+    graph = _load_flow(args.flow, cluster=False)
     bad = []
 
     def report(number: int, reason: str) -> None:

@@ -9,7 +9,8 @@ runs again with the original message, up to ``max_retries`` retries; then the
 last failure counts as a service error. A service error (any other exception,
 or retries used up) sends the message to ``error`` with the reason. Without a
 handler the node delivers nothing itself: every message leaves through
-``done`` (replay uses this to show what would be delivered).
+``done`` (replay uses this to show what would be delivered). On the
+cluster, what leaves through ``done`` is written to the ``sink`` stream.
 
 The node holds a message only while it waits for a retry; retries fire from
 ``on_time`` in deadline order, so they happen with no new input.
@@ -33,7 +34,7 @@ import itertools
 from typing import Callable
 
 from ..params import Params
-from .base import Emit, Msg, Node
+from .base import Emit, Msg, Node, msg_from_json, msg_json
 
 
 class TransientError(Exception):
@@ -51,14 +52,17 @@ class ActionNode(Node):
         transient: type[BaseException] = TransientError,
         retry_interval: float = 1.0,
         max_retries: int = 3,
+        sink: str | None = None,
     ):
         super().__init__(name)
+        self.sink = sink  # on the cluster, the stream ``done`` leaves to (replay shows it)
         self.handler = handler
         self.transient = transient
         self.retry_interval = retry_interval
         self.max_retries = max_retries
         self._retries: list[tuple[float, int, Msg, int]] = []  # (due, order, msg, retries so far)
         self._order = itertools.count()
+        self._changed: dict[str, list | None] = {}
 
     def on_message(self, msg: Msg, now: float) -> list[Emit]:
         return self._attempt(msg, 0, now)
@@ -66,9 +70,20 @@ class ActionNode(Node):
     def on_time(self, now: float) -> list[Emit]:
         out: list[Emit] = []
         while self._retries and self._retries[0][0] <= now:
-            due, _, msg, retries = heapq.heappop(self._retries)
+            due, order, msg, retries = heapq.heappop(self._retries)
+            self._changed[str(order)] = None
             out += self._attempt(msg, retries, due)
         return out
+
+    # -- state per waiting retry (see base) ----------------------------------
+    def changed_state(self) -> dict:
+        changed, self._changed = self._changed, {}
+        return changed
+
+    def load_state(self, entries) -> None:
+        for key, (due, msg, retries) in entries.items():
+            heapq.heappush(self._retries, (due, int(key), msg_from_json(msg), retries))
+        self._order = itertools.count(max((int(k) for k in entries), default=-1) + 1)
 
     def next_deadline(self) -> float | None:
         return self._retries[0][0] if self._retries else None
@@ -83,7 +98,9 @@ class ActionNode(Node):
             self.handler(msg)
         except self.transient as exc:
             if retries < self.max_retries:
-                heapq.heappush(self._retries, (now + self.retry_interval, next(self._order), msg, retries + 1))
+                order = next(self._order)
+                heapq.heappush(self._retries, (now + self.retry_interval, order, msg, retries + 1))
+                self._changed[str(order)] = [now + self.retry_interval, msg_json(msg), retries + 1]
                 return []
             return [Emit("error", (msg,), {"reason": f"service error after {retries} retries: "
                                                      f"{type(exc).__name__}: {exc}"})]
@@ -93,7 +110,7 @@ class ActionNode(Node):
 
 
 def build(name: str, p: Params) -> ActionNode:
-    p.only("handler", "transient", "retry_interval", "max_retries")
+    p.only("handler", "transient", "retry_interval", "max_retries", "sink")
     transient = p.callable("transient", TransientError)
     if not (isinstance(transient, type) and issubclass(transient, BaseException)):
         raise p.error("transient", "must name an exception class")
@@ -103,4 +120,5 @@ def build(name: str, p: Params) -> ActionNode:
         transient=transient,
         retry_interval=p.seconds("retry_interval", 1.0),
         max_retries=p.integer("max_retries", 3, minimum=0),
+        sink=p.section("sink").only("stream").name("stream") if p.has("sink") else None,
     )

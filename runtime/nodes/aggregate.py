@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping
 
 from ..fields import FieldPath, MissingField
 from ..params import Params
-from .base import Emit, Msg, Node
+from .base import Emit, Msg, Node, msg_from_json, msg_json
 
 TIMELY_OPTION = "x-direct-final-destination-delivery"
 FLOOR = 0.001  # the decaying timeout never drops below 1 ms (Direct's DecayingTimeoutCondition)
@@ -192,6 +192,32 @@ class Aggregate(Node):
         self._heap: list[tuple[float, int, Group]] = []  # lazy: stale entries skipped when popped
         self._seq = 0
         self._held = 0
+        self._changed: set[str] = set()
+
+    # -- state per group (see base) ---------------------------------------------
+    def changed_state(self) -> dict:
+        changed, self._changed = self._changed, set()
+        groups = self._groups
+        return {key: self._entry(groups[key]) if key in groups else None for key in changed}
+
+    @staticmethod
+    def _entry(g: Group) -> dict:
+        return {"seq": g.seq, "start": g.start, "deadline": g.deadline, "msgs": [msg_json(m) for m in g.msgs],
+                "recipients": g.recipients, "requested": g.requested, "timely": g.needs is TIMELY_NEEDS,
+                "bits": g.bits, "incomplete": sorted(g.incomplete)}
+
+    def load_state(self, entries) -> None:
+        for key, e in entries.items():
+            g = self._groups[key] = Group(key, e["seq"], e["start"])
+            g.deadline, g.msgs = e["deadline"], [msg_from_json(m) for m in e["msgs"]]
+            g.recipients = tuple(e["recipients"]) if e["recipients"] is not None else None
+            g.requested, g.needs = e["requested"], TIMELY_NEEDS if e["timely"] else GENERAL_NEEDS
+            g.bits, g.incomplete = dict(e["bits"]), set(e["incomplete"])
+            self._held += len(g.msgs)
+            self._seq = max(self._seq, g.seq)
+            if g.deadline:
+                self._heap.append((g.deadline, g.seq, g))
+        heapq.heapify(self._heap)
 
     # -- the Node contract -------------------------------------------------
     def on_message(self, msg: Msg, now: float) -> list[Emit]:
@@ -210,6 +236,7 @@ class Aggregate(Node):
         except KeyError as exc:
             return [Emit("failure", (msg,), {"reason": missing(exc)})]
         group = self._groups.get(key)
+        self._changed.add(key)
         if group is None:
             group = self._open(key, now)
         elif kind is ORIGINAL and group.recipients is not None:
@@ -237,6 +264,7 @@ class Aggregate(Node):
         while heap and heap[0][0] <= now:
             deadline, _, group = heapq.heappop(heap)
             if not group.closed and group.deadline == deadline:
+                self._changed.add(group.key)
                 out.append(self._expire(group))
         return out
 

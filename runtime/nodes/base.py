@@ -8,6 +8,18 @@ node leaves it exactly once, through one outlink (alone, or inside a group
 emission such as a join or an aggregation), unless the node documents that it
 holds it until a later call.
 
+State per key. A node that holds anything between calls keeps it as
+entries, each under a text key (an activation, a group, a history
+identifier), and says which entries changed: ``changed_state()`` returns
+every entry changed since the last call as key -> a JSON value, or None for
+an entry that is gone, and ``load_state(entries)`` makes a new node continue
+from the entries. The engine of a cluster master writes the changes to Redis
+in the same fenced step as the batch's outputs, and a newly promoted master
+loads them, so it carries on with exactly the state the old one left
+(DESIGN.md, "Node state"). Replay never calls either; a node that keeps no
+state inherits both as no-ops. ``STATEFUL`` nodes that do not implement them
+are refused by ``twinflow run``.
+
 >>> class Echo(Node):
 ...     kind, outlinks = "echo", ("out",)
 ...     def on_message(self, msg, now):
@@ -97,3 +109,25 @@ class Node(ABC):
     def pending(self) -> int:
         """How many messages the node holds now."""
         return 0
+
+    # Whether the node implements changed_state/load_state (False: it holds
+    # state between calls that only lives in this process, so it runs in replay only).
+    state_in_redis: ClassVar[bool] = True
+
+    def changed_state(self) -> dict[str, Any]:
+        """Every state entry changed since the last call: key -> JSON value, or None when gone."""
+        return {}
+
+    def load_state(self, entries: Mapping[str, Any]) -> None:
+        """Continue from ``entries`` (what ``changed_state`` said, accumulated); the node must be new."""
+        if entries:
+            raise ValueError(f"{self.kind} node {self.name!r} keeps no state but was given {len(entries)} entries")
+
+
+def msg_json(msg: Msg) -> list:
+    """A message as a state entry holds it."""
+    return [msg.id, msg.doc]
+
+
+def msg_from_json(value: list) -> Msg:
+    return Msg(value[0], value[1])

@@ -29,6 +29,8 @@ UUID nor a message ID, leaves through ``failure`` with ``info["reason"]``;
 the node keeps running. Every message leaves at once, through exactly one
 outlink, so the node never holds messages (``pending()`` is 0); its state is
 the history, bounded by the distinct identifiers seen within ``retention``.
+On the cluster each identifier's entries are one state entry in Redis (see
+base); external completion runs in replay only.
 
 >>> node = HistoryNode("guard", retention=60.0)
 >>> [e.outlink for e in node.on_message(Msg("m1", {"uuid": "order-1"}), now=0.0)]
@@ -41,6 +43,7 @@ the history, bounded by the distinct identifiers seen within ``retention``.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from functools import partial
@@ -117,6 +120,7 @@ class MemoryHistoryStore:
 
     def __init__(self) -> None:
         self._entries: dict[Key, Entry] = {}
+        self._changed: set[Key] = set()  # keys put or cleared since changed()
         # A key run again at a new time leaves a stale item behind; it is
         # skipped when it reaches the front, which keeps put() O(1).
         self._order: deque[tuple[float, Key]] = deque()
@@ -128,6 +132,7 @@ class MemoryHistoryStore:
         return self._entries.get(key)
 
     def put(self, key: Key, status: str, time: float) -> None:
+        self._changed.add(key)
         old = self._entries.get(key)
         if old is None or old[0] != time:
             old = _NOTHING
@@ -147,8 +152,21 @@ class MemoryHistoryStore:
             entry = entries.get(key)
             if entry is not None and entry[0] == time:
                 del entries[key]
+                self._changed.add(key)
                 removed += 1
         return removed
+
+    def changed(self) -> dict[str, list | None]:
+        """The entries put or cleared since the last call, as state entries (see base)."""
+        changed, self._changed = self._changed, set()
+        entries = self._entries
+        return {json.dumps(key): list(entries[key]) if key in entries else None for key in changed}
+
+    def load(self, entries) -> None:
+        for key, (time, processing, completed) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+            trigger, uuid = json.loads(key)
+            self._entries[(trigger, uuid)] = _entry((time, processing, completed))
+            self._order.append((time, (trigger, uuid)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +219,8 @@ class HistoryNode(Node):
         self.trigger = trigger if trigger is not None else name
         self.resolver = resolver
         self.external = completion == "external"
+        # External completion keeps the open runs in this process only.
+        self.state_in_redis = not self.external and isinstance(store, (MemoryHistoryStore, type(None)))
         self.store: HistoryStore = store if store is not None else MemoryHistoryStore()
         # external completion only: message ID -> (key, started) of messages
         # sent to `new` and not reported completed, so completed() can take
@@ -240,6 +260,13 @@ class HistoryNode(Node):
 
     def pending(self) -> int:
         return 0
+
+    # -- state per identifier (see base) -------------------------------------
+    def changed_state(self) -> dict:
+        return self.store.changed()
+
+    def load_state(self, entries) -> None:
+        self.store.load(entries)
 
     def completed(self, ident: str, now: float) -> bool:
         """Record "completed" for a message sent to ``new``: the downstream has finished.

@@ -34,6 +34,9 @@ that calls ``on_time`` at each deadline (only the emission time differs).
 Time never runs backwards inside a node: a ``now`` earlier than one already
 seen counts as the latest seen.
 
+State per activation (in Redis on the cluster, see base): an open AND
+group is its deadline and its slots; an XOR window its deadline.
+
 State: AND holds fewer than ``len(types)`` messages per open activation, each
 for at most ``timeout``; XOR keeps one deadline per activation that passed a
 message in the last ``timeout`` (no messages); OR keeps nothing. Open
@@ -53,13 +56,14 @@ the number pending.
 
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
 from collections import OrderedDict
 from typing import Any, Iterable
 
 from ..fields import FieldPath, MissingField
 from ..params import Params
-from .base import Emit, Msg, Node
+from .base import Emit, Msg, Node, msg_from_json, msg_json
 
 JOIN_TYPES = ("and", "or", "xor")
 DUPLICATES = ("keep_first", "keep_last")
@@ -147,6 +151,8 @@ class _Timed(_Listed):
         # deadline is (a non-decreasing now) + (one fixed timeout), so the
         # oldest entry is always the next to fall due.
         self._deadlines: OrderedDict[Any, float] = OrderedDict()
+        self._changed: set = set()  # activations whose state changed since changed_state()
+        self._opened: dict[Any, int] = {}  # activation -> serial, to keep the order of equal deadlines
 
     def on_time(self, now: float) -> list[Emit]:
         now = self._advance(now)
@@ -157,10 +163,38 @@ class _Timed(_Listed):
             if deadlines[act] > now:
                 break
             del deadlines[act]
+            self._changed.add(act)
             emit = self._close(act)
             if emit is not None:
                 out.append(emit)
         return out
+
+    # -- state per activation (see base) ------------------------------------
+    def changed_state(self) -> dict[str, Any]:
+        changed, self._changed = self._changed, set()
+        # The key keeps the activation's type: 7 and "7" are two activations.
+        return {json.dumps(act): self._entry(act) if act in self._deadlines else None for act in changed}
+
+    def load_state(self, entries) -> None:
+        # Insertion order is deadline order (ties keep the order they were opened in).
+        for key, value in sorted(entries.items(), key=lambda kv: (kv[1]["d"], kv[1]["n"])):
+            act = json.loads(key)
+            self._deadlines[act] = value["d"]
+            self._restore(act, value)
+            self._serial = max(self._serial, value["n"])
+
+    _serial = 0
+
+    def _open(self, act: Any, deadline: float) -> None:
+        self._deadlines[act] = deadline
+        self._serial += 1
+        self._opened[act] = self._serial
+
+    def _entry(self, act: Any) -> dict:
+        return {"d": self._deadlines[act], "n": self._opened[act]}
+
+    def _restore(self, act: Any, value: dict) -> None:
+        self._opened[act] = value["n"]
 
     def activations(self) -> int:
         """How many activations have an open time-out (AND groups or XOR windows)."""
@@ -194,10 +228,12 @@ class XorJoin(_Timed):
         until = self._deadlines.get(act)
         if until is not None:
             return Emit("discarded", (msg,), {"activation": act, "until": until})
-        self._deadlines[act] = now + self.timeout
+        self._open(act, now + self.timeout)
+        self._changed.add(act)
         return Emit("passed", (msg,), {"activation": act})
 
     def _close(self, act: Any) -> None:
+        del self._opened[act]
         return None  # the window only blocked; it holds no message
 
 
@@ -237,18 +273,29 @@ class AndJoin(_Timed):
     def _take(self, msg: Msg, i: int, now: float) -> Emit | None:
         act = self._activation(msg.doc)
         slots = self._slots.get(act)
+        self._changed.add(act)
         if slots is None:
             slots = self._slots[act] = [None] * len(self.types)
-            self._deadlines[act] = now + self.timeout
+            self._open(act, now + self.timeout)
         elif slots[i] is not None:
             return self._duplicate(act, slots, i, msg)
         slots[i] = msg
         self._held += 1
         if None in slots:
             return None
-        del self._slots[act], self._deadlines[act]
+        del self._slots[act], self._deadlines[act], self._opened[act]
         self._held -= len(slots)
         return Emit("joined", tuple(slots), {"activation": act})
+
+    def _entry(self, act: Any) -> dict:
+        entry = super()._entry(act)
+        entry["s"] = [None if m is None else msg_json(m) for m in self._slots[act]]
+        return entry
+
+    def _restore(self, act: Any, value: dict) -> None:
+        super()._restore(act, value)
+        slots = self._slots[act] = [None if m is None else msg_from_json(m) for m in value["s"]]
+        self._held += sum(m is not None for m in slots)
 
     def _duplicate(self, act: Any, slots: list[Msg | None], i: int, msg: Msg) -> Emit:
         kind = self.types[i]
@@ -260,6 +307,7 @@ class AndJoin(_Timed):
 
     def _close(self, act: Any) -> Emit:
         slots = self._slots.pop(act)
+        del self._opened[act]
         msgs = tuple(m for m in slots if m is not None)
         self._held -= len(msgs)
         missing = [t for t, m in zip(self.types, slots) if m is None]

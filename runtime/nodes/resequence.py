@@ -40,13 +40,15 @@ keeps a small record until its end arrives or ``idle_timeout`` closes it.
 from __future__ import annotations
 
 import heapq
+import json
 from bisect import bisect_right
 from typing import Hashable
 
 from ..fields import FieldPath, MissingField
 from ..params import Params
-from .base import Emit, Msg, Node
-from .sequence import (SEQ_MAX, BadInput, End, GroupTimers, Timed, group_reader, read_idle,
+from .base import Emit, Msg, Node, msg_from_json, msg_json
+from .sequence import (SEQ_MAX, BadInput, End, GroupTimers, Timed, group_reader, load_order, read_idle,
+                       restore_timer, timed_entry,
                        read_number)
 
 
@@ -98,6 +100,28 @@ class Resequence(Node):
         self._open: dict[Hashable, _Instance] = {}
         self._timers = GroupTimers(self._open.get)
         self._held = 0
+        self._changed: set[Hashable] = set()
+
+    # -- state per group instance (see base) ----------------------------------
+    def changed_state(self) -> dict:
+        changed, self._changed = self._changed, set()
+        return {json.dumps(key): self._entry(self._open[key]) if key in self._open else None for key in changed}
+
+    @staticmethod
+    def _entry(inst: _Instance) -> dict:
+        return timed_entry(inst, {
+            "next": inst.next, "held": [[n, msg_json(m)] for n, m in inst.held.items()], "end": inst.end,
+            "highest": inst.highest, "expired": inst.expired, "skipped": inst.skipped})
+
+    def load_state(self, entries) -> None:
+        for key, value in load_order(entries):
+            inst = self._open[key] = _Instance(key, value["next"], value["end"])
+            inst.held = {n: msg_from_json(m) for n, m in value["held"]}
+            inst.order = sorted(inst.held)
+            inst.highest, inst.expired = value["highest"], value["expired"]
+            inst.skipped = [tuple(r) for r in value["skipped"]] if value["skipped"] is not None else None
+            self._held += len(inst.held)
+            restore_timer(self._timers, inst, value)
 
     @property
     def open_groups(self) -> int:
@@ -124,6 +148,7 @@ class Resequence(Node):
         except BadInput as exc:
             out.append(Emit("failure", (msg,), {"reason": str(exc)}))
             return out
+        self._changed.add(key)
         if inst is None:
             inst = self._open[key] = _Instance(key, self.start, self._end.literal)
         elif n < inst.next:  # _check let it through: a skipped number, late
@@ -218,6 +243,7 @@ class Resequence(Node):
         out: list[Emit] = []
         while (fired := self._timers.pop(now)) is not None:
             at, inst = fired
+            self._changed.add(inst.key)
             if inst.held:
                 self._skip_gap(inst, at, out)
             else:

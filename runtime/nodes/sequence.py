@@ -36,6 +36,7 @@ end-of-sequence definition, the predicate and the per-group timers.
 from __future__ import annotations
 
 import heapq
+import json
 from dataclasses import dataclass
 from itertools import count
 from typing import Any, Callable, Hashable, Mapping
@@ -292,6 +293,26 @@ class GroupTimers:
                 return
 
 
+def timed_entry(g: Timed, entry: dict) -> dict:
+    """A group's state entry with its deadline (and the order of equal deadlines) added."""
+    if g.due is not None:
+        entry["d"], entry["s"] = g.due, g.stamp
+    return entry
+
+
+def load_order(entries: Mapping[str, dict]) -> list[tuple[Hashable, dict]]:
+    """Entries as (group key, entry), deadlines in the order they were set (see restore_timer)."""
+    items = [(json.loads(k), v) for k, v in entries.items()]
+    items.sort(key=lambda kv: (kv[1].get("d") is None, kv[1].get("d") or 0.0, kv[1].get("s", 0)))
+    return items
+
+
+def restore_timer(timers: GroupTimers, g: Timed, entry: dict) -> None:
+    """Set a loaded group's deadline; called in load_order, so equal deadlines keep their order."""
+    if entry.get("d") is not None:
+        timers.set(g, entry["d"])
+
+
 class _Counter(Timed):
     """One open group instance: the number its next message gets."""
 
@@ -319,10 +340,22 @@ class Sequence(Node):
         self._idle = idle
         self._open: dict[Hashable, _Counter] = {}
         self._timers = GroupTimers(self._open.get)
+        self._changed: set[Hashable] = set()
 
     @property
     def open_groups(self) -> int:
         return len(self._open)
+
+    # -- state per group (see base) -------------------------------------------
+    def changed_state(self) -> dict:
+        changed, self._changed = self._changed, set()
+        return {json.dumps(key): timed_entry(self._open[key], {"n": self._open[key].next})
+                if key in self._open else None for key in changed}
+
+    def load_state(self, entries) -> None:
+        for key, value in load_order(entries):
+            c = self._open[key] = _Counter(key, value["n"])
+            restore_timer(self._timers, c, value)
 
     def on_message(self, msg: Msg, now: float) -> list[Emit]:
         if self._timers.due(now):
@@ -331,6 +364,7 @@ class Sequence(Node):
             key = self._group(msg.doc)
         except BadInput as exc:
             return [Emit("failure", (msg,), {"reason": str(exc)})]
+        self._changed.add(key)
         c = self._open.get(key)
         if c is None:
             c = self._open[key] = _Counter(key, self.start)
@@ -350,6 +384,7 @@ class Sequence(Node):
         """Close every group idle since ``now - automatic``; nothing leaves."""
         while (fired := self._timers.pop(now)) is not None:
             del self._open[fired[1].key]
+            self._changed.add(fired[1].key)
         return []
 
     def next_deadline(self) -> float | None:

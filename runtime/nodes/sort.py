@@ -66,7 +66,7 @@ from typing import Any, Callable, Iterable
 from ..fields import FieldPath, MissingField, Template
 from ..message import Message, position_order
 from ..params import Params
-from .base import Emit, Msg, Node
+from .base import Emit, Msg, Node, msg_from_json, msg_json
 
 DONE, BYPASS, FAILURE, NOHIT, ROLLBACK = "done", "bypass", "failure", "nohit", "rollback"
 OUTLINKS = (DONE, BYPASS, FAILURE, NOHIT, ROLLBACK)  # the seed's four, in its order, then ours
@@ -109,6 +109,10 @@ class _MinQueue:
         if heap and (not run or heap[0] < run[0]):
             return heapq.heappop(heap)
         return run.popleft()
+
+    def items(self) -> list[tuple]:
+        """Every item, in no particular order."""
+        return [*self._run, *self._heap]
 
     def pop_upto(self, limit: Any) -> list[tuple]:
         """Remove and return, smallest first, every item whose first field is at or below ``limit``."""
@@ -494,6 +498,12 @@ class _Static(_Rule):
 
     _last: Any = None
 
+    def dump(self) -> dict | None:
+        return None if self._last is None else {"last": self._last}
+
+    def load(self, entry: dict) -> None:
+        self._last = entry["last"]
+
     def take(self, msg: Msg, key: Any, ident: str | None, now: float) -> list[Emit]:
         if self._last is None or key > self._last:
             self._last = key
@@ -522,6 +532,14 @@ class _Session(_Rule):
 
     def deadline(self) -> float | None:
         return self._changed + self._timeout if self._msgs else None
+
+    def dump(self) -> dict | None:
+        return {"keys": self._keys, "msgs": [msg_json(m) for m in self._msgs], "changed": self._changed} \
+            if self._msgs else None
+
+    def load(self, entry: dict) -> None:
+        self._keys, self._msgs = list(entry["keys"]), [msg_from_json(m) for m in entry["msgs"]]
+        self._changed, self.held = entry["changed"], len(self._msgs)
 
     def fire(self, at: float) -> list[Emit]:
         keys, msgs = self._keys, self._msgs
@@ -553,6 +571,19 @@ class _Bake(_Rule):
     def deadline(self) -> float | None:
         arrivals = self._arrivals
         return arrivals[0][0] + self._bake_time if arrivals else None
+
+    def dump(self) -> dict | None:
+        if self._threshold is None and not self.held:
+            return None
+        held = sorted(self._keys.items())
+        return {"threshold": self._threshold, "seq": self._seq, "arrivals": list(self._arrivals),
+                "held": [[key, n, msg_json(m)] for key, n, m in held]}
+
+    def load(self, entry: dict) -> None:
+        self._threshold, self._seq = entry["threshold"], entry["seq"]
+        self._arrivals = deque((t, key) for t, key in entry["arrivals"])
+        self._keys = _MinQueue((key, n, msg_from_json(m)) for key, n, m in entry["held"])
+        self.held = len(entry["held"])
 
     def fire(self, at: float) -> list[Emit]:
         # Fully baked when the reference is: the messages that arrived with it
@@ -687,6 +718,10 @@ class SortNode(Node):
         self._rules = [self._behaviour(r) for r in rulesets]
         timed = [r for r in self._rules if isinstance(r, (_Session, _Bake))]
         self._timers: list = [self._claims] if claim_mode else timed
+        # State per ruleset (see base); claim mode keeps its cache in this process only.
+        self.state_in_redis = not claim_mode
+        self._by_name = {rule.spec.name: rule for rule in self._rules}
+        self._changed: set[str] = set()
         # The earliest deadline as (timer, time), or None when something changed
         # since it was found: the engine asks for it before every message.
         self._due: tuple[Any, float | None] | None = None
@@ -717,7 +752,19 @@ class SortNode(Node):
             ident = None if self._claims is None else self._ident(rule.spec, doc, key)
         except (MissingField, BadValue) as exc:
             return [Emit(FAILURE, (msg,), {"reason": str(exc)})]
+        self._changed.add(rule.spec.name)
         return rule.take(msg, key, ident, now)
+
+    def changed_state(self) -> dict:
+        if self._claims is not None:
+            return {}
+        changed, self._changed = self._changed, set()
+        return {name: self._by_name[name].dump() for name in changed}
+
+    def load_state(self, entries) -> None:
+        for name, entry in entries.items():
+            self._by_name[name].load(entry)
+        self._due = None
 
     @staticmethod
     def _ident(spec: Ruleset, doc: Any, key: Any) -> str:
@@ -730,6 +777,8 @@ class SortNode(Node):
             if timer is None or at > now:
                 return out
             out += timer.fire(at)
+            if timer is not self._claims:
+                self._changed.add(timer.spec.name)
             self._due = None
 
     def next_deadline(self) -> float | None:

@@ -17,11 +17,12 @@ off from Redis gives up the role instead of holding it while it waits.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -29,6 +30,9 @@ from redis.retry import Retry
 
 from ..message import Message, position_order
 from . import scripts
+
+if TYPE_CHECKING:
+    from .step import Step
 
 log = logging.getLogger("twinflow.store")
 T = TypeVar("T")
@@ -142,6 +146,14 @@ class FlowKeys:
     def node(self, node_id: str) -> str:
         return self.prefix + "node:" + node_id
 
+    def state(self, node: str) -> str:
+        """The hash of a flow node's state entries (key -> JSON)."""
+        return self.prefix + "state:" + node
+
+    def out(self, node: str, outlink: str) -> str:
+        """The stream of what leaves the flow through ``node``'s unlinked ``outlink``."""
+        return self.prefix + "out:" + node + ":" + outlink
+
     def read(self, node_id: str) -> str:
         """Where a node's uplink reader records how far it has read (read_n, read_id)."""
         return self.prefix + "read:" + node_id
@@ -250,42 +262,48 @@ class FlowStore:
     def current_epoch(self, deadline_s: float | None = None) -> int:
         return int(self._call("current_epoch", lambda: self.r.get(self.keys.epoch), deadline_s) or 0)
 
-    # -- master: delivery -------------------------------------------------
-    def deliver(self, epoch: int, messages: list[Message], *, deadline_s: float | None = None,
-                replicas: int = 0, replica_wait_ms: int = 1000) -> list[bool]:
-        """Deliver to the sink, record IDs and the processed mark, atomically and fenced by ``epoch``.
+    # -- master: one fenced step ------------------------------------------
+    def commit(self, epoch: int, step: "Step", *, deadline_s: float | None = None,
+               replicas: int = 0, replica_wait_ms: int = 1000) -> None:
+        """Write one master step atomically, fenced by ``epoch`` (see scripts.COMMIT).
 
-        ``messages`` are one chunk (see :func:`chunked`), in uplink order.
-        Returns, per message, True if delivered now, False if it was already
-        processed (its ID in the ID cache, or its position at or before the
-        processed mark). Raises Fenced if ``epoch`` is stale, RedisUnavailable
-        past ``deadline_s``. With ``replicas`` > 0 it returns only once
-        ``WAIT`` confirms that many replicas have the delivery, so a Redis
-        failover cannot erase what the caller escalates next.
+        Raises Fenced if ``epoch`` is stale (nothing written), RedisUnavailable
+        past ``deadline_s``. With ``replicas`` > 0 it returns only once ``WAIT``
+        confirms that many replicas have it, so a Redis failover cannot erase
+        what the caller escalates next.
         """
-        if not messages:
-            return []
-        args: list = [epoch, self.id_ttl, self.keys.id_prefix, self.node_id]
-        for m in messages:
-            args += [m.id, m.position, m.body]
-        keys = [self.keys.epoch, self.keys.sink, self.keys.processed]
+        if step.empty():
+            return
+        keys, args = step.script_call(epoch, self.keys, self.id_ttl)
 
         def write():
             if not replicas:
-                return self._scripts["deliver"](keys=keys, args=args), replicas
+                return self._scripts["commit"](keys=keys, args=args), replicas
             # WAIT counts the writes of its own connection: same pipeline.
             pipe = self.r.pipeline(transaction=False)
-            self._scripts["deliver"](keys=keys, args=args, client=pipe)
+            self._scripts["commit"](keys=keys, args=args, client=pipe)
             pipe.execute_command("WAIT", replicas, replica_wait_ms)
             res, acked = pipe.execute()
             return res, int(acked)
 
-        res, acked = self._call("deliver", write, deadline_s)
+        res, acked = self._call("commit", write, deadline_s)
         if int(res[0]) == -1:
             raise Fenced(epoch, int(res[1]))
         if acked < replicas:
             self._await_replicas(replicas, replica_wait_ms, deadline_s)
-        return [bool(int(f)) for f in res[1:]]
+
+    def load_state(self, nodes: Iterable[str], deadline_s: float | None = None) -> dict[str, dict[str, Any]]:
+        """Every node's state entries (node -> key -> JSON value), in one round trip."""
+        nodes = list(nodes)
+
+        def read():
+            pipe = self.r.pipeline(transaction=False)
+            for node in nodes:
+                pipe.hgetall(self.keys.state(node))
+            return pipe.execute()
+
+        out = self._call("load state", read, deadline_s)
+        return {node: {k.decode(): json.loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}
 
     def _await_replicas(self, replicas: int, wait_ms: int, deadline_s: float | None) -> None:
         """Wait until ``replicas`` replicas have everything written so far, or RedisUnavailable."""

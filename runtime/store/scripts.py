@@ -8,12 +8,13 @@ Scripts are registered once per client (``register``) and called with
 Two rules live here rather than in any caller, so that every writer keeps
 them (promises 2 and 3 of DESIGN.md):
 
-- The fencing epoch never goes backwards: a delivery raises the stored epoch
+- The fencing epoch never goes backwards: a commit raises the stored epoch
   to the writer's, so a Redis that lost its data cannot let an older writer
   pass once the newest master has written again.
-- The processed mark: the flow's masters deliver the uplink in order, so the
-  delivery script records the position of the last entry it handled
-  (``processed``). An entry at or before that mark is never delivered again,
+- The processed mark: the flow's masters process the uplink in order, so the
+  commit script records the position of the last entry a batch handled
+  (``processed``), in the same step as that batch's outputs and node state.
+  An entry at or before that mark is never processed again,
   whether or not its ID is still in the ID cache: a node that re-reads the
   uplink (new state directory, down longer than ``id_ttl``) cannot double-feed.
 """
@@ -43,16 +44,21 @@ end
 return cur
 """
 
-# DELIVER: fenced delivery of a chunk of uplink entries (in uplink order) to
-# the sink, recording each ID in the ID cache and the processed mark in the
-# same atomic step.
-# KEYS[1] epoch key, KEYS[2] sink stream, KEYS[3] processed mark.
-# ARGV[1] writer's epoch, ARGV[2] ID-cache TTL (s), ARGV[3] ID-cache key prefix,
-# ARGV[4] writer's node id, then (id, position, body) triples.
-# Returns {-1, epoch in force} when the writer is stale (nothing written), else
-# {1, f1, f2, ...} with fi = 1 delivered now, 0 already processed (its ID is in
-# the ID cache, or its position is at or before the processed mark).
-DELIVER = _AT_OR_BEFORE + """
+# COMMIT: one master step, fenced and atomic: what a batch (or a timer
+# firing) wrote to outlinks, the node state it changed, the IDs it processed
+# and how far it processed the uplink. Refused as a whole when a newer epoch exists.
+# KEYS[1] epoch key, KEYS[2] processed mark, KEYS[3..] every stream and state
+# hash the operations name (declared, so a Redis Cluster can route the script;
+# all share the flow's hash tag).
+# ARGV[1] writer's epoch, ARGV[2] ID-cache TTL (s), ARGV[3] ID-cache key
+# prefix, ARGV[4] new processed mark ("" leaves it), ARGV[5] number of IDs n,
+# ARGV[6 .. 5+n] the processed IDs, then operations, each a code, the index of
+# its key in KEYS and its arguments:
+#   'X' k nf f1 v1 .. fnf vnf   XADD KEYS[k] * f1 v1 ..
+#   'H' k field value          HSET KEYS[k] field value
+#   'D' k field                HDEL KEYS[k] field
+# Returns {-1, epoch in force} when the writer is stale (nothing written), else {1}.
+COMMIT = _AT_OR_BEFORE + """
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local epoch = tonumber(ARGV[1])
 if epoch < cur then
@@ -61,26 +67,32 @@ end
 if epoch > cur then
   redis.call('SET', KEYS[1], ARGV[1])
 end
-local mark = redis.call('GET', KEYS[3])
-local out = {1}
-local last = nil
-for i = 5, #ARGV, 3 do
-  local id, pos = ARGV[i], ARGV[i + 1]
-  if at_or_before(pos, mark) then
-    out[#out + 1] = 0
-  elseif redis.call('SET', ARGV[3] .. id, ARGV[1], 'NX', 'EX', ARGV[2]) then
-    redis.call('XADD', KEYS[2], '*', 'id', id, 'position', pos, 'epoch', ARGV[1],
-               'node', ARGV[4], 'data', ARGV[i + 2])
-    out[#out + 1] = 1
+local n = tonumber(ARGV[5])
+for i = 6, 5 + n do
+  redis.call('SET', ARGV[3] .. ARGV[i], ARGV[1], 'EX', ARGV[2])
+end
+local i = 6 + n
+while i <= #ARGV do
+  local op, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
+  if op == 'X' then
+    local nf = tonumber(ARGV[i + 2])
+    redis.call('XADD', key, '*', unpack(ARGV, i + 3, i + 2 + 2 * nf))
+    i = i + 3 + 2 * nf
+  elseif op == 'H' then
+    redis.call('HSET', key, ARGV[i + 2], ARGV[i + 3])
+    i = i + 4
+  elseif op == 'D' then
+    redis.call('HDEL', key, ARGV[i + 2])
+    i = i + 3
   else
-    out[#out + 1] = 0
+    return redis.error_reply('COMMIT: unknown operation ' .. tostring(op))
   end
-  last = pos
 end
-if last and not at_or_before(last, mark) then
-  redis.call('SET', KEYS[3], last)
+local mark = redis.call('GET', KEYS[2])
+if ARGV[4] ~= '' and not at_or_before(ARGV[4], mark) then
+  redis.call('SET', KEYS[2], ARGV[4])
 end
-return out
+return {1}
 """
 
 # RECORD_FAILURE: put a bad uplink entry on the failure stream once, however
@@ -170,7 +182,7 @@ def read_batch_rows(reply: list) -> list[tuple[str, bytes | None, int | None]]:
     ]
 
 
-ALL = {"raise_epoch": RAISE_EPOCH, "deliver": DELIVER, "record_failure": RECORD_FAILURE,
+ALL = {"raise_epoch": RAISE_EPOCH, "commit": COMMIT, "record_failure": RECORD_FAILURE,
        "read_batch": READ_BATCH}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -24,10 +25,11 @@ from twinflow.cluster.process import NodeProcess
 FLOW = """\
 flow: {name}
 uplink: {{stream: uplink, batch_size: {batch_size}}}
-message: {{id: id, key: seq, key_type: int, max_bytes: {max_bytes}}}
+message: {{id: id, id_ttl: 86400, max_bytes: {max_bytes}}}
+input: deliver
 nodes:
-  sort: {{type: sort, mode: claim, bake_time: {bake_time}, max_pending: {max_pending}}}
-  deliver: {{type: action, sink: {{stream: sink}}, id_ttl: 86400}}
+  deliver: {{type: action, sink: {{stream: sink}}}}
+  sort: {{type: sort, pairs_with: deliver, key: seq, key_type: int, bake_time: {bake_time}, max_pending: {max_pending}}}
 cluster: {{session_timeout: 2.0}}
 """
 
@@ -36,11 +38,16 @@ class Flow:
     """One flow's files, keys and node processes in ``workdir``."""
 
     def __init__(self, workdir: Path, name: str, services, *, batch_size: int = 2000, bake_time: float = 5.0,
-                 max_pending: int = 1_000_000, max_bytes: int = 1 << 20):
+                 max_pending: int = 1_000_000, max_bytes: int = 1 << 20, text: str | None = None):
+        """The claim-pair flow with these settings, or the flow file ``text`` (its ``flow:`` is
+        replaced by ``name``)."""
         self.workdir, self.name, self.services = workdir, name, services
         self.path = workdir / "flow.yaml"
-        self.path.write_text(FLOW.format(name=name, batch_size=batch_size, bake_time=bake_time,
-                                         max_pending=max_pending, max_bytes=max_bytes))
+        if text is not None:
+            self.path.write_text(re.sub(r"(?m)^flow: .*$", f"flow: {name}", text, count=1))
+        else:
+            self.path.write_text(FLOW.format(name=name, batch_size=batch_size, bake_time=bake_time,
+                                             max_pending=max_pending, max_bytes=max_bytes))
         self.r = redis.Redis.from_url(services.redis_url)
         self.nodes: dict[str, NodeProcess] = {}
         self.sent: list[str] = []
@@ -105,6 +112,19 @@ class Flow:
         positions = [p.decode() for p in pipe.execute()]
         self.sent.extend(ids)
         return positions
+
+    def publish_docs(self, docs: list[dict]) -> list[str]:
+        """XADD these documents as they are; returns their uplink positions."""
+        pipe = self.r.pipeline(transaction=False)
+        for doc in docs:
+            pipe.xadd(self.key("uplink"), {"data": json.dumps(doc)})
+        return [p.decode() for p in pipe.execute()]
+
+    def stream(self, suffix: str) -> list[tuple[float, dict]]:
+        """A stream's entries as (Redis time in s, fields other than data)."""
+        return [(int(eid.decode().split("-")[0]) / 1000,
+                 {k.decode(): v.decode() for k, v in f.items() if k != b"data"})
+                for eid, f in self.r.xrange(self.key(suffix))]
 
     def publish_raw(self, body: bytes) -> str:
         return self.r.xadd(self.key("uplink"), {"data": body}).decode()

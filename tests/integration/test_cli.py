@@ -47,7 +47,7 @@ def test_bad_flow_file_is_refused_before_anything_starts(tmp_path):
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "bake_time: -3" in t)
     r = twinflow("run", str(bad), "--node-id", "a", "--redis", "redis://127.0.0.1:1/0", "--zk", "127.0.0.1:1")
     assert r.returncode == 2
-    assert f"{bad}:{line}: nodes.sort.bake_time: must be seconds in (0, 86400] (got -3)" in r.stderr
+    assert f"{bad}:{line}: nodes.claims.bake_time: must be seconds in (0, 86400] (got -3)" in r.stderr
 
 
 def test_node_waits_for_redis_then_names_it(tmp_path):

@@ -10,10 +10,25 @@ import pytest
 import redis
 
 from twinflow.cluster.services import free_port, redis_answers
+from twinflow.cluster.master_flow import MasterFlow
+from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.message import Message
 from twinflow.runtime.store.flow_store import (
     DELIVER_MAX_BYTES, FlowKeys, FlowStore, Fenced, RedisUnavailable, chunked)
+from twinflow.runtime.store.step import Step
 from tests.conftest import wait_until
+
+DELIVER = parse_graph("flow: f\nuplink: {stream: uplink}\nnodes:\n  deliver: {type: action, sink: {stream: sink}}\n")
+
+
+def deliver(store: FlowStore, epoch: int, messages: list[Message], **commit) -> list[bool]:
+    """What a master does with a chunk: skip what the flow processed, run the rest, commit.
+    Returns, per message, whether it was run (delivered) now."""
+    done = store.processed(messages)
+    fresh = [m for m, d in zip(messages, done) if not d]
+    flow = MasterFlow(DELIVER.fresh(), store.keys, store.node_id)
+    store.commit(epoch, flow.run(fresh, 0.0, epoch, mark=messages[-1].position), **commit)
+    return [not d for d in done]
 
 
 def msgs(*ids, first: int = 1):
@@ -30,8 +45,8 @@ def store(redis_url, flow_name):
 
 def test_deliver_records_ids_and_never_delivers_twice(store):
     store.raise_epoch(1)
-    assert store.deliver(1, msgs("a", "b")) == [True, True]
-    assert store.deliver(1, msgs("b", "c", first=3)) == [False, True]  # "b" again, later in the uplink
+    assert deliver(store, 1, msgs("a", "b")) == [True, True]
+    assert deliver(store, 1, msgs("b", "c", first=3)) == [False, True]  # "b" again, later in the uplink
     sink = store.r.xrange(store.keys.sink)
     assert [f[b"id"] for _, f in sink] == [b"a", b"b", b"c"]
     assert {f[b"epoch"] for _, f in sink} == {b"1"}
@@ -44,11 +59,11 @@ def test_stale_epoch_changes_nothing(store):
     assert store.raise_epoch(3) == 3
     assert store.raise_epoch(2) == 3  # epochs never go back
     with pytest.raises(Fenced) as err:
-        store.deliver(2, msgs("a"))
+        deliver(store, 2, msgs("a"))
     assert err.value.newest == 3
     assert store.r.xlen(store.keys.sink) == 0
     assert store.processed(msgs("a")) == [False]
-    assert store.deliver(3, msgs("a")) == [True]
+    assert deliver(store, 3, msgs("a")) == [True]
 
 
 def test_failures_are_recorded_once_whichever_node_sees_them(redis_url, flow_name):
@@ -78,7 +93,7 @@ def test_delivery_waits_for_redis_and_loses_nothing(tmp_path):
 
     s = FlowStore(redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2), FlowKeys("down"), "node-a", sleep=sleep)
     result = {}
-    t = threading.Thread(target=lambda: result.setdefault("flags", s.deliver(0, msgs("a", "b"))))
+    t = threading.Thread(target=lambda: result.setdefault("flags", deliver(s, 0, msgs("a", "b"))))
     t.start()
     wait_until(lambda: len(retries) >= 1, 30, what="the store to retry")
     assert t.is_alive(), "delivery returned although Redis is down"
@@ -120,14 +135,14 @@ def test_processed_mark_fences_reread_entries_after_their_ids_expired(store):
     """Defect 4: a node that re-reads the uplink must not deliver again what the flow delivered,
     even once the IDs have left the ID cache."""
     store.raise_epoch(1)
-    assert store.deliver(1, msgs("a", "b")) == [True, True]
+    assert deliver(store, 1, msgs("a", "b")) == [True, True]
     assert store.processed_mark() == "2-0"
     store.r.delete(store.keys.id_prefix + "a", store.keys.id_prefix + "b")  # as if id_ttl passed
-    assert store.deliver(1, msgs("a", "b")) == [False, False]
+    assert deliver(store, 1, msgs("a", "b")) == [False, False]
     assert store.processed(msgs("a", "b")) == [True, True]  # a worker bypasses them too
     later = [Message("c", 5, "5-0", b"{}")]
     assert store.processed(later) == [False]
-    assert store.deliver(1, later) == [True]
+    assert deliver(store, 1, later) == [True]
     assert store.processed_mark() == "5-0"
     assert [f[b"id"] for _, f in store.r.xrange(store.keys.sink)] == [b"a", b"b", b"c"]
 
@@ -136,10 +151,10 @@ def test_a_delivery_restores_the_epoch_redis_lost(store):
     """Defect 7: if Redis loses the epoch, the newest master's next write puts it back."""
     assert store.raise_epoch(5) == 5
     store.r.delete(store.keys.epoch)  # Redis restarted without its data
-    assert store.deliver(5, msgs("a")) == [True]
+    assert deliver(store, 5, msgs("a")) == [True]
     assert store.current_epoch() == 5
     with pytest.raises(Fenced):
-        store.deliver(3, [Message("b", 2, "9-0", b"{}")])
+        deliver(store, 3, [Message("b", 2, "9-0", b"{}")])
 
 
 def test_redis_configuration_is_checked(store, own_redis):
@@ -160,17 +175,17 @@ def test_wait_replicas_confirms_the_delivery_reached_a_replica(own_redis, flow_n
     wait_until(lambda: s.r.info("replication")["connected_slaves"] == 1
                and redis.Redis(port=rport).info("replication")["master_link_status"] == "up",
                20, what="the replica to sync")
-    assert s.deliver(1, msgs("a"), replicas=1, replica_wait_ms=2000) == [True]
+    assert deliver(s, 1, msgs("a"), replicas=1, replica_wait_ms=2000) == [True]
     assert redis.Redis(port=rport).xlen(s.keys.sink) == 1  # already on the replica when deliver returned
 
     os.kill(replica.pid, signal.SIGSTOP)  # the replica stops acknowledging
     t0 = time.monotonic()
     with pytest.raises(RedisUnavailable) as err:
-        s.deliver(1, [Message("b", 2, "9-0", b"{}")], deadline_s=1.0, replicas=1, replica_wait_ms=200)
+        deliver(s, 1, [Message("b", 2, "9-0", b"{}")], deadline_s=1.0, replicas=1, replica_wait_ms=200)
     assert "replicas" in str(err.value) and time.monotonic() - t0 < 5
     os.kill(replica.pid, signal.SIGCONT)
     # Nothing is lost: the delivery is in the primary, recorded once.
-    assert s.deliver(1, [Message("b", 2, "9-0", b"{}")], replicas=1, replica_wait_ms=5000) == [False]
+    assert deliver(s, 1, [Message("b", 2, "9-0", b"{}")], replicas=1, replica_wait_ms=5000) == [False]
     assert s.r.xlen(s.keys.sink) == 2
 
 
@@ -200,7 +215,7 @@ def test_delivery_of_messages_near_the_limit(store):
     """Defect 10: 40 messages of 1 MiB (the default max_bytes) are delivered in byte-bounded scripts."""
     body = b'{"id": "x", "pad": "' + b"x" * ((1 << 20) - 40) + b'"}'
     batch = [Message(f"m{i}", i, f"{i + 1}-0", body) for i in range(40)]
-    flags = [f for chunk in chunked(batch) for f in store.deliver(1, chunk)]
+    flags = [f for chunk in chunked(batch) for f in deliver(store, 1, chunk)]
     assert flags == [True] * 40
     assert store.r.xlen(store.keys.sink) == 40
 
@@ -212,3 +227,23 @@ def test_publish_gives_up_at_its_deadline():
     with pytest.raises(RedisUnavailable):
         s.publish([b"{}"], deadline_s=0.5)
     assert time.monotonic() - t0 < 2.0
+
+
+def test_a_step_writes_outputs_state_ids_and_mark_together_or_not_at_all(store):
+    store.raise_epoch(2)
+    store.commit(2, Step(mark="5-0", ids=["a"], outputs=[(store.keys.out("j", "joined"), {"id": "a+b"})],
+                         state={"j": {"7": {"d": 1.5, "s": [["a", {}], None]}, "8": {"d": 2.0}}}))
+    assert store.load_state(["j", "other"]) == {"j": {"7": {"d": 1.5, "s": [["a", {}], None]}, "8": {"d": 2.0}},
+                                                 "other": {}}
+    assert store.processed_mark() == "5-0" and store.processed([Message("a", None, "9-0", b"{}")]) == [True]
+    store.commit(2, Step(mark="4-0", state={"j": {"8": None}}))  # the mark never goes back
+    assert store.load_state(["j"])["j"] == {"7": {"d": 1.5, "s": [["a", {}], None]}}
+    assert store.processed_mark() == "5-0"
+    # A stale writer changes nothing at all: no state, no output, no ID, no mark.
+    store.raise_epoch(3)
+    with pytest.raises(Fenced):
+        store.commit(2, Step(mark="9-0", ids=["z"], outputs=[(store.keys.sink, {"id": "z"})], state={"j": {"7": None}}))
+    assert store.load_state(["j"])["j"] == {"7": {"d": 1.5, "s": [["a", {}], None]}}
+    assert store.r.xlen(store.keys.sink) == 0 and store.processed_mark() == "5-0"
+    assert store.processed([Message("z", None, "6-0", b"{}")]) == [False]
+    assert store.r.xlen(store.keys.out("j", "joined")) == 1

@@ -1,0 +1,156 @@
+"""The master's half of a flow: the flow graph run over uplink messages, its node state in Redis.
+
+The master runs the same ``Node`` objects and the same ``Engine`` as
+``twinflow replay``. Each batch (and each timer firing) becomes one
+:class:`~twinflow.runtime.store.step.Step`: what left the flow through every
+unlinked outlink, every node state entry that changed, the IDs processed and
+the last uplink position handled, written by one fenced COMMIT script.
+
+Under failure: the nodes in this process are a write-through cache of the
+state in Redis, valid only while this node is master at one epoch and every
+step it ran was committed. When a commit fails or is refused, or the node
+stops being master, the caller drops this object; the next master step
+starts from :meth:`MasterFlow.load`, which rebuilds every node from Redis.
+So a newly promoted master carries on with exactly the state the old one
+committed, and a step that was not committed is run again from the uplink.
+
+When a message is processed (the rule that decides what the master
+escalates, and what a promoted worker never runs through the graph again):
+a message is processed once the COMMIT of the step that took it succeeded.
+That step records its ID and moves the processed mark past its position,
+and it holds the message's whole effect, per node:
+
+- action: delivered (its ``done`` emission is on the sink), sent to
+  ``error``/``failure``, or held for a retry (the retry is a state entry);
+- join: passed, discarded, joined or sent to ``nohit``/``failure``, or held
+  in an open AND group (the group is a state entry with the message in it);
+- history: sent to ``new``, ``duplicate``, ``in_doubt`` or ``failure``, with
+  its history entry written in the same step;
+- any node: an emission on a linked outlink is taken by the next node in the
+  same step, so the rule applies again there.
+
+Nothing is processed in part: a step is committed whole or not at all.
+
+>>> from twinflow.runtime.flowgraph import parse_graph
+>>> g = parse_graph("flow: f\\nnodes:\\n  a: {type: action}\\n")
+>>> flow = MasterFlow(g, FlowKeys("f"), "node-a")
+>>> step = flow.run([Message("m1", None, "5-0", b'{"id": "m1"}', {"id": "m1"})], now=1.0, epoch=3)
+>>> step.mark, step.ids, step.outputs[0][0], step.outputs[0][1]["outlink"]
+('5-0', ['m1'], 'tf:{f}:out:a:done', 'done')
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..runtime.engine import Engine
+from ..runtime.flowgraph import FlowGraph
+from ..runtime.message import Message
+from ..runtime.nodes.action import ActionNode
+from ..runtime.nodes.base import Emit
+from ..runtime.store.flow_store import FlowKeys, FlowStore
+from ..runtime.store.step import Step
+
+
+def not_on_cluster(graph: FlowGraph) -> list[str]:
+    """The master's nodes whose state cannot live in Redis yet (they run in replay only)."""
+    return [f"{name} ({node.kind})" for name, node in graph.nodes.items() if not node.state_in_redis]
+
+
+class MasterFlow:
+    """One master's flow graph at one epoch; see the module docstring."""
+
+    def __init__(self, graph: FlowGraph, keys: FlowKeys, node_id: str):
+        self.graph = graph
+        self.keys = keys
+        self.node_id = node_id
+        self.engine = Engine(graph, leave=self._leave)
+        self._step: Step | None = None
+        self._epoch = 0
+        self._bodies: dict[str, Message] = {}  # this step's messages by ID: the sink keeps their bytes
+        self._streams = {
+            (name, outlink): self._stream(name, node, outlink)
+            for name, node in graph.nodes.items() for outlink in node.outlinks
+        }
+
+    @classmethod
+    def load(cls, graph: FlowGraph, store: FlowStore, deadline_s: float | None = None) -> "MasterFlow":
+        """A new flow whose nodes continue from the state entries in Redis."""
+        fresh = graph.fresh()
+        entries = store.load_state(fresh.nodes, deadline_s=deadline_s)
+        for name, node in fresh.nodes.items():
+            node.load_state(entries[name])
+        return cls(fresh, store.keys, store.node_id)
+
+    def _stream(self, name: str, node: Any, outlink: str) -> str:
+        if isinstance(node, ActionNode) and node.sink and outlink == "done":
+            return self.keys.prefix + node.sink
+        return self.keys.out(name, outlink)
+
+    # -- steps ------------------------------------------------------------
+    def run(self, msgs: list[Message], now: float, epoch: int, mark: str | None = None) -> Step:
+        """Run uplink messages (in uplink order, none processed before) through the flow at ``now``.
+
+        ``mark`` is the last uplink position the step handled (default: the
+        last message's). A second message with an ID already in this step is
+        processed already: it is counted, not run.
+        """
+        step = self._begin(epoch)
+        seen = set()
+        for m in msgs:
+            if m.id in seen:
+                continue
+            seen.add(m.id)
+            step.ids.append(m.id)
+            self._bodies[m.id] = m
+            self.engine.feed(m.msg(), now)
+        step.mark = mark if mark is not None else (msgs[-1].position if msgs else None)
+        return self._end()
+
+    def fire(self, now: float, epoch: int) -> Step:
+        """Fire every deadline at or before ``now`` (no new message)."""
+        self._begin(epoch)
+        self.engine.advance(now)
+        return self._end()
+
+    def next_deadline(self) -> float | None:
+        return self.engine.next_deadline()
+
+    def pending(self) -> int:
+        return sum(node.pending() for node in self.graph.nodes.values())
+
+    def _begin(self, epoch: int) -> Step:
+        self._step, self._epoch = Step(), epoch
+        return self._step
+
+    def _end(self) -> Step:
+        step, self._step = self._step, None
+        self._bodies.clear()
+        for name, node in self.graph.nodes.items():
+            changed = node.changed_state()
+            if changed:
+                step.state[name] = changed
+        return step
+
+    def _leave(self, node: str, e: Emit, at: float) -> None:
+        fields: dict[str, Any] = {"node": self.node_id, "epoch": self._epoch, "from": node,
+                                  "outlink": e.outlink, "at": repr(at)}
+        if len(e.msgs) == 1:
+            msg = e.msgs[0]
+            fields["id"] = msg.id
+            original = self._bodies.get(msg.id)
+            if original is not None and original.doc is msg.doc:
+                fields["position"] = original.position
+                fields["data"] = original.body
+            else:
+                fields["data"] = json.dumps(msg.doc, separators=(",", ":"))
+        else:
+            ids = [m.id for m in e.msgs]
+            fields["id"] = "+".join(ids)
+            fields["ids"] = json.dumps(ids)
+            fields["data"] = json.dumps({"ids": ids, "messages": [dict(m.doc) for m in e.msgs]},
+                                        separators=(",", ":"))
+        if e.info:
+            fields["info"] = json.dumps(dict(e.info), separators=(",", ":"), default=str)
+        self._step.outputs.append((self._streams[(node, e.outlink)], fields))

@@ -1,0 +1,141 @@
+"""What a flow file says about running on the cluster: the uplink, the claim pair, the limits.
+
+These sections sit in the same flow file as the graph (``runtime/flowgraph.py``)
+and ``twinflow replay`` ignores them; ``twinflow run`` needs ``uplink``::
+
+    flow: demo
+    uplink: {stream: uplink, batch_size: 2000}
+    message: {id: id, id_ttl: 604800}
+    input: deliver
+    nodes:
+      deliver: {type: action, sink: {stream: sink}}
+      claims:                      # the worker's half of the claim pair (seed 002)
+        type: sort
+        pairs_with: deliver        # same uplink; on each node exactly one of the two runs
+        key: seq
+        bake_time: 5.0
+    cluster: {session_timeout: 2.0}
+    failure: {max_entries: 100000}
+
+The claim pair is optional. With it, the worker bakes every uplink message in
+the paired sort until the master's escalation claims it; without it, the
+worker only tracks how far it has read. Either way a promoted worker
+re-reads the uplink after the flow's processed mark (DESIGN.md promise 1),
+so the pair surfaces a master that falls behind but is not what keeps
+messages from being lost.
+
+A bad section raises FlowFileError naming the file, line, field and reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .message import KEY_TYPES, MessageSpec
+from .params import Params
+
+__all__ = ["ClusterSpec", "ClaimPair", "parse_cluster"]
+
+
+@dataclass(frozen=True)
+class ClaimPair:
+    """The worker's claim-mode sort and the master's action it pairs with."""
+
+    sort: str
+    action: str
+    bake_time: float
+    unclaimed_outlink: str
+    max_pending: int
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    uplink_stream: str
+    batch_size: int
+    message: MessageSpec
+    pair: ClaimPair | None
+    session_timeout: float = 2.0
+    escalation_batch: int = 500
+    batch_bytes: int = 64 << 20        # most body bytes one micro-batch reads
+    write_lease: float = 1.0           # a master whose Redis writes fail this long steps down
+    wait_replicas: int = 0             # escalate only once WAIT confirms this many replicas
+    replica_wait_ms: int = 1000
+    redis_checks: str = "refuse"       # refuse or warn on a Redis that cannot keep the promises
+    failure_max_entries: int = 100_000
+
+    @property
+    def max_pending(self) -> int:
+        return self.pair.max_pending if self.pair else 1_000_000
+
+
+def read_message(top: Params) -> MessageSpec:
+    """The ``message`` section: where the ID is, how long it is remembered, how large a body may be."""
+    msg = top.section("message", default={}).only("id", "id_ttl", "max_bytes", "max_depth", "max_number_digits")
+    return MessageSpec(
+        id_path=msg.get("id", str, "id", check=bool, why="must not be empty"),
+        id_ttl=msg.get("id_ttl", int, 7 * 86400, check=lambda v: v >= 1,
+                       why="must be >= 1 second (the ID cache is never unbounded)"),
+        max_bytes=msg.get("max_bytes", int, 1 << 20, check=lambda v: 1 <= v <= 64 << 20, why="must be 1..67108864"),
+        max_depth=msg.get("max_depth", int, 64, check=lambda v: 1 <= v <= 1000, why="must be 1..1000"),
+        max_number_digits=msg.get("max_number_digits", int, 100, check=lambda v: 1 <= v <= 4000,
+                                  why="must be 1..4000 (Python refuses longer integers)"),
+    )
+
+
+def read_pair(sort: Params, kinds: dict[str, str]) -> tuple[ClaimPair, str, str]:
+    """A sort node's section with ``pairs_with``: the pair, its key field and key type."""
+    sort.only("type", "pairs_with", "key", "key_type", "bake_time", "unclaimed_outlink", "max_pending")
+    action = sort.get("pairs_with", str, check=lambda v: kinds.get(v) == "action",
+                      why="must name an action node of this flow")
+    pair = ClaimPair(
+        sort=sort.path.rpartition(".")[2],
+        action=action,
+        bake_time=sort.get("bake_time", (int, float), 5.0, check=lambda v: 0 < v <= 86400,
+                           why="must be seconds in (0, 86400]") * 1.0,
+        unclaimed_outlink=sort.choice("unclaimed_outlink", ("done", "failure"), "done"),
+        max_pending=sort.integer("max_pending", 1_000_000, minimum=1),
+    )
+    key = sort.get("key", str, check=bool, why="must not be empty")
+    return pair, key, sort.choice("key_type", sorted(KEY_TYPES), "int")
+
+
+def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str, str] | None) -> ClusterSpec | None:
+    """The cluster sections of a flow file, or None when it has no ``uplink`` (replay only)."""
+    for section in ("cluster", "failure"):
+        if top.has(section) and not top.has("uplink"):
+            raise top.error(section, "only with an uplink section (the flow runs on the cluster)")
+    if not top.has("uplink"):
+        if pair is not None:
+            raise top.error("uplink", f"is required: node {pair[0].sort!r} pairs with {pair[0].action!r}, "
+                                      f"which only means something on the cluster")
+        return None
+    up = top.section("uplink").only("stream", "batch_size", "batch_bytes")
+    if pair is not None:
+        message = replace(message, key_path=pair[1], key_type=pair[2])
+    cl = top.section("cluster", default={}).only(
+        "session_timeout", "escalation_batch", "write_lease", "wait_replicas", "replica_wait_ms", "redis_checks")
+    session_timeout = cl.get("session_timeout", (int, float), 2.0, check=lambda v: 1 <= v <= 60,
+                             why="must be seconds in [1, 60]") * 1.0
+    batch_bytes = up.get("batch_bytes", int, 64 << 20, check=lambda v: 1 << 20 <= v <= 256 << 20,
+                         why="must be 1048576..268435456 (1-256 MiB)")
+    if batch_bytes < message.max_bytes:
+        raise up.error("batch_bytes", f"must be at least message.max_bytes ({message.max_bytes}): "
+                                      f"a message of the largest allowed size must fit in a batch")
+    failure = top.section("failure", default={}).only("max_entries")
+    return ClusterSpec(
+        uplink_stream=up.name("stream"),
+        batch_size=up.get("batch_size", int, 2000, check=lambda v: 1 <= v <= 100_000, why="must be 1..100000"),
+        message=message,
+        pair=pair[0] if pair else None,
+        session_timeout=session_timeout,
+        escalation_batch=cl.get("escalation_batch", int, 500, check=lambda v: 1 <= v <= 10_000,
+                                why="must be 1..10000"),
+        batch_bytes=batch_bytes,
+        write_lease=cl.get("write_lease", (int, float), session_timeout / 2,
+                           check=lambda v: 0.2 <= v < session_timeout,
+                           why=f"must be seconds in [0.2, session_timeout = {session_timeout})") * 1.0,
+        wait_replicas=cl.integer("wait_replicas", 0, minimum=0),
+        replica_wait_ms=cl.integer("replica_wait_ms", 1000, minimum=1),
+        redis_checks=cl.choice("redis_checks", ["refuse", "warn"], "refuse"),
+        failure_max_entries=failure.integer("max_entries", 100_000, minimum=100),
+    )

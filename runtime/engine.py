@@ -1,0 +1,110 @@
+"""One flow's nodes run in order: what replay and a cluster master both execute.
+
+The engine hands each message to the flow's input node and carries every
+emission on along the flow's links at the same time; an emission on an
+unlinked outlink leaves the flow. Before a message at time ``t`` enters,
+every deadline at or before ``t`` fires, in time order, each at its own
+deadline time; ``advance`` fires deadlines without a message (the timers of
+a cluster master). A group emission (a join, an aggregation) travels on as
+one message whose ID is the members' IDs joined by ``+`` and whose document
+is ``{"ids": [...], "messages": [...]}``.
+
+Nothing here reads a clock or touches a server: the caller passes time, and
+``record`` (every emission, as a replay output line) and ``leave`` (each
+emission that leaves the flow) say what happened. A node that raises stops
+the call; the engine itself never drops a message.
+
+>>> from twinflow.runtime.flowgraph import parse_graph
+>>> g = parse_graph("flow: f\\nnodes:\\n  a: {type: action}\\n")
+>>> left = []
+>>> Engine(g, leave=lambda node, e, at: left.append((node, e.outlink, at))).feed(Msg("m1", {}), 2.0)
+>>> left
+[('a', 'done', 2.0)]
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .flowgraph import FlowGraph
+from .nodes.base import Emit, Msg
+
+MAX_FIRINGS = 10_000_000  # a flow whose timers never run out is stopped here, not run forever
+
+
+class Engine:
+    """One flow's nodes on a virtual clock; emissions go to ``record``."""
+
+    def __init__(self, graph: FlowGraph, record: Callable[[dict], None] | None = None,
+                 leave: Callable[[str, Emit, float], None] | None = None):
+        self.graph = graph
+        self.record = record
+        self.leave = leave
+        self.now = float("-inf")
+
+    def feed(self, msg: Msg, at: float) -> None:
+        self.advance(at)
+        self._deliver(self.graph.input, msg)
+
+    def advance(self, to: float) -> None:
+        """Fire every deadline at or before ``to``, in time order; the clock ends at ``to``."""
+        self._fire(lambda t: t <= to)
+        self.now = max(self.now, to)
+
+    def drain(self) -> None:
+        """Fire deadlines until none is left."""
+        self._fire(lambda t: True)
+
+    def _fire(self, due: Callable[[float], bool]) -> None:
+        for _ in range(MAX_FIRINGS):
+            name, deadline = self._earliest()
+            if name is None or not due(deadline):
+                return
+            self.now = max(self.now, deadline)
+            self._route(name, self.graph.nodes[name].on_time(self.now))
+        raise RuntimeError(f"more than {MAX_FIRINGS} timer firings: a node's deadlines never run out")
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of any node, or None."""
+        name, at = self._earliest()
+        return None if name is None else at
+
+    def _earliest(self) -> tuple[str | None, float]:
+        best, best_t = None, float("inf")
+        for name, node in self.graph.nodes.items():
+            t = node.next_deadline()
+            if t is not None and t < best_t:
+                best, best_t = name, t
+        return best, best_t
+
+    def _deliver(self, name: str, msg: Msg) -> None:
+        self._route(name, self.graph.nodes[name].on_message(msg, self.now))
+
+    def _route(self, name: str, emits: list[Emit]) -> None:
+        links = self.graph.links.get(name, {})
+        for e in emits:
+            if self.record is not None:
+                self.record(output_line(self.now, name, e))
+            nxt = links.get(e.outlink)
+            if nxt is None:
+                if self.leave is not None:
+                    self.leave(name, e, self.now)
+                continue
+            if len(e.msgs) == 1:
+                self._deliver(nxt, e.msgs[0])
+            else:
+                ids = [m.id for m in e.msgs]
+                self._deliver(nxt, Msg("+".join(ids), {"ids": ids, "messages": [dict(m.doc) for m in e.msgs]}))
+
+
+def output_line(at: float, node: str, e: Emit) -> dict:
+    out: dict = {"at": at, "node": node, "outlink": e.outlink}
+    if len(e.msgs) == 1:
+        out["id"] = e.msgs[0].id
+    else:
+        out["ids"] = [m.id for m in e.msgs]
+    for k, v in e.info.items():
+        out.setdefault(k, v)
+    return out
+
+

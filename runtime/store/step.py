@@ -1,0 +1,62 @@
+"""What one master step writes to Redis: outputs, node state, processed IDs, the mark.
+
+A step is a batch of uplink messages (or a timer firing) run through the
+flow on the master. Everything it changed is written by one call of the
+COMMIT script (``scripts.py``), fenced by the master's epoch: all of it, or
+none of it when a newer master exists. A message whose step was committed is
+processed (``cluster/master_flow.py`` says what that means per node).
+
+>>> step = Step(mark="5-0", ids=["a"], outputs=[("tf:{f}:sink", {"id": "a"})],
+...             state={"join": {"7": {"d": 1.0}, "8": None}})
+>>> keys, args = step.script_call(3, FlowKeys("f"), id_ttl=60)
+>>> keys[2:]
+['tf:{f}:sink', 'tf:{f}:state:join']
+>>> args[:7]
+[3, 60, 'tf:{f}:id:', '5-0', 1, 'a', 'X']
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .flow_store import FlowKeys
+
+
+@dataclass
+class Step:
+    mark: str | None = None                                              # last uplink position handled
+    ids: list[str] = field(default_factory=list)                         # processed message IDs
+    outputs: list[tuple[str, dict]] = field(default_factory=list)        # (stream key, fields), in order
+    state: dict[str, dict[str, Any]] = field(default_factory=dict)       # node -> key -> entry or None
+
+    def empty(self) -> bool:
+        return self.mark is None and not self.ids and not self.outputs and not any(self.state.values())
+
+    def script_call(self, epoch: int, keys: FlowKeys, id_ttl: int) -> tuple[list[str], list]:
+        """KEYS and ARGV of the COMMIT script."""
+        script_keys = [keys.epoch, keys.processed]
+        index: dict[str, int] = {}
+
+        def key(name: str) -> int:
+            if name not in index:
+                script_keys.append(name)
+                index[name] = len(script_keys)  # Lua counts from 1
+            return index[name]
+
+        args: list = [epoch, id_ttl, keys.id_prefix, self.mark or "", len(self.ids), *self.ids]
+        for stream, fields in self.outputs:
+            args += ["X", key(stream), len(fields)]
+            for f, v in fields.items():
+                args += [f, v]
+        for node, entries in self.state.items():
+            if not entries:
+                continue
+            k = key(keys.state(node))
+            for name, value in entries.items():
+                if value is None:
+                    args += ["D", k, name]
+                else:
+                    args += ["H", k, name, json.dumps(value, separators=(",", ":"))]
+        return script_keys, args

@@ -1,0 +1,124 @@
+"""One flow format: the cluster's sections and the claim pair live in the flow graph file.
+
+The example loads; every bad file is refused naming file, line, field and reason.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from twinflow.cluster.node import StartRefused, cluster_flow
+from twinflow.runtime.flowgraph import FlowFileError, load_graph, parse_graph
+
+GOOD = """\
+flow: f1
+uplink: {stream: up}
+message: {id: id}
+input: act
+nodes:
+  act:
+    type: action
+    sink: {stream: out}
+  sort: {type: sort, pairs_with: act, key: seq, bake_time: 2}
+"""
+
+
+def test_example_flow_loads():
+    g = load_graph(Path(__file__).parents[1] / "examples" / "cluster.yaml")
+    assert g.name == "demo" and g.cluster.pair.bake_time == 5.0 and g.message.id_ttl == 604800
+    assert list(g.nodes) == ["deliver"]  # the worker's half is not a node of the master's graph
+    assert (g.cluster.message.key_path, g.cluster.message.key_type) == ("seq", "int")
+
+
+def test_defaults():
+    g = parse_graph(GOOD)
+    spec = g.cluster
+    assert spec.pair.unclaimed_outlink == "done" and spec.pair.action == "act" and spec.pair.sort == "sort"
+    assert spec.message.id_ttl == 7 * 86400  # the ID cache never grows without bound
+    assert spec.session_timeout == 2.0
+    # The limits that keep a node safe: bounded batches, a lease below the session, a capped failure stream.
+    assert spec.batch_bytes == 64 << 20 and spec.write_lease == 1.0 < spec.session_timeout
+    assert (spec.message.max_depth, spec.message.max_number_digits) == (64, 100)
+    assert spec.redis_checks == "refuse" and spec.wait_replicas == 0
+    assert spec.failure_max_entries == 100_000
+    assert g.nodes["act"].sink == "out"
+
+
+def test_the_limits_are_read():
+    g = parse_graph(GOOD.replace("message: {id: id}", "message: {id: id, max_depth: 8, max_number_digits: 20}")
+                    + "cluster: {session_timeout: 4, write_lease: 3, wait_replicas: 1, redis_checks: warn}\n"
+                    + "failure: {max_entries: 500}\n")
+    spec = g.cluster
+    assert (spec.message.max_depth, spec.message.max_number_digits) == (8, 20)
+    assert (spec.write_lease, spec.wait_replicas, spec.redis_checks) == (3.0, 1, "warn")
+    assert spec.failure_max_entries == 500
+
+
+def test_a_flow_without_a_pair_runs_on_the_cluster_and_one_without_an_uplink_only_in_replay():
+    no_pair = parse_graph(GOOD.replace("  sort: {type: sort, pairs_with: act, key: seq, bake_time: 2}\n", ""))
+    assert no_pair.cluster.pair is None and no_pair.cluster.message.key_path is None
+    assert cluster_flow(no_pair) is no_pair.cluster
+    replay_only = parse_graph("flow: f\nnodes:\n  a: {type: action}\n")
+    assert replay_only.cluster is None
+    with pytest.raises(StartRefused, match="no uplink section"):
+        cluster_flow(replay_only)
+
+
+def test_nodes_whose_state_is_not_in_redis_yet_are_refused_by_run():
+    # A history node with external completion keeps its open runs in this process only.
+    g = parse_graph(GOOD.replace("input: act\n", "input: guard\n").replace(
+        "nodes:\n", "nodes:\n  guard: {type: history, completion: external, links: {new: act}}\n"))
+    with pytest.raises(StartRefused, match=r"guard \(history\)"):
+        cluster_flow(g)
+
+
+@pytest.mark.parametrize("old, new, line, field, reason", [
+    ("bake_time: 2", "bake_time: 0", 9, "nodes.sort.bake_time", "must be seconds"),
+    ("bake_time: 2", "bake_time: soon", 9, "nodes.sort.bake_time", "must be a int or float"),
+    ("pairs_with: act", "pairs_with: nobody", 9, "nodes.sort.pairs_with", "must name an action node"),
+    ("key: seq, ", "", 9, "nodes.sort.key", "is required"),
+    ("bake_time: 2", "bake_time: 2, rulesets: []", 9, "nodes.sort.rulesets", "unknown field"),
+    ("uplink: {stream: up}", "uplink: {stream: up, extra: 1}", 2, "uplink.extra", "unknown field"),
+    ("flow: f1", "flow: 'has space'", 1, "flow", "letters, digits"),
+    ("    type: action", "    type: teleport", 7, "nodes.act.type", "must be one of"),
+    ("    sink: {stream: out}", "    sink: {}", 8, "nodes.act.sink.stream", "is required"),
+    ("input: act", "input: sort", 4, "input", "not the worker's half"),
+    ("    sink: {stream: out}", "    sink: {stream: out}\n    links: {done: sort}", 9, "nodes.act.links.done",
+     "the worker's half of the claim pair"),
+    ("uplink: {stream: up}\n", "", 1, "uplink", "is required: node 'sort' pairs with 'act'"),
+    ("uplink: {stream: up}", "uplink: {stream: up, batch_bytes: 100}", 2, "uplink.batch_bytes", "1-256 MiB"),
+    ("uplink: {stream: up}\nmessage: {id: id}",
+     "uplink: {stream: up, batch_bytes: 2097152}\nmessage: {id: id, max_bytes: 4194304}", 2,
+     "uplink.batch_bytes", "at least message.max_bytes"),
+    ("message: {id: id}", "message: {id: id, max_depth: 0}", 3, "message.max_depth", "1..1000"),
+    ("message: {id: id}", "message: {id: id, id_ttl: 0}", 3, "message.id_ttl", "never unbounded"),
+    ("flow: f1", "flow: f1\ncluster: {write_lease: 2}", 2, "cluster.write_lease", "session_timeout"),
+    ("flow: f1", "flow: f1\ncluster: {redis_checks: maybe}", 2, "cluster.redis_checks", "refuse, warn"),
+])
+def test_bad_field_is_refused_with_line_field_and_reason(old, new, line, field, reason):
+    text = GOOD.replace(old, new)
+    assert text != GOOD
+    with pytest.raises(FlowFileError) as err:
+        parse_graph(text, "bad.yaml")
+    e = err.value
+    assert (e.file, e.line, e.field) == ("bad.yaml", line, field), str(e)
+    assert reason in e.reason
+    assert str(e).startswith(f"bad.yaml:{line}: {field}: ")
+
+
+def test_cluster_sections_need_an_uplink():
+    with pytest.raises(FlowFileError, match="only with an uplink section"):
+        parse_graph("flow: f\nnodes:\n  a: {type: action}\ncluster: {session_timeout: 2}\n")
+
+
+def test_broken_yaml_and_missing_file():
+    with pytest.raises(FlowFileError, match="not valid YAML"):
+        parse_graph("flow: [\n", "x.yaml")
+    with pytest.raises(FlowFileError, match="cannot be read"):
+        load_graph("/nonexistent/flow.yaml")
+
+
+def test_one_claim_pair_per_flow():
+    text = GOOD + "  sort2: {type: sort, pairs_with: act, key: seq}\n"
+    with pytest.raises(FlowFileError, match="already pairs with"):
+        parse_graph(text)
