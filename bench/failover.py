@@ -25,7 +25,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = []
     for i in range(args.runs):
-        r = run_demo(messages=args.messages, rate=args.rate, progress=False)
+        r = run_demo(messages=args.messages, rate=args.rate, progress=False, flow="claim-pair")
         runs.append(r)
         print(f"run {i + 1}: failover {r['failover_s']} s, sent {r['sent']}, lost {r['lost']}, "
               f"duplicated {r['duplicated']}", flush=True)

@@ -1,8 +1,10 @@
-"""The cluster's promises, checked against what reached the sink.
+"""The cluster's promises, checked against what reached the sink and every other outlink.
 
 ``check_sink`` reads the whole sink stream and compares it with the IDs that
 were sent: every sent ID delivered exactly once (no loss, no double feed),
-nothing delivered that was never sent. ``failover_seconds`` measures from a
+nothing delivered that was never sent. ``check_outputs`` does the same over
+every outlink through which messages leave a flow (a group counts for each
+of its members): every sent message leaves exactly once, through one outlink. ``failover_seconds`` measures from a
 kill to the first sink write of a newer epoch, using the sink entries' own
 Redis timestamps (the entry ID's milliseconds).
 """
@@ -53,6 +55,19 @@ def read_sink(client, sink_key: str, page: int = 10_000) -> list[SinkEntry]:
         start = "(" + last
         if len(batch) < page:
             return out
+
+
+def read_outputs(client, streams: dict[tuple[str, str], str]) -> dict[str, list[SinkEntry]]:
+    """Every entry of each output stream (see ``cluster.master_flow.outlink_streams``), as
+    ``"node.outlink"`` -> entries; a group's entry has its members' IDs joined by ``+``."""
+    return {f"{node}.{outlink}": read_sink(client, key) for (node, outlink), key in streams.items()}
+
+
+def check_outputs(outputs: dict[str, list[SinkEntry]], sent_ids: list[str]) -> SinkReport:
+    """Every sent message out of the flow exactly once, through one outlink (alone or in a group)."""
+    members = [SinkEntry(m, e.epoch, e.node, e.written_ms) for entries in outputs.values()
+               for e in entries for m in e.id.split("+")]
+    return check_sink(members, sent_ids)
 
 
 def check_sink(entries: list[SinkEntry], sent_ids: list[str]) -> SinkReport:

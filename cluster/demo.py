@@ -2,27 +2,44 @@
 
 Starts a local Redis and ZooKeeper, two ``twinflow run`` processes, publishes
 messages through the Ingest gRPC service at a steady rate, kills the master
-with SIGKILL part-way, and reports sent, delivered, lost, duplicated and the
-failover time (kill to the first sink write of the new master). Everything it
-started is stopped by PID at the end, also on error or Ctrl-C.
+with SIGKILL part-way, and reports sent, lost, duplicated, what each outlink
+received and the failover time (kill to the first sink write of the new
+master). Everything it started is stopped by PID at the end, also on error
+or Ctrl-C.
+
+Two flows: ``chained`` (the default, examples/cluster-chained.yaml: history
+-> AND join of an order and its payment -> action, with the claim pair; one
+order in ten has no payment and expires, one in ten is sent twice and the
+history catches it), and ``claim-pair`` (the action alone, with the claim
+pair; what the failover bench measures). Either way every sent message must
+leave the flow exactly once, through one outlink.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import redis
 
-from ..chaos.invariants import check_sink, failover_seconds, read_sink
+from ..chaos.invariants import check_outputs, failover_seconds, read_outputs, read_sink
+from ..runtime.flowgraph import load_graph
+from ..runtime.store.flow_store import FlowKeys
 from .grpc_server import publish
+from .master_flow import outlink_streams
 from .process import NodeProcess, wait_for
 from .services import LocalServices
+
+# The demo runs from a source checkout (`make demo`), where the example lives.
+CHAINED = Path(__file__).resolve().parent.parent / "examples" / "cluster-chained.yaml"
+FLOWS = ("chained", "claim-pair")
 
 FLOW = """\
 flow: {name}
@@ -40,14 +57,18 @@ class Cluster:
     """Local services plus N node processes of one flow, for the demo, tests and benches."""
 
     def __init__(self, workdir: str, flow: str = "demo", nodes: int = 2, bake_time: float = 5.0,
-                 services: LocalServices | None = None):
+                 services: LocalServices | None = None, text: str | None = None):
+        """``text``: the flow file to run (its ``flow:`` is replaced by ``flow``); default the claim pair."""
         self.workdir = Path(workdir)
         self.flow = flow
         self.owns_services = services is None
         self.services = services or LocalServices.start(base_dir=str(self.workdir / "services"), deadline_s=30)
         self.redis = redis.Redis.from_url(self.services.redis_url)
         self.flow_path = self.workdir / "flow.yaml"
-        self.flow_path.write_text(FLOW.format(name=flow, bake_time=bake_time))
+        if text is None:
+            text = FLOW.format(name=flow, bake_time=bake_time)
+        self.flow_path.write_text(re.sub(r"(?m)^flow: .*$", f"flow: {flow}", text, count=1))
+        self.graph = load_graph(self.flow_path)
         self.nodes = {
             f"node-{chr(ord('a') + i)}": NodeProcess(
                 f"node-{chr(ord('a') + i)}", str(self.flow_path), self.services.redis_url,
@@ -102,6 +123,10 @@ class Cluster:
     def sink_count(self) -> int:
         return self.redis.xlen(self.sink_key)
 
+    def outputs(self) -> dict:
+        """What left through each outlink so far ("node.outlink" -> entries)."""
+        return read_outputs(self.redis, outlink_streams(self.graph, FlowKeys(self.flow)))
+
     def logs(self) -> str:
         parts = [f"--- {n} ---\n{p.log_tail()}" for n, p in self.nodes.items()]
         return "\n".join(parts) + "\n" + self.services.logs()
@@ -117,11 +142,14 @@ class Cluster:
 class Publisher(threading.Thread):
     """Publishes documents {id, seq} through the Ingest service at a steady rate."""
 
-    def __init__(self, cluster: Cluster, count: int, rate: float, batch: int = 50, prefix: str = "m"):
+    def __init__(self, cluster: Cluster, count: int, rate: float, batch: int = 50, prefix: str = "m",
+                 document: Callable[[int], dict] | None = None):
+        """``document(seq)`` builds message ``seq`` (default ``{id, seq}``)."""
         super().__init__(daemon=True, name="publisher")
         self.cluster, self.count, self.rate, self.batch = cluster, count, rate, batch
         self.ids: list[str] = []
         self.prefix = prefix
+        self.document = document or (lambda seq: {"id": f"{prefix}{seq:07d}", "seq": seq})
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -130,7 +158,7 @@ class Publisher(threading.Thread):
         try:
             while seq < self.count:
                 n = min(self.batch, self.count - seq)
-                docs = [{"id": f"{self.prefix}{seq + i:07d}", "seq": seq + i} for i in range(n)]
+                docs = [self.document(seq + i) for i in range(n)]
                 self._send([json.dumps(d).encode() for d in docs])
                 self.ids.extend(d["id"] for d in docs)
                 seq += n
@@ -156,12 +184,30 @@ class Publisher(threading.Thread):
             time.sleep(0.05)
 
 
+def order_or_payment(seq: int) -> dict:
+    """Message ``seq`` of the chained demo: orders and their payments, in pairs. Order 10k+9
+    never gets a payment (it expires); order 10k+4's second message is the order sent again
+    under a new message ID (the history sends it to ``duplicate``)."""
+    k, second = divmod(seq, 2)
+    doc = {"id": f"o{k:06d}", "uuid": f"order-{k}", "type": "order", "order_id": k, "seq": seq}
+    if second and k % 10 == 9:
+        return {**doc, "id": f"x{k:06d}", "uuid": f"lone-{k}", "order_id": -k}  # an order alone
+    if second and k % 10 == 4:
+        return {**doc, "id": f"d{k:06d}"}  # the same order again
+    if second:
+        return {"id": f"p{k:06d}", "uuid": f"payment-{k}", "type": "payment", "order_id": k, "seq": seq}
+    return doc
+
+
 def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, progress: bool = True,
-             keep: bool = False) -> dict:
+             keep: bool = False, flow: str = "chained") -> dict:
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
     workdir = tempfile.mkdtemp(prefix="twinflow-demo-")
     say(f"work directory {workdir}")
-    cluster = Cluster(workdir)
+    chained = flow == "chained"
+    if chained and not CHAINED.exists():
+        raise RuntimeError(f"the demo runs from a source checkout ({CHAINED} is missing)")
+    cluster = Cluster(workdir, text=CHAINED.read_text() if chained else None)
     say(f"redis {cluster.services.redis_url}  zookeeper {cluster.services.zk_hosts}")
     try:
         cluster.start_nodes()
@@ -171,7 +217,7 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
         old_master, old_epoch = cluster.master()
         say(f"ready in {time.monotonic() - t0:.1f} s: {old_master} is master (epoch {old_epoch})")
 
-        pub = Publisher(cluster, messages, rate)
+        pub = Publisher(cluster, messages, rate, document=order_or_payment if chained else None)
         pub.start()
         killed_at = None
         last_report = 0.0
@@ -183,30 +229,33 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
                 cluster.nodes[old_master].kill()
                 killed_at = time.time()
                 say(f"SIGKILL {old_master} (pid {cluster.nodes[old_master].pid}) after {len(pub.ids)} messages")
-            delivered = cluster.sink_count()
+            left = check_outputs(cluster.outputs(), pub.ids).delivered  # sent messages out of the flow
             if time.monotonic() - last_report >= 1.0:
                 last_report = time.monotonic()
                 roles = ", ".join(f"{n}={s['role']}" for n, s in sorted(cluster.statuses().items())
                                   if cluster.nodes[n].alive())
-                say(f"  sent {len(pub.ids):>6}  delivered {delivered:>6}  [{roles}]")
-            if not pub.is_alive() and killed_at is not None and delivered >= len(pub.ids):
+                say(f"  sent {len(pub.ids):>6}  out of the flow {left:>6}  [{roles}]")
+            if not pub.is_alive() and killed_at is not None and left >= len(pub.ids):
                 break
-            time.sleep(0.1)
-        entries = read_sink(cluster.redis, cluster.sink_key)
-        report = check_sink(entries, pub.ids)
-        fo = failover_seconds(entries, old_epoch, killed_at) if killed_at else None
+            time.sleep(0.2)
+        outputs = cluster.outputs()
+        report = check_outputs(outputs, pub.ids)
+        fo = failover_seconds(read_sink(cluster.redis, cluster.sink_key), old_epoch, killed_at) if killed_at else None
         result = {
+            "flow": flow,
             "sent": report.sent,
-            "delivered": report.delivered,
+            "delivered": report.delivered,  # sent messages that left the flow, through any outlink
             "lost": report.lost,
             "duplicated": report.duplicated,
             "failover_s": round(fo, 3) if fo is not None else None,
             "killed": old_master,
             "new_master": (cluster.master() or ("?", 0))[0],
+            "outlinks": {name: len(entries) for name, entries in outputs.items() if entries},
         }
         if progress:
-            rows = [("sent", result["sent"]), ("delivered", result["delivered"]), ("lost", result["lost"]),
+            rows = [("sent", result["sent"]), ("out of the flow", result["delivered"]), ("lost", result["lost"]),
                     ("duplicated", result["duplicated"]), ("failover_s", result["failover_s"])]
+            rows += [(f"  {name}", n) for name, n in result["outlinks"].items()]
             width = max(len(k) for k, _ in rows)
             print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows), flush=True)
             if report.lost_ids:

@@ -53,6 +53,19 @@ from ..runtime.store.flow_store import FlowKeys, FlowStore
 from ..runtime.store.step import Step
 
 
+def outlink_streams(graph: FlowGraph, keys: FlowKeys) -> dict[tuple[str, str], str]:
+    """The Redis stream of every (node, outlink) through which messages leave the flow: an
+    action's ``done`` goes to its sink, any other to ``tf:{F}:out:<node>:<outlink>``."""
+    streams = {}
+    for name, node in graph.nodes.items():
+        for outlink in node.outlinks:
+            if outlink in graph.links.get(name, {}):
+                continue
+            sink = node.sink if isinstance(node, ActionNode) and outlink == "done" else None
+            streams[(name, outlink)] = keys.prefix + sink if sink else keys.out(name, outlink)
+    return streams
+
+
 def not_on_cluster(graph: FlowGraph) -> list[str]:
     """The master's nodes whose state cannot live in Redis yet (they run in replay only)."""
     return [f"{name} ({node.kind})" for name, node in graph.nodes.items() if not node.state_in_redis]
@@ -69,10 +82,7 @@ class MasterFlow:
         self._step: Step | None = None
         self._epoch = 0
         self._bodies: dict[str, Message] = {}  # this step's messages by ID: the sink keeps their bytes
-        self._streams = {
-            (name, outlink): self._stream(name, node, outlink)
-            for name, node in graph.nodes.items() for outlink in node.outlinks
-        }
+        self._streams = outlink_streams(graph, keys)
 
     @classmethod
     def load(cls, graph: FlowGraph, store: FlowStore, deadline_s: float | None = None) -> "MasterFlow":
@@ -82,11 +92,6 @@ class MasterFlow:
         for name, node in fresh.nodes.items():
             node.load_state(entries[name])
         return cls(fresh, store.keys, store.node_id)
-
-    def _stream(self, name: str, node: Any, outlink: str) -> str:
-        if isinstance(node, ActionNode) and node.sink and outlink == "done":
-            return self.keys.prefix + node.sink
-        return self.keys.out(name, outlink)
 
     # -- steps ------------------------------------------------------------
     def run(self, msgs: list[Message], now: float, epoch: int, mark: str | None = None) -> Step:

@@ -221,7 +221,7 @@ def cmd_demo(args) -> int:
     from twinflow.cluster.demo import run_demo
 
     result = run_demo(messages=args.messages, rate=args.rate, kill_at=args.kill_at,
-                      progress=not args.json, keep=args.keep)
+                      progress=not args.json, keep=args.keep, flow=args.flow)
     if args.json:
         print(json.dumps(result))
     return 0 if result["lost"] == 0 and result["duplicated"] == 0 else 1
@@ -277,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rate", type=float, default=600.0, help="messages per second (default 600)")
     d.add_argument("--kill-at", type=float, default=0.4, help="kill the master after this share of messages")
     d.add_argument("--keep", action="store_true", help="keep the work directory (logs) afterwards")
+    d.add_argument("--flow", choices=("chained", "claim-pair"), default="chained",
+                   help="chained: history -> AND join -> action (default); claim-pair: the action alone")
     d.set_defaults(fn=cmd_demo)
     return p
 

@@ -8,7 +8,9 @@ import random
 from collections import defaultdict
 from pathlib import Path
 
+from twinflow.cluster.master_flow import outlink_streams
 from twinflow.runtime.flowgraph import FlowGraph, load_graph
+from twinflow.runtime.store.flow_store import FlowKeys
 from twinflow.runtime.replay import replay
 
 FLOW = Path(__file__).parents[2] / "examples" / "cluster-every-node.yaml"
@@ -58,8 +60,7 @@ def graph() -> FlowGraph:
 
 def unlinked(graph: FlowGraph) -> list[tuple[str, str]]:
     """Every (node, outlink) through which messages leave the flow."""
-    return [(name, o) for name, node in graph.nodes.items() for o in node.outlinks
-            if o not in graph.links.get(name, {})]
+    return list(outlink_streams(graph, FlowKeys(graph.name)))
 
 
 def replay_outputs(docs: list[dict]) -> dict[tuple[str, str], list[str]]:
@@ -75,5 +76,6 @@ def replay_outputs(docs: list[dict]) -> dict[tuple[str, str], list[str]]:
 
 
 def stream_suffix(graph: FlowGraph, node: str, outlink: str) -> str:
-    sink = getattr(graph.nodes[node], "sink", None)
-    return sink if sink and outlink == "done" else f"out:{node}:{outlink}"
+    """The output stream's key without the flow's prefix."""
+    keys = FlowKeys(graph.name)
+    return outlink_streams(graph, keys)[(node, outlink)][len(keys.prefix):]

@@ -1,4 +1,5 @@
-"""`twinflow demo --json`, as `make demo` runs it: its own services, two nodes, one SIGKILL."""
+"""`twinflow demo --json`, as `make demo` runs it: its own services, two nodes, the chained flow
+(history -> AND join -> action), one SIGKILL of the master."""
 
 import json
 import subprocess
@@ -19,3 +20,6 @@ def test_demo_json_reports_exactly_once_delivery():
     assert result["lost"] == 0 and result["duplicated"] == 0
     assert result["failover_s"] is not None and result["failover_s"] > 0
     assert result["new_master"] != result["killed"]
+    # 750 orders: 600 joined with their payment, 75 sent twice (the history's duplicate, the
+    # order then waits alone), 75 without payment plus 75 lone orders: every one expires.
+    assert result["outlinks"] == {"deliver.done": 600, "guard.duplicate": 75, "match.expired": 225}
