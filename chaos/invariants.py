@@ -36,6 +36,7 @@ class SinkEntry:
     epoch: int
     node: str
     written_ms: int
+    at: float | None = None  # the flow's time of the decision (a time-out's due time)
 
 
 def read_sink(client, sink_key: str, page: int = 10_000) -> list[SinkEntry]:
@@ -49,7 +50,8 @@ def read_sink(client, sink_key: str, page: int = 10_000) -> list[SinkEntry]:
         for entry_id, fields in batch:
             eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
             f = {k.decode(): v.decode() for k, v in fields.items() if k != b"data"}
-            out.append(SinkEntry(f["id"], int(f["epoch"]), f["node"], int(eid.split("-")[0])))
+            at = float(f["at"]) if "at" in f else None
+            out.append(SinkEntry(f["id"], int(f["epoch"]), f["node"], int(eid.split("-")[0]), at))
         last = batch[-1][0]
         last = last.decode() if isinstance(last, bytes) else last
         start = "(" + last

@@ -62,7 +62,8 @@ from pathlib import Path
 
 from ..runtime.clock import Clock, SystemClock
 from ..runtime.flowgraph import FlowGraph
-from ..runtime.message import BadMessage, Message, decode, position_order
+from ..runtime.fields import BadInput
+from ..runtime.message import Message, decode, position_order
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.spark.source import WARMUP_POSITION
 from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable, chunked
@@ -435,7 +436,7 @@ class FlowNode:
                 continue
             try:
                 msgs.append(decode(position, data, spec))
-            except BadMessage as exc:
+            except BadInput as exc:
                 bad.append((position, exc.reason, data, size))
         return msgs, bad
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .message import KEY_TYPES, MessageSpec
+from .keys import KEY_TYPES
+from .message import MessageSpec
 from .params import Params
 
 __all__ = ["ClusterSpec", "ClaimPair", "parse_cluster"]
@@ -96,7 +97,7 @@ def read_pair(sort: Params, kinds: dict[str, str]) -> tuple[ClaimPair, str, str]
         max_pending=sort.integer("max_pending", 1_000_000, minimum=1),
     )
     key = sort.get("key", str, check=bool, why="must not be empty")
-    return pair, key, sort.choice("key_type", sorted(KEY_TYPES), "int")
+    return pair, key, sort.choice("key_type", KEY_TYPES, "int")
 
 
 def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str, str] | None) -> ClusterSpec | None:

@@ -7,6 +7,8 @@ A field path names one value: ``doc.seq`` or ``/doc/seq`` (both reach
 
 Both raise :class:`MissingField` naming the path when the document lacks it,
 so a node can send the message to its failure outlink with that reason.
+:class:`BadInput` is the one error type for a message the flow cannot take
+(MissingField is one); every reader and node raises it, or a subclass.
 
 >>> FieldPath("/doc/seq").get({"doc": {"seq": 3}})
 3
@@ -22,7 +24,20 @@ from typing import Any, Mapping
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
 
-class MissingField(KeyError):
+class BadInput(ValueError):
+    """A message the flow cannot process as it is: the one bad-input error of every reader and node.
+
+    Its text (``reason``) is what the failure outlink, or the failure stream, records.
+    """
+
+    @property
+    def reason(self) -> str:
+        return str(self)
+
+
+class MissingField(BadInput, KeyError):
+    """The document lacks a field a path names (a KeyError too, for callers that look up values)."""
+
     def __init__(self, path: str):
         super().__init__(path)
         self.path = path

@@ -2,7 +2,7 @@
 
 An uplink entry carries one JSON document in its ``data`` field. The flow
 file names where the message ID and the sort key live in it. Decoding never
-raises anything but :class:`BadMessage`, whatever the entry holds (any bytes,
+raises anything but :class:`BadInput`, whatever the entry holds (any bytes,
 or something that is not bytes at all); its ``reason`` is what the failure
 outlink records, and the flow goes on with the next message.
 
@@ -37,20 +37,12 @@ from functools import lru_cache
 from itertools import accumulate
 from typing import Any
 
-from .fields import FieldPath, MissingField
+from .fields import BadInput, FieldPath, MissingField
+from .keys import parse_key
 from .nodes.base import Msg
 
-KEY_TYPES = {"int": int, "float": float, "str": str}
 
 MAX_REASON = 200  # characters of a reason taken from a value or an exception
-
-
-class BadMessage(ValueError):
-    """An entry the flow cannot process; ``reason`` says why."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _clip(text: str, limit: int = MAX_REASON) -> str:
@@ -88,29 +80,8 @@ class MessageSpec:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
     def parse_key(self, raw: Any) -> Any:
-        """The sort key as ``key_type``; raises BadMessage when it is not one.
-
-        Never converts with loss: 7.5 is not an int key, and neither is "7.5".
-        A string is an int key only within the number-length bound.
-        """
-        if isinstance(raw, bool) or raw is None or isinstance(raw, (dict, list)):
-            raise BadMessage(f"key {_show(raw)} is not a {self.key_type}")
-        if self.key_type == "int" and isinstance(raw, str) and len(raw.strip().lstrip("+-")) > self.max_number_digits:
-            raise BadMessage(f"key {_show(raw)} is longer than {self.max_number_digits} digits")
-        try:
-            if self.key_type == "int":
-                key = raw if isinstance(raw, int) else int(raw) if isinstance(raw, str) else None
-                if key is None and isinstance(raw, float) and raw.is_integer():
-                    key = int(raw)
-                if key is None:
-                    raise ValueError
-            else:
-                key = KEY_TYPES[self.key_type](raw)
-        except (TypeError, ValueError, OverflowError):
-            raise BadMessage(f"key {_show(raw)} is not a {self.key_type}") from None
-        if self.key_type == "float" and (key != key or key in (float("inf"), float("-inf"))):
-            raise BadMessage(f"key {_show(raw)} does not order (NaN or infinite)")
-        return key
+        """The sort key as ``key_type`` (see ``runtime/keys.py``); raises BadInput when it is not one."""
+        return parse_key(self.key_type, raw, self.max_number_digits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +141,7 @@ def _nesting(bare: bytes) -> int:
 
 
 def _check_bounds(raw: bytes, spec: MessageSpec) -> None:
-    """Raise BadMessage when ``raw`` nests deeper or holds a longer number than ``spec`` allows.
+    """Raise BadInput when ``raw`` nests deeper or holds a longer number than ``spec`` allows.
 
     ``decode`` inlines step 1 and calls this only when step 1 cannot rule a problem out.
     """
@@ -186,17 +157,17 @@ def _check_bounds(raw: bytes, spec: MessageSpec) -> None:
         return
     bare = _STRING.sub(b'""', raw)
     if deep and _nesting(bare) > max_depth:
-        raise BadMessage(f"nesting deeper than {max_depth} levels")
+        raise BadInput(f"nesting deeper than {max_depth} levels")
     if long:
         for run in long_run.finditer(bare):
             if len(run[0].translate(None, _NUMBER_MARKS)) > max_digits:
-                raise BadMessage(f"a number longer than {max_digits} digits")
+                raise BadInput(f"a number longer than {max_digits} digits")
 
 
 def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
-    """Decode one uplink entry, or raise BadMessage with the reason.
+    """Decode one uplink entry, or raise BadInput with the reason.
 
-    Total: whatever ``data`` is, the only exception is BadMessage. ``data`` may
+    Total: whatever ``data`` is, the only exception is BadInput. ``data`` may
     be any bytes-like object; the body is JSON in UTF-8 (or UTF-16/32, detected
     as ``json.loads`` does), bounded by ``spec`` before it is parsed.
 
@@ -206,23 +177,23 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
     """
     try:
         if data is None:
-            raise BadMessage("uplink entry has no 'data' field")
+            raise BadInput("uplink entry has no 'data' field")
         if not isinstance(data, bytes):
             try:
                 view = memoryview(data)
             except TypeError:
-                raise BadMessage(f"body is a {type(data).__name__}, not bytes") from None
+                raise BadInput(f"body is a {type(data).__name__}, not bytes") from None
             if view.nbytes > spec.max_bytes:
-                raise BadMessage(f"message is {view.nbytes} bytes, over the limit of {spec.max_bytes}")
+                raise BadInput(f"message is {view.nbytes} bytes, over the limit of {spec.max_bytes}")
             data = view.tobytes()
         if len(data) > spec.max_bytes:
-            raise BadMessage(f"message is {len(data)} bytes, over the limit of {spec.max_bytes}")
+            raise BadInput(f"message is {len(data)} bytes, over the limit of {spec.max_bytes}")
         # What json.loads(bytes) does, with a fast path for the usual '{' in UTF-8.
         encoding = "utf-8" if data.startswith(b"{") and data[1:2] != b"\x00" else json.detect_encoding(data)
         try:
             text = data.decode(encoding, "surrogatepass")
         except UnicodeDecodeError as exc:
-            raise BadMessage(f"body is not JSON: not {encoding} text ({exc.reason} at byte {exc.start})") from None
+            raise BadInput(f"body is not JSON: not {encoding} text ({exc.reason} at byte {exc.start})") from None
         raw = data if encoding in _UTF8 else text.encode("utf-8", "surrogatepass")
         counted = len(raw.translate(None, _NOT_OPENERS_OR_DIGITS))  # step 1 of the bounds, inline
         if counted > spec.max_depth or counted > spec.max_number_digits:
@@ -230,27 +201,27 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise BadMessage(f"body is not JSON: {exc}") from None
+            raise BadInput(f"body is not JSON: {exc}") from None
         if not isinstance(doc, dict):
-            raise BadMessage("body is not a JSON object")
+            raise BadInput("body is not a JSON object")
         try:
             raw_id = _path(spec.id_path).get(doc)
         except MissingField:
-            raise BadMessage(f"message has no ID field '{spec.id_path}'") from None
+            raise BadInput(f"message has no ID field '{spec.id_path}'") from None
         if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or raw_id == "":
-            raise BadMessage(f"ID field '{spec.id_path}' is not a non-empty string or integer")
+            raise BadInput(f"ID field '{spec.id_path}' is not a non-empty string or integer")
         key = None
         if spec.key_path is not None:
             try:
                 raw_key = _path(spec.key_path).get(doc)
             except MissingField:
-                raise BadMessage(f"message has no key field '{spec.key_path}'") from None
+                raise BadInput(f"message has no key field '{spec.key_path}'") from None
             key = spec.parse_key(raw_key)
         return Message(id=str(raw_id), key=key, position=position, body=data, doc=doc)
-    except BadMessage:
+    except BadInput:
         raise
     except Exception as exc:  # the backstop: one bad message must never stop the node
-        raise BadMessage(_clip(f"message cannot be decoded: {type(exc).__name__}: {exc}")) from exc
+        raise BadInput(_clip(f"message cannot be decoded: {type(exc).__name__}: {exc}")) from exc
 
 
 @lru_cache(maxsize=64)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable, Mapping
 
-from ..fields import FieldPath, MissingField
+from ..fields import BadInput, FieldPath, MissingField
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
 
@@ -78,10 +78,6 @@ def normal_address(text: str) -> str:
     """Trimmed, without an address-type prefix such as ``rfc822;``."""
     cut = text.find(";")
     return (text[cut + 1:] if cut >= 0 else text).strip()
-
-
-class BadInput(ValueError):
-    """A message the node cannot use; the text is the failure reason."""
 
 
 def reader(path: FieldPath) -> Callable[[Mapping[str, Any]], Any]:

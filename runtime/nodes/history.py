@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, NamedTuple, Protocol
 
-from ..fields import FieldPath, MissingField
+from ..fields import BadInput, FieldPath, MissingField
 from ..params import Params
 from .base import Emit, Msg, Node
 
@@ -185,10 +185,6 @@ class Doubt:
 
 
 Resolver = Callable[[Msg, Doubt], str]
-
-
-class BadInput(ValueError):
-    """The message cannot be identified; it leaves through ``failure``."""
 
 
 class HistoryNode(Node):

@@ -61,16 +61,12 @@ from abc import abstractmethod
 from collections import OrderedDict
 from typing import Any, Iterable
 
-from ..fields import FieldPath, MissingField
+from ..fields import BadInput, FieldPath
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
 
 JOIN_TYPES = ("and", "or", "xor")
 DUPLICATES = ("keep_first", "keep_last")
-
-
-class BadValue(ValueError):
-    """A field the join needs is present but holds a value of the wrong type."""
 
 
 def _as_path(path: FieldPath | str) -> FieldPath:
@@ -97,7 +93,7 @@ class _Listed(Node):
         try:
             i = self._type_index(msg.doc)
             emit = self._nohit(msg) if i is None else self._take(msg, i, now)
-        except (MissingField, BadValue) as exc:
+        except BadInput as exc:
             emit = Emit("failure", (msg,), {"reason": str(exc)})
         if emit is not None:
             out.append(emit)
@@ -115,7 +111,7 @@ class _Listed(Node):
     def _type_index(self, doc) -> int | None:
         value = self.type_field.get(doc)
         if not isinstance(value, str):
-            raise BadValue(f"field '{self.type_field.path}' (the message type) must be a string, "
+            raise BadInput(f"field '{self.type_field.path}' (the message type) must be a string, "
                            f"not {type(value).__name__}")
         return self._index.get(value)
 
@@ -208,7 +204,7 @@ class _Timed(_Listed):
         value = self.activation_field.get(doc)
         # bool is an int in Python, and True would join activation 1.
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise BadValue(f"field '{self.activation_field.path}' (the activation ID) must be a string "
+            raise BadInput(f"field '{self.activation_field.path}' (the activation ID) must be a string "
                            f"or an integer, not {type(value).__name__}")
         return value
 

@@ -44,10 +44,10 @@ import json
 from bisect import bisect_right
 from typing import Hashable
 
-from ..fields import FieldPath, MissingField
+from ..fields import BadInput, FieldPath, MissingField
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
-from .sequence import (SEQ_MAX, BadInput, End, GroupTimers, Timed, group_reader, load_order, read_idle,
+from .sequence import (SEQ_MAX, End, GroupTimers, Timed, group_reader, load_order, read_idle,
                        restore_timer, timed_entry,
                        read_number)
 

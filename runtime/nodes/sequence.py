@@ -41,17 +41,13 @@ from dataclasses import dataclass
 from itertools import count
 from typing import Any, Callable, Hashable, Mapping
 
-from ..fields import FieldPath, MissingField
+from ..fields import BadInput, FieldPath, MissingField
 from ..params import Params
 from .base import Emit, Msg, Node
 
 SEQ_MAX = 9223372036854775807  # the seed's range is -SEQ_MAX .. SEQ_MAX
 
 _SCALARS = (str, int, float, bool, type(None))
-
-
-class BadInput(ValueError):
-    """A message the node cannot use; its text is the failure reason."""
 
 
 # -- reading messages and parameters (shared with resequence) ---------------

@@ -55,15 +55,16 @@ come (a claim, or a rollback). ``now`` must not decrease between calls.
 from __future__ import annotations
 
 import heapq
-import math
 import re
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
 from types import MappingProxyType
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-from ..fields import FieldPath, MissingField, Template
+from ..fields import BadInput, FieldPath, MissingField, Template
+from ..keys import KEY_TYPES as KEY_NAMES, parse_key
 from ..message import Message, position_order
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
@@ -405,49 +406,13 @@ class ClaimSortNode:
 
 
 # -- reading messages -----------------------------------------------------------------------------
-class BadValue(ValueError):
-    """A message value the node cannot use; the text is the failure reason."""
-
-
-_INT = re.compile(r"[+-]?[0-9]+")
-
-
-def _int_key(v: Any) -> int:
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    if isinstance(v, str) and _INT.fullmatch(v.strip()):
-        try:
-            return int(v)
-        except ValueError:  # more digits than Python converts
-            raise BadValue(f"key of {len(v)} characters is too long for an int") from None
-    raise BadValue(f"key {v!r} is not an int")
-
-
-def _float_key(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise BadValue(f"key {v!r} is not a float")
-    try:
-        key = float(v)
-    except (ValueError, OverflowError):
-        raise BadValue(f"key {v!r} is not a float") from None
-    if math.isnan(key):  # NaN never orders
-        raise BadValue("key is NaN")
-    return key
-
-
-def _str_key(v: Any) -> str:
-    if isinstance(v, str):
-        return v
-    raise BadValue(f"key {v!r} is not a str")
-
-
-KEY_TYPES: dict[str, Callable[[Any], Any]] = {"int": _int_key, "float": _float_key, "str": _str_key}
+KEY_TYPES = {name: partial(parse_key, name) for name in KEY_NAMES}
 
 
 def _ident(v: Any) -> str:
     if isinstance(v, (str, int, float)) and not isinstance(v, bool) and v != "":
         return str(v)
-    raise BadValue(f"ID {v!r} is not a non-empty string or number")
+    raise BadInput(f"ID {v!r} is not a non-empty string or number")
 
 
 @dataclass(frozen=True)
@@ -750,7 +715,7 @@ class SortNode(Node):
         try:
             key = self._parse_key(rule.key.render(doc))
             ident = None if self._claims is None else self._ident(rule.spec, doc, key)
-        except (MissingField, BadValue) as exc:
+        except BadInput as exc:
             return [Emit(FAILURE, (msg,), {"reason": str(exc)})]
         self._changed.add(rule.spec.name)
         return rule.take(msg, key, ident, now)

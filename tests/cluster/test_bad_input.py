@@ -66,7 +66,7 @@ def test_each_kind_of_bad_input_reaches_its_outlink_with_its_reason_once(flow):
         (b'{"type": "order"}', ("failure", None), "no ID field 'id'"),
         (b'{"id": "big", "pad": "' + b"x" * (1 << 20) + b'"}', ("failure", None), "over the limit"),
         (b'{"id": "no-key", "type": "order"}', ("failure", None), "no key field 'seq'"),  # the claim pair's key
-        (b'{"id": "bad-key", "type": "order", "seq": "soon"}', ("failure", None), "is not a int"),
+        (b'{"id": "bad-key", "type": "order", "seq": "soon"}', ("failure", None), "is not an int"),
         (doc({"id": "no-type", "n": 1}), ("route_orders", "failure"), "no field 'type'"),
         (doc({"id": "long", "uuid": "u" * 97, "type": "order"}), ("guard", "in_doubt"), "longer than 96"),
         (doc({"id": "no-order-id", "type": "order"}), ("match", "failure"), "no field 'order_id'"),
