@@ -1,0 +1,149 @@
+"""The Sort node: each ruleset's messages leave in key order, as far as its mode promises (seed 002).
+
+Rulesets sort messages into groups: the first ruleset whose ``match`` the
+message meets takes it (a ruleset without ``match`` takes every message), and
+its ``key`` template gives the sort key, read as the node's ``key_type``. A
+message no ruleset takes leaves at once through ``nohit`` (the implicit
+``nohit`` ruleset). Each ruleset has its own mode, from ``bake_time`` and
+``session_timeout`` (both in seconds):
+
+- static (both 0): nothing is held. A message whose key is above every key
+  before it in its ruleset (the first ascending series) leaves through
+  ``done``; any other through ``bypass``. ``done`` is strictly ascending.
+- session (``bake_time`` 0, ``session_timeout`` > 0): every message is held;
+  once the ruleset's cache has not changed for ``session_timeout``, all of
+  it leaves through ``done`` in key order. ``done`` ascends within a session.
+- bake (``bake_time`` > 0): a message at or below the threshold (the highest
+  key the ruleset has flushed) leaves through ``bypass`` at once; others
+  bake. The reference message is the longest-baked one; ``bake_time`` after
+  it arrived, the highest key among the fully baked messages becomes the
+  threshold, every held message at or below it leaves through ``done`` in
+  key order, and the longest-baked message left is the next reference.
+  ``done`` ascends across sessions (equal keys may repeat).
+
+Claim mode (any ruleset has ``type: claim``; the worker of an active-active
+pair). Other rulesets bake until claimed. A message of a claim ruleset is an
+escalation from the master: its ID enters the node's ID cache (kept
+``id_ttl`` seconds), every held message at or below its key, or with its ID,
+leaves through ``bypass`` (in arrival order), and the claiming message
+itself through ``nohit``. A message whose ID is in the ID cache is never
+baked: it leaves through ``bypass`` at once. A message unclaimed after its
+``bake_time`` is surfaced through ``unclaimed_outlink`` (``done``, or
+``failure``) yet stays held; a message matching ``rollback_on`` rolls every
+held message back through ``rollback`` in arrival order (then leaves
+through ``nohit`` itself). See :class:`ClaimCache` and :class:`ClaimSortNode`
+(the cluster's claim node, built on the same cache).
+
+The package, by concern: ``claim`` (the claim logic), ``rules`` (rulesets
+and their modes), ``node`` (the node), ``min_queue``; this module reads the
+flow file.
+
+Bad input: a message whose key (or, in claim mode, ID) field is missing or
+of the wrong type leaves through ``failure`` with ``info["reason"]`` and
+changes nothing. Every message leaves exactly once, through ``done``,
+``bypass``, ``nohit``, ``failure`` or ``rollback``; in claim mode the
+surfacing of an unclaimed message is a notice and its one exit is still to
+come (a claim, or a rollback). ``now`` must not decrease between calls.
+
+>>> from twinflow.runtime.params import Doc, Params
+>>> doc = Doc("rulesets:\\n- {name: all, key: '{seq}', bake_time: 2}\\n", "f.yaml")
+>>> node = build("sorter", Params(doc, "", doc.value))
+>>> for t, n in [(0.0, 5), (0.5, 7), (1.0, 3)]:
+...     _ = node.on_message(Msg(f"m{n}", {"seq": n}), now=t)
+>>> [(e.outlink, e.msgs[0].id) for e in node.on_time(2.0)]
+[('done', 'm3'), ('done', 'm5')]
+>>> node.rule_pending()
+{'all': 1, 'nohit': 0}
+"""
+
+from __future__ import annotations
+
+import re
+
+from ...params import Params
+from ..base import Msg  # noqa: F401  (the doctest above uses it)
+from .claim import BYPASS, DONE, FAILURE, ClaimCache, ClaimSortNode
+from .node import OUTLINKS, SortNode
+from .rules import KEY_TYPES, NOHIT, ROLLBACK, Pattern, Ruleset
+
+__all__ = ["BYPASS", "DONE", "FAILURE", "NOHIT", "OUTLINKS", "ROLLBACK", "ClaimCache", "ClaimSortNode",
+           "KEY_TYPES", "Pattern", "Ruleset", "SortNode", "build"]
+
+
+def build(name: str, p: Params) -> SortNode:
+    p.only("rulesets", "key_type", "id_ttl", "unclaimed_outlink", "rollback_on", "max_pending")
+    key_type = p.choice("key_type", KEY_TYPES, "int")
+    sections = p.sections("rulesets")
+    if not sections:
+        raise p.error("rulesets", "must list at least one ruleset")
+    rulesets: list[Ruleset] = []
+    for r in sections:
+        spec = _read_ruleset(r)
+        if any(s.name == spec.name for s in rulesets):
+            raise r.error("name", f"another ruleset is already named {spec.name!r}")
+        rulesets.append(spec)
+    claim_mode = any(s.type == "claim" for s in rulesets)
+    for r, spec in zip(sections, rulesets):
+        _check_mode(r, spec, claim_mode)
+    if claim_mode and all(s.type == "claim" for s in rulesets):
+        raise p.error("rulesets", "claim mode needs a ruleset of type sort (the messages that claims release)")
+    if not claim_mode:
+        for field in ("id_ttl", "unclaimed_outlink", "rollback_on"):
+            if p.has(field):
+                raise p.error(field, "only in claim mode (a ruleset with type: claim)")
+    return SortNode(
+        name, rulesets, key_type=key_type,
+        id_ttl=p.seconds("id_ttl", 86400.0, positive=True),
+        unclaimed_outlink=p.choice("unclaimed_outlink", (DONE, FAILURE), DONE),
+        rollback_on=_read_pattern(p.section("rollback_on")) if p.has("rollback_on") else None,
+        max_pending=p.integer("max_pending", 1_000_000, minimum=1),
+    )
+
+
+def _read_ruleset(r: Params) -> Ruleset:
+    r.only("name", "match", "key", "type", "bake_time", "session_timeout", "id")
+    name = r.name("name")
+    if name == NOHIT:
+        raise r.error("name", "'nohit' is the implicit ruleset of the messages no ruleset takes")
+    return Ruleset(
+        name=name,
+        key=r.template("key"),
+        match=_read_pattern(r.section("match")) if r.has("match") else None,
+        type=r.choice("type", ("sort", "claim"), "sort"),
+        bake_time=r.seconds("bake_time", 0.0),
+        session_timeout=r.seconds("session_timeout", 0.0),
+        id=r.template("id", None),
+    )
+
+
+def _check_mode(r: Params, spec: Ruleset, claim_mode: bool) -> None:
+    """Refuse what a ruleset's mode would silently ignore."""
+    if spec.type == "claim":
+        for field in ("bake_time", "session_timeout"):
+            if r.has(field):
+                raise r.error(field, "has no meaning on a claim ruleset")
+    elif claim_mode:
+        if spec.bake_time <= 0:
+            raise r.error("bake_time", "claim mode needs bake_time > 0 on every sort ruleset "
+                                       "(how long a message waits for its claim)")
+        if r.has("session_timeout"):
+            raise r.error("session_timeout", "has no meaning in claim mode")
+    else:
+        if spec.id is not None:
+            raise r.error("id", "only in claim mode (a ruleset with type: claim)")
+        if spec.bake_time > 0 and spec.session_timeout > 0:
+            raise r.error("session_timeout", "has no effect when bake_time > 0; set one of the two")
+
+
+def _read_pattern(m: Params) -> Pattern:
+    m.only("field", "equals", "regex")
+    field = m.field_path("field")
+    if m.has("equals") == m.has("regex"):
+        raise m.doc.error(m.path, "needs exactly one of 'equals' or 'regex'")
+    if m.has("equals"):
+        return Pattern(field, equals=m.get("equals", (str, int, float, bool)))
+    text = m.get("regex", str)
+    try:
+        return Pattern(field, regex=re.compile(text))
+    except re.error as exc:
+        raise m.error("regex", f"is not a regular expression: {exc}") from None
