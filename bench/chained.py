@@ -33,7 +33,7 @@ from common import save  # noqa: E402
 
 from twinflow.chaos.invariants import check_outputs  # noqa: E402
 from twinflow.cluster.demo import Cluster  # noqa: E402
-from twinflow.cluster.process import wait_for  # noqa: E402
+from twinflow.runtime.waiting import wait_for  # noqa: E402
 from twinflow.runtime.message import position_order  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
 

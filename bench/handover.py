@@ -20,7 +20,7 @@ from common import save  # noqa: E402
 from twinflow.chaos.invariants import check_sink, read_sink  # noqa: E402
 from twinflow.cluster.demo import Cluster, Publisher  # noqa: E402
 from twinflow.cluster.grpc_server import request_handover  # noqa: E402
-from twinflow.cluster.process import wait_for  # noqa: E402
+from twinflow.runtime.waiting import wait_for  # noqa: E402
 
 
 def main() -> None:

@@ -13,6 +13,8 @@ import logging
 import time
 from typing import Callable, TypeVar
 
+from ..runtime.waiting import retry
+
 log = logging.getLogger("twinflow.connect")
 
 T = TypeVar("T")
@@ -28,7 +30,7 @@ class ServiceUnavailable(RuntimeError):
         )
 
 
-def wait_for(
+def wait_for_service(
     service: str,
     where: str,
     attempt: Callable[[], T],
@@ -39,20 +41,13 @@ def wait_for(
     max_backoff_s: float = 2.0,
 ) -> T:
     """Call ``attempt`` until it returns, logging each failure, up to ``deadline_s``."""
-    start = monotonic()
-    backoff = 0.05
-    last: BaseException | None = None
-    while True:
-        try:
-            return attempt()
-        except Exception as exc:  # any failure to connect is retried until the deadline
-            last = exc
-        waited = monotonic() - start
-        if waited >= deadline_s:
-            raise ServiceUnavailable(service, where, waited, last)
-        log.warning("waiting for %s at %s: %s (giving up in %.0f s)", service, where, last, deadline_s - waited)
-        sleep(min(backoff, max(0.0, deadline_s - waited)))
-        backoff = min(backoff * 2, max_backoff_s)
+
+    def say(exc: BaseException, waited: float, pause: float) -> None:
+        log.warning("waiting for %s at %s: %s (giving up in %.0f s)", service, where, exc, deadline_s - waited)
+
+    return retry(attempt, retryable=lambda exc: True, deadline_s=deadline_s,
+                 give_up=lambda exc, waited: ServiceUnavailable(service, where, waited, exc),
+                 on_retry=say, sleep=sleep, monotonic=monotonic, max_backoff_s=max_backoff_s)
 
 
 def connect_redis(url: str, deadline_s: float, socket_timeout_s: float = 10.0, **kw):
@@ -70,7 +65,7 @@ def connect_redis(url: str, deadline_s: float, socket_timeout_s: float = 10.0, *
         client.ping()
         return client
 
-    return wait_for("Redis", url, ping, deadline_s, **kw)
+    return wait_for_service("Redis", url, ping, deadline_s, **kw)
 
 
 def connect_zookeeper(hosts: str, deadline_s: float, session_timeout_s: float = 2.0, **kw):
@@ -86,4 +81,4 @@ def connect_zookeeper(hosts: str, deadline_s: float, session_timeout_s: float = 
             raise
         return client
 
-    return wait_for("ZooKeeper", hosts, start, deadline_s, **kw)
+    return wait_for_service("ZooKeeper", hosts, start, deadline_s, **kw)

@@ -34,7 +34,8 @@ from ..runtime.flowgraph import load_graph
 from ..runtime.store.flow_store import FlowKeys
 from .grpc_server import publish
 from .master_flow import outlink_streams
-from .process import NodeProcess, wait_for
+from ..runtime.waiting import wait_for
+from .process import NodeProcess
 from .services import LocalServices
 
 # The demo runs from a source checkout (`make demo`), where the example lives.

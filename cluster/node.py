@@ -68,11 +68,10 @@ from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.spark.source import WARMUP_POSITION
 from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable, chunked
 from ..runtime.store.step import Step
-from .connect import connect_redis, connect_zookeeper
-from .escalation import EscalationSender, EscalationServicer, StaleEpoch
-from .grpc_server import AdminServicer, IngestServicer, create_server
+from .escalation import EscalationSender, StaleEpoch
 from .leadership import Leadership
 from .master_flow import MasterFlow, not_on_cluster
+from .node_parts import NodeParts, RealParts
 
 log = logging.getLogger("twinflow.node")
 
@@ -152,8 +151,11 @@ def flow_keys(graph: FlowGraph) -> FlowKeys:
 
 
 class FlowNode:
-    def __init__(self, graph: FlowGraph, config: NodeConfig, clock: Clock | None = None):
+    def __init__(self, graph: FlowGraph, config: NodeConfig, clock: Clock | None = None,
+                 parts: NodeParts | None = None):
+        """``parts`` builds the node's collaborators (default: real servers and Spark, see node_parts)."""
         spec = cluster_flow(graph)
+        self.parts = parts or RealParts()
         self.graph = graph
         self.spec = spec
         self.name = graph.name
@@ -192,46 +194,32 @@ class FlowNode:
         self.sender: EscalationSender | None = None
         self.server = None
         self.address = ""
-        self.spark = None
         self.query = None
 
     # -- life cycle -------------------------------------------------------
     def start(self) -> None:
         """Connect (waiting up to the deadline), check Redis and the start position, start
-        Spark, serve gRPC, read; join the election once the stream is warm."""
-        cfg = self.cfg
-        # Each Redis call is bounded by the lease, so a link that drops packets
-        # shows as failed writes in time for the master to step down.
-        client = connect_redis(cfg.redis_url, cfg.connect_deadline_s, socket_timeout_s=max(0.5, self.lease_s))
-        self.store = FlowStore(client, self.keys, cfg.node_id, id_ttl=self.spec.message.id_ttl)
+        the stream's engine, serve gRPC, read; join the election once the stream is warm."""
+        parts = self.parts
+        self.store = parts.store(self)
         self._check_redis()
-        self.zk = connect_zookeeper(cfg.zk_hosts, cfg.connect_deadline_s, self.spec.session_timeout)
+        self.zk = parts.zookeeper(self)
         self._guard_epoch(self._zookeeper_epoch())
         self.handled_upto = self.store.handled_position()
         start = self._start_position()
-        # The JVM is forked before any gRPC object exists: forking while gRPC's
-        # threads run broke the JVM launch (seen once in ~13 starts).
-        self._start_spark()
-
-        self.server, port = create_server(
-            cfg.listen,
-            escalation=EscalationServicer(self.name, self.on_claims),
-            ingest=IngestServicer(self.name, self.store.publish),
-            admin=AdminServicer(self.status, self.handover),
-        )
-        host = cfg.listen.rsplit(":", 1)[0]
-        self.address = cfg.advertise or f"{host}:{port}"
-        self.sender = EscalationSender(
-            self.name, cfg.node_id, lambda: self.epoch, self._escalation_targets,
-            batch_max=self.spec.escalation_batch,
-        )
+        parts.prepare_stream(self)
+        self.server, port = parts.server(self)
+        host = self.cfg.listen.rsplit(":", 1)[0]
+        self.address = self.cfg.advertise or f"{host}:{port}"
+        self.sender = parts.sender(self)
         with self._lock:
             self.role = WORKER
-        self.leadership = Leadership(self.zk, self.name, cfg.node_id, self.address,
-                                     self._on_promoted, self._on_demoted, may_contend=self._may_contend)
+        self.leadership = parts.leadership(self)
         self.leadership.start()
         threading.Thread(target=self._timer_loop, name="timers", daemon=True).start()
-        self._start_stream(start)
+        self.query = parts.stream(self, start)
+        log.info("%s started reading %s (gRPC %s); ready after the warm-up batch",
+                 self.cfg.node_id, self.keys.uplink, self.address)
 
     def _check_redis(self) -> None:
         """Refuse (or warn, per ``cluster.redis_checks``) a Redis that may evict or forget."""
@@ -259,7 +247,7 @@ class FlowNode:
         with self._lock:
             self.known_epoch = max(self.known_epoch, newest)
 
-    def _checkpoint_dir(self) -> Path:
+    def checkpoint_dir(self) -> Path:
         return Path(self.cfg.state_dir) / self.name / self.cfg.node_id / "checkpoint"
 
     def _start_position(self) -> dict:
@@ -271,7 +259,7 @@ class FlowNode:
         where to start: after the processed mark, or from the beginning (safe,
         since nothing at or before the mark is delivered again, but slow).
         """
-        checkpoint = self._checkpoint_dir()
+        checkpoint = self.checkpoint_dir()
         chosen = checkpoint.parent / "start.json"
         if chosen.exists():
             return json.loads(chosen.read_text())
@@ -298,32 +286,6 @@ class FlowNode:
         chosen.write_text(json.dumps(start))
         log.info("%s starts reading %s after %s", self.cfg.node_id, self.keys.uplink, start["id"])
         return start
-
-    def _start_spark(self) -> None:
-        from ..runtime.spark.session import build_session
-
-        self.spark = build_session(f"twinflow-{self.name}-{self.cfg.node_id}", self.cfg.spark_master)
-
-    def _start_stream(self, start: dict) -> None:
-        from ..runtime.spark.stream import start_stream
-
-        checkpoint = self._checkpoint_dir()
-        checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        self.query = start_stream(
-            self.spark,
-            redis_url=self.cfg.redis_url,
-            stream=self.keys.uplink,
-            checkpoint_dir=str(checkpoint),
-            on_batch=self.on_batch,
-            batch_size=self.read_size,
-            batch_bytes=self.spec.batch_bytes,
-            max_body_bytes=self.spec.message.max_bytes,
-            status_key=self.keys.read(self.cfg.node_id),
-            query_name=f"{self.name}_{self.cfg.node_id}".replace("-", "_"),
-            source_options={"warmup": "1", "start_id": start["id"], "start_n": str(start["n"])},
-        )
-        log.info("%s started reading %s (gRPC %s); ready after the warm-up batch",
-                 self.cfg.node_id, self.keys.uplink, self.address)
 
     def run_forever(self) -> int:
         """Run until stopped; SIGTERM (see request_term) hands the master role over first."""
@@ -359,10 +321,8 @@ class FlowNode:
             # A batch waiting for Redis raises now and is not committed.
             self.store.close()
         if self.query is not None:
-            from ..runtime.spark.stream import stop_stream
-
             try:
-                stop_stream(self.query, 10.0)
+                self.parts.stop_stream(self.query)
             except Exception:  # a batch refused on purpose (NodeStopping) fails the query
                 log.info("uplink stream stopped with its last batch uncommitted (read again on restart)")
         if self.leadership is not None:
@@ -374,8 +334,7 @@ class FlowNode:
         if self.zk is not None:
             self.zk.stop()
             self.zk.close()
-        if self.spark is not None:
-            self.spark.stop()
+        self.parts.close()
 
     # -- batches from the uplink ------------------------------------------
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
@@ -532,17 +491,17 @@ class FlowNode:
         self._update_backpressure()
         return released
 
-    def _escalation_targets(self) -> dict[str, str]:
+    def escalation_targets(self) -> dict[str, str]:
         members = self.leadership.members() if self.leadership else {}
         members.pop(self.cfg.node_id, None)
         return members
 
     # -- roles ------------------------------------------------------------
-    def _may_contend(self) -> bool:
+    def may_contend(self) -> bool:
         """Queue for the election only once the stream is warm and Redis answers."""
         return self.streaming and not self._stop.is_set() and self.store.ping()
 
-    def _on_promoted(self, epoch: int) -> None:
+    def on_promoted(self, epoch: int) -> None:
         """Take the master role: fence, then deliver what the old master left (see module doc).
 
         Raises when that fails; the election demotes the node and queues it again.
@@ -602,7 +561,7 @@ class FlowNode:
                 break
         return self.delivered - before
 
-    def _on_demoted(self, reason: str) -> None:
+    def on_demoted(self, reason: str) -> None:
         with self._lock:
             self.role = WORKER
         self.flow = None
@@ -622,9 +581,7 @@ class FlowNode:
             self.held = want
             pending = self.sort.pending
         if self.query is not None:
-            from ..runtime.spark.stream import hold_stream
-
-            hold_stream(self.query, want)
+            self.parts.hold(self.query, want)
         if want:
             log.warning("%s holds %d messages (max_pending %d): stopped reading until claims free room",
                         self.cfg.node_id, pending, self.spec.max_pending)

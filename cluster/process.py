@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,15 +72,3 @@ class NodeProcess:
             return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
-
-
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.1):
-    """Poll ``predicate`` until truthy (returned) or the deadline (None)."""
-    end = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            return None
-        time.sleep(interval_s)

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from twinflow.cluster.process import wait_for
+from twinflow.runtime.waiting import wait_for
 from twinflow.cluster.services import LocalServices
 
 

@@ -95,6 +95,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_rows
+from twinflow.runtime.waiting import retry
 
 log = logging.getLogger(__name__)
 
@@ -344,37 +345,31 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
             )
             self._script = self._client.register_script(READ_BATCH)
         began = time.monotonic()
-        next_log = began
-        delay = 0.05
-        while True:
-            try:
-                result = call(self._client)
-                if next_log > began:
-                    log.warning(
-                        "%s: Redis at %s answers again after %.1fs",
-                        SOURCE_NAME, _where(self.url), time.monotonic() - began,
-                    )
-                return result
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                now = time.monotonic()
-                waited = now - began
-                if waited >= self.connect_deadline_s:
-                    raise RuntimeError(
-                        f"{SOURCE_NAME}: gave up after {waited:.0f}s waiting for Redis at "
-                        f"{_where(self.url)} to {what} on stream {self.stream!r}: {exc}"
-                    ) from exc
-                if now >= next_log:
-                    log.warning(
-                        "%s: waiting for Redis at %s to %s on stream %r (%.0fs so far, "
-                        "giving up after %.0fs): %s",
-                        SOURCE_NAME, _where(self.url), what, self.stream, waited,
-                        self.connect_deadline_s, exc,
-                    )
-                    next_log = now + _LOG_EVERY_S
-                time.sleep(min(delay, self.connect_deadline_s - waited))
-                delay = min(delay * 2, _MAX_BACKOFF_S)
-                if pausable:
-                    self._check_pause()
+        waiting = {"next_log": began, "logged": False}
+
+        def before_pause(exc: BaseException, waited: float, pause: float) -> None:
+            now = time.monotonic()
+            if now >= waiting["next_log"]:
+                log.warning(
+                    "%s: waiting for Redis at %s to %s on stream %r (%.0fs so far, giving up after %.0fs): %s",
+                    SOURCE_NAME, _where(self.url), what, self.stream, waited, self.connect_deadline_s, exc,
+                )
+                waiting.update(next_log=now + _LOG_EVERY_S, logged=True)
+            if pausable:
+                self._check_pause()
+
+        def give_up(exc: BaseException, waited: float) -> BaseException:
+            return RuntimeError(f"{SOURCE_NAME}: gave up after {waited:.0f}s waiting for Redis at "
+                                f"{_where(self.url)} to {what} on stream {self.stream!r}: {exc}")
+
+        result = retry(lambda: call(self._client),
+                       retryable=lambda exc: isinstance(exc, (redis.ConnectionError, redis.TimeoutError)),
+                       deadline_s=self.connect_deadline_s, give_up=give_up, on_retry=before_pause,
+                       max_backoff_s=_MAX_BACKOFF_S)
+        if waiting["logged"]:
+            log.warning("%s: Redis at %s answers again after %.1fs", SOURCE_NAME, _where(self.url),
+                        time.monotonic() - began)
+        return result
 
 
 class _Paused(Exception):

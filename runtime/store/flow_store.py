@@ -29,6 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..message import Message, position_order
+from ..waiting import retry
 from . import scripts
 
 if TYPE_CHECKING:
@@ -195,25 +196,19 @@ class FlowStore:
         ``deadline_s`` None waits as long as it takes (until closed); 0 tries
         once; otherwise RedisUnavailable once that many seconds have passed.
         """
-        began = self._monotonic()
-        backoff = 0.05
-        while True:
-            try:
-                result = fn()
-                self.last_ok = self._monotonic()
-                return result
-            except redis.RedisError as exc:
-                if not transient(exc):
-                    raise
-                if self._closed.is_set():
-                    raise StoreClosed(what) from exc
-                waited = self._monotonic() - began
-                if deadline_s is not None and waited >= deadline_s:
-                    raise RedisUnavailable(what, waited, exc) from exc
-                log.warning("Redis unavailable during %s (%s); retrying in %.2f s", what, exc, backoff)
-                pause = backoff if deadline_s is None else min(backoff, max(0.0, deadline_s - waited))
-                self._sleep(pause)
-                backoff = min(backoff * 2, 1.0)
+        def attempt() -> T:
+            result = fn()
+            self.last_ok = self._monotonic()
+            return result
+
+        def before_pause(exc: BaseException, waited: float, pause: float) -> None:
+            if self._closed.is_set():
+                raise StoreClosed(what) from exc
+            log.warning("Redis unavailable during %s (%s); retrying in %.2f s", what, exc, pause)
+
+        return retry(attempt, retryable=lambda exc: isinstance(exc, redis.RedisError) and transient(exc),
+                     deadline_s=deadline_s, give_up=lambda exc, waited: RedisUnavailable(what, waited, exc),
+                     on_retry=before_pause, sleep=self._sleep, monotonic=self._monotonic)
 
     def silent_s(self) -> float:
         """Seconds since a call last got an answer from Redis (on the store's clock)."""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from twinflow.cluster.connect import ServiceUnavailable, wait_for
+from twinflow.cluster.connect import ServiceUnavailable, wait_for_service as wait_for
 
 
 class FakeTime:

@@ -1,0 +1,122 @@
+"""What a flow node is built from: its collaborators, passed in rather than built inside.
+
+:class:`~twinflow.cluster.node.FlowNode` takes a :class:`NodeParts` and asks
+it, in this order, for its Redis store, its ZooKeeper client, its gRPC
+server, its escalation sender, its leadership and, last, its uplink stream.
+:class:`RealParts` (the default) connects to the servers named in the
+node's config and runs Spark; a test or a failover simulator passes its own
+parts (an in-memory stream that calls ``node.on_batch``, a store on a
+private Redis, a leadership it drives by hand) and drives the same node
+logic without Spark or ZooKeeper.
+
+Under failure: every ``RealParts`` connection waits for its server up to the
+node's ``connect_deadline_s`` and then raises ServiceUnavailable naming it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..runtime.store.flow_store import FlowStore
+from .connect import connect_redis, connect_zookeeper
+from .escalation import EscalationSender, EscalationServicer
+from .grpc_server import AdminServicer, IngestServicer, create_server
+from .leadership import Leadership
+
+if TYPE_CHECKING:
+    from .node import FlowNode
+
+
+class UplinkStream(Protocol):
+    """The running reader of the uplink that calls ``node.on_batch`` (Spark's query, or a fake)."""
+
+    @property
+    def isActive(self) -> bool: ...  # noqa: N802  (Spark's name)
+
+    def exception(self) -> Any: ...
+
+
+class NodeParts(Protocol):
+    def store(self, node: "FlowNode") -> FlowStore: ...
+    def zookeeper(self, node: "FlowNode") -> Any: ...
+    def server(self, node: "FlowNode") -> tuple[Any, int]: ...
+    def sender(self, node: "FlowNode") -> EscalationSender: ...
+    def leadership(self, node: "FlowNode") -> Leadership: ...
+    def prepare_stream(self, node: "FlowNode") -> None: ...
+    def stream(self, node: "FlowNode", start: dict) -> UplinkStream: ...
+    def hold(self, stream: UplinkStream, held: bool) -> None: ...
+    def stop_stream(self, stream: UplinkStream) -> None: ...
+    def close(self) -> None: ...
+
+
+class RealParts:
+    """Real servers and Spark, as ``twinflow run`` uses them."""
+
+    def __init__(self) -> None:
+        self.spark = None
+
+    def store(self, node: "FlowNode") -> FlowStore:
+        cfg = node.cfg
+        # Each Redis call is bounded by the lease, so a link that drops packets
+        # shows as failed writes in time for the master to step down.
+        client = connect_redis(cfg.redis_url, cfg.connect_deadline_s, socket_timeout_s=max(0.5, node.lease_s))
+        return FlowStore(client, node.keys, cfg.node_id, id_ttl=node.spec.message.id_ttl)
+
+    def zookeeper(self, node: "FlowNode") -> Any:
+        return connect_zookeeper(node.cfg.zk_hosts, node.cfg.connect_deadline_s, node.spec.session_timeout)
+
+    def prepare_stream(self, node: "FlowNode") -> None:
+        # The JVM is forked before any gRPC object exists: forking while gRPC's
+        # threads run broke the JVM launch (seen once in ~13 starts).
+        from ..runtime.spark.session import build_session
+
+        self.spark = build_session(f"twinflow-{node.name}-{node.cfg.node_id}", node.cfg.spark_master)
+
+    def server(self, node: "FlowNode") -> tuple[Any, int]:
+        return create_server(
+            node.cfg.listen,
+            escalation=EscalationServicer(node.name, node.on_claims),
+            ingest=IngestServicer(node.name, node.store.publish),
+            admin=AdminServicer(node.status, node.handover),
+        )
+
+    def sender(self, node: "FlowNode") -> EscalationSender:
+        return EscalationSender(node.name, node.cfg.node_id, lambda: node.epoch, node.escalation_targets,
+                                batch_max=node.spec.escalation_batch)
+
+    def leadership(self, node: "FlowNode") -> Leadership:
+        return Leadership(node.zk, node.name, node.cfg.node_id, node.address, node.on_promoted,
+                          node.on_demoted, may_contend=node.may_contend)
+
+    def stream(self, node: "FlowNode", start: dict) -> UplinkStream:
+        from ..runtime.spark.stream import start_stream
+
+        checkpoint = node.checkpoint_dir()
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        return start_stream(
+            self.spark,
+            redis_url=node.cfg.redis_url,
+            stream=node.keys.uplink,
+            checkpoint_dir=str(checkpoint),
+            on_batch=node.on_batch,
+            batch_size=node.read_size,
+            batch_bytes=node.spec.batch_bytes,
+            max_body_bytes=node.spec.message.max_bytes,
+            status_key=node.keys.read(node.cfg.node_id),
+            query_name=f"{node.name}_{node.cfg.node_id}".replace("-", "_"),
+            source_options={"warmup": "1", "start_id": start["id"], "start_n": str(start["n"])},
+        )
+
+    def hold(self, stream: UplinkStream, held: bool) -> None:
+        from ..runtime.spark.stream import hold_stream
+
+        hold_stream(stream, held)
+
+    def stop_stream(self, stream: UplinkStream) -> None:
+        from ..runtime.spark.stream import stop_stream
+
+        stop_stream(stream, 10.0)
+
+    def close(self) -> None:
+        if self.spark is not None:
+            self.spark.stop()
