@@ -40,9 +40,8 @@ group is its deadline and its slots; an XOR window its deadline.
 State: AND holds fewer than ``len(types)`` messages per open activation, each
 for at most ``timeout``; XOR keeps one deadline per activation that passed a
 message in the last ``timeout`` (no messages); OR keeps nothing. Open
-activations sit in deadline order (deadlines grow with time because the
-time-out is fixed), so each message and each expiry costs O(1) whatever
-the number pending.
+activations' time-outs sit in the nodes' one deadline queue (``deadlines.py``):
+O(log n) per message and per expiry, whatever the number pending.
 
 >>> node = AndJoin("j", ["order", "payment"], activation_field="order_id", timeout=10.0)
 >>> node.on_message(Msg("m1", {"type": "order", "order_id": 7}), now=0.0)
@@ -58,12 +57,12 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
-from collections import OrderedDict
 from typing import Any, Iterable
 
 from ..fields import BadInput, FieldPath
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
+from .deadlines import GroupTimers, Timed, load_order, restore_timer, timed_entry
 
 JOIN_TYPES = ("and", "or", "xor")
 DUPLICATES = ("keep_first", "keep_last")
@@ -133,8 +132,18 @@ class OrJoin(_Listed):
         return Emit("passed", (msg,))
 
 
+class _Window(Timed):
+    """One open activation: its time-out (see deadlines) and, for AND, one slot per listed type."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self, act: Any, slots: list[Msg | None] | None = None):
+        super().__init__(act)
+        self.slots = slots
+
+
 class _Timed(_Listed):
-    """Joins with an activation ID and a time-out: open activations in deadline order."""
+    """Joins with an activation ID and a time-out: open activations in the node's deadline queue."""
 
     def __init__(self, name: str, types: Iterable[str], *, type_field: FieldPath | str = "type",
                  activation_field: FieldPath | str, timeout: float):
@@ -143,62 +152,54 @@ class _Timed(_Listed):
             raise ValueError("timeout must be > 0 seconds")
         self.activation_field = _as_path(activation_field)
         self.timeout = float(timeout)
-        # activation -> deadline. Insertion order is deadline order: every
-        # deadline is (a non-decreasing now) + (one fixed timeout), so the
-        # oldest entry is always the next to fall due.
-        self._deadlines: OrderedDict[Any, float] = OrderedDict()
+        self._open: dict[Any, _Window] = {}
+        self._timers = GroupTimers(self._open.get)
         self._changed: set = set()  # activations whose state changed since changed_state()
-        self._opened: dict[Any, int] = {}  # activation -> serial, to keep the order of equal deadlines
 
     def on_time(self, now: float) -> list[Emit]:
         now = self._advance(now)
         out: list[Emit] = []
-        deadlines = self._deadlines
-        while deadlines:
-            act = next(iter(deadlines))
-            if deadlines[act] > now:
-                break
-            del deadlines[act]
-            self._changed.add(act)
-            emit = self._close(act)
+        while (fired := self._timers.pop(now)) is not None:
+            window = fired[1]
+            del self._open[window.key]
+            self._changed.add(window.key)
+            emit = self._close(window)
             if emit is not None:
                 out.append(emit)
         return out
+
+    def next_deadline(self) -> float | None:
+        return self._timers.next()
 
     # -- state per activation (see base) ------------------------------------
     def changed_state(self) -> dict[str, Any]:
         changed, self._changed = self._changed, set()
         # The key keeps the activation's type: 7 and "7" are two activations.
-        return {json.dumps(act): self._entry(act) if act in self._deadlines else None for act in changed}
+        return {json.dumps(act): self._entry(self._open[act]) if act in self._open else None for act in changed}
 
     def load_state(self, entries) -> None:
-        # Insertion order is deadline order (ties keep the order they were opened in).
-        for key, value in sorted(entries.items(), key=lambda kv: (kv[1]["d"], kv[1]["n"])):
-            act = json.loads(key)
-            self._deadlines[act] = value["d"]
-            self._restore(act, value)
-            self._serial = max(self._serial, value["n"])
+        for act, value in load_order(entries):
+            window = self._open[act] = self._restore(act, value)
+            restore_timer(self._timers, window, value)
 
-    _serial = 0
+    def _entry(self, window: _Window) -> dict:
+        return timed_entry(window, {})
 
-    def _open(self, act: Any, deadline: float) -> None:
-        self._deadlines[act] = deadline
-        self._serial += 1
-        self._opened[act] = self._serial
+    def _restore(self, act: Any, value: dict) -> _Window:
+        return _Window(act)
 
-    def _entry(self, act: Any) -> dict:
-        return {"d": self._deadlines[act], "n": self._opened[act]}
-
-    def _restore(self, act: Any, value: dict) -> None:
-        self._opened[act] = value["n"]
+    def _start(self, act: Any, now: float, slots: list[Msg | None] | None = None) -> _Window:
+        window = self._open[act] = _Window(act, slots)
+        self._timers.set(window, now + self.timeout)
+        return window
 
     def activations(self) -> int:
         """How many activations have an open time-out (AND groups or XOR windows)."""
-        return len(self._deadlines)
+        return len(self._open)
 
     @abstractmethod
-    def _close(self, act: Any) -> Emit | None:
-        """The time-out of ``act`` elapsed; say what leaves, if anything."""
+    def _close(self, window: _Window) -> Emit | None:
+        """The time-out of ``window`` elapsed; say what leaves, if anything."""
 
     def _activation(self, doc) -> str | int:
         value = self.activation_field.get(doc)
@@ -221,15 +222,14 @@ class XorJoin(_Timed):
 
     def _take(self, msg: Msg, i: int, now: float) -> Emit:
         act = self._activation(msg.doc)
-        until = self._deadlines.get(act)
-        if until is not None:
-            return Emit("discarded", (msg,), {"activation": act, "until": until})
-        self._open(act, now + self.timeout)
+        window = self._open.get(act)
+        if window is not None:
+            return Emit("discarded", (msg,), {"activation": act, "until": window.due})
+        self._start(act, now)
         self._changed.add(act)
         return Emit("passed", (msg,), {"activation": act})
 
-    def _close(self, act: Any) -> None:
-        del self._opened[act]
+    def _close(self, window: _Window) -> None:
         return None  # the window only blocked; it holds no message
 
 
@@ -255,43 +255,36 @@ class AndJoin(_Timed):
         if duplicate not in DUPLICATES:
             raise ValueError(f"duplicate must be one of {', '.join(DUPLICATES)}")
         self.duplicate = duplicate
-        self._slots: dict[Any, list[Msg | None]] = {}  # activation -> one slot per listed type
         self._held = 0
-
-    def next_deadline(self) -> float | None:
-        for act in self._deadlines:
-            return self._deadlines[act]
-        return None
 
     def pending(self) -> int:
         return self._held
 
     def _take(self, msg: Msg, i: int, now: float) -> Emit | None:
         act = self._activation(msg.doc)
-        slots = self._slots.get(act)
+        window = self._open.get(act)
         self._changed.add(act)
-        if slots is None:
-            slots = self._slots[act] = [None] * len(self.types)
-            self._open(act, now + self.timeout)
-        elif slots[i] is not None:
-            return self._duplicate(act, slots, i, msg)
+        if window is None:
+            window = self._start(act, now, [None] * len(self.types))
+        elif window.slots[i] is not None:
+            return self._duplicate(act, window.slots, i, msg)
+        slots = window.slots
         slots[i] = msg
         self._held += 1
         if None in slots:
             return None
-        del self._slots[act], self._deadlines[act], self._opened[act]
+        del self._open[act]
+        self._timers.cancel(window)
         self._held -= len(slots)
         return Emit("joined", tuple(slots), {"activation": act})
 
-    def _entry(self, act: Any) -> dict:
-        entry = super()._entry(act)
-        entry["s"] = [None if m is None else msg_json(m) for m in self._slots[act]]
-        return entry
+    def _entry(self, window: _Window) -> dict:
+        return timed_entry(window, {"m": [None if m is None else msg_json(m) for m in window.slots]})
 
-    def _restore(self, act: Any, value: dict) -> None:
-        super()._restore(act, value)
-        slots = self._slots[act] = [None if m is None else msg_from_json(m) for m in value["s"]]
+    def _restore(self, act: Any, value: dict) -> _Window:
+        slots = [None if m is None else msg_from_json(m) for m in value["m"]]
         self._held += sum(m is not None for m in slots)
+        return _Window(act, slots)
 
     def _duplicate(self, act: Any, slots: list[Msg | None], i: int, msg: Msg) -> Emit:
         kind = self.types[i]
@@ -301,13 +294,11 @@ class AndJoin(_Timed):
         old, slots[i] = slots[i], msg
         return Emit("discarded", (old,), {"activation": act, "reason": f"replaced by a later instance of '{kind}'"})
 
-    def _close(self, act: Any) -> Emit:
-        slots = self._slots.pop(act)
-        del self._opened[act]
-        msgs = tuple(m for m in slots if m is not None)
+    def _close(self, window: _Window) -> Emit:
+        msgs = tuple(m for m in window.slots if m is not None)
         self._held -= len(msgs)
-        missing = [t for t, m in zip(self.types, slots) if m is None]
-        return Emit("expired", msgs, {"activation": act, "missing": missing})
+        missing = [t for t, m in zip(self.types, window.slots) if m is None]
+        return Emit("expired", msgs, {"activation": window.key, "missing": missing})
 
 
 def build(name: str, p: Params) -> Node:

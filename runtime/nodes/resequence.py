@@ -47,9 +47,8 @@ from typing import Hashable
 from ..fields import BadInput, FieldPath, MissingField
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
-from .sequence import (SEQ_MAX, End, GroupTimers, Timed, group_reader, load_order, read_idle,
-                       restore_timer, timed_entry,
-                       read_number)
+from .deadlines import GroupTimers, Timed, load_order, restore_timer, timed_entry
+from .sequence import SEQ_MAX, End, group_reader, read_idle, read_number
 
 
 class _Instance(Timed):

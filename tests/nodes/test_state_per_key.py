@@ -125,7 +125,7 @@ def test_action_retries(evs, split):
 def test_entries_name_what_changed_and_what_is_gone():
     node = AndJoin("j", ["a", "b"], activation_field="k", timeout=5.0)
     node.on_message(Msg("m1", {"type": "a", "k": 7}), 0.0)
-    assert node.changed_state() == {"7": {"d": 5.0, "n": 1, "s": [["m1", {"type": "a", "k": 7}], None]}}
+    assert node.changed_state() == {"7": {"d": 5.0, "s": 0, "m": [["m1", {"type": "a", "k": 7}], None]}}
     assert node.changed_state() == {}  # reported once
     node.on_message(Msg("m2", {"type": "b", "k": 7}), 1.0)
     assert node.changed_state() == {"7": None}  # joined: the group is gone
