@@ -29,16 +29,26 @@ The node holds a message only while it waits for a retry; retries fire from
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from typing import Callable
 
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
+from .deadlines import GroupTimers, Timed
 
 
 class TransientError(Exception):
     """Raised by a handler for an error that may correct itself (network, database busy)."""
+
+
+class _Retry(Timed):
+    """A message waiting for its next attempt (its time is ``due``)."""
+
+    __slots__ = ("msg", "retries")
+
+    def __init__(self, order: int, msg: Msg, retries: int):
+        super().__init__(order)
+        self.msg, self.retries = msg, retries
 
 
 class ActionNode(Node):
@@ -60,7 +70,8 @@ class ActionNode(Node):
         self.transient = transient
         self.retry_interval = retry_interval
         self.max_retries = max_retries
-        self._retries: list[tuple[float, int, Msg, int]] = []  # (due, order, msg, retries so far)
+        self._waiting: dict[int, _Retry] = {}  # arrival order -> a message waiting for its retry
+        self._timers = GroupTimers(self._waiting.get)
         self._order = itertools.count()
         self._changed: dict[str, list | None] = {}
 
@@ -69,10 +80,11 @@ class ActionNode(Node):
 
     def on_time(self, now: float) -> list[Emit]:
         out: list[Emit] = []
-        while self._retries and self._retries[0][0] <= now:
-            due, order, msg, retries = heapq.heappop(self._retries)
-            self._changed[str(order)] = None
-            out += self._attempt(msg, retries, due)
+        while (fired := self._timers.pop(now)) is not None:
+            due, waiting = fired
+            del self._waiting[waiting.key]
+            self._changed[str(waiting.key)] = None
+            out += self._attempt(waiting.msg, waiting.retries, due)
         return out
 
     # -- state per waiting retry (see base) ----------------------------------
@@ -81,15 +93,16 @@ class ActionNode(Node):
         return changed
 
     def load_state(self, entries) -> None:
-        for key, (due, msg, retries) in entries.items():
-            heapq.heappush(self._retries, (due, int(key), msg_from_json(msg), retries))
+        for key, (due, msg, retries) in sorted(entries.items(), key=lambda kv: (kv[1][0], int(kv[0]))):
+            waiting = self._waiting[int(key)] = _Retry(int(key), msg_from_json(msg), retries)
+            self._timers.set(waiting, due)
         self._order = itertools.count(max((int(k) for k in entries), default=-1) + 1)
 
     def next_deadline(self) -> float | None:
-        return self._retries[0][0] if self._retries else None
+        return self._timers.next()
 
     def pending(self) -> int:
-        return len(self._retries)
+        return len(self._waiting)
 
     def _attempt(self, msg: Msg, retries: int, now: float) -> list[Emit]:
         if self.handler is None:
@@ -99,7 +112,8 @@ class ActionNode(Node):
         except self.transient as exc:
             if retries < self.max_retries:
                 order = next(self._order)
-                heapq.heappush(self._retries, (now + self.retry_interval, order, msg, retries + 1))
+                waiting = self._waiting[order] = _Retry(order, msg, retries + 1)
+                self._timers.set(waiting, now + self.retry_interval)
                 self._changed[str(order)] = [now + self.retry_interval, msg_json(msg), retries + 1]
                 return []
             return [Emit("error", (msg,), {"reason": f"service error after {retries} retries: "

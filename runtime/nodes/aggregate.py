@@ -45,7 +45,6 @@ timeout (plus 1 ms), so the state is bounded by arrival rate times timeout.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable, Mapping
@@ -53,6 +52,7 @@ from typing import Any, Callable, Mapping
 from ..fields import BadInput, FieldPath, MissingField
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
+from .deadlines import GroupTimers, Timed, restore_timer, timed_entry
 
 TIMELY_OPTION = "x-direct-final-destination-delivery"
 FLOOR = 0.001  # the decaying timeout never drops below 1 ms (Direct's DecayingTimeoutCondition)
@@ -139,22 +139,20 @@ class Fields:
     timely: FieldPath = FieldPath("disposition_options")       # original: requests timely and reliable
 
 
-class Group:
-    """One original's messages and what the notifications said so far."""
+class Group(Timed):
+    """One original's messages and what the notifications said so far; its time-out is ``due``."""
 
-    __slots__ = ("key", "seq", "start", "deadline", "msgs", "recipients", "requested",
-                 "needs", "bits", "incomplete", "closed")
+    __slots__ = ("start", "msgs", "recipients", "requested", "needs", "bits", "incomplete")
 
-    def __init__(self, key: str, seq: int, start: float):
-        self.key, self.seq, self.start = key, seq, start
-        self.deadline = 0.0
+    def __init__(self, key: str, start: float):
+        super().__init__(key)
+        self.start = start
         self.msgs: list[Msg] = []
         self.recipients: tuple[str, ...] | None = None  # None until the original arrives
         self.requested = False  # the original asked for timely and reliable delivery
         self.needs = TIMELY_NEEDS  # the group's completion rule; set by its original
         self.bits: dict[str, int] = {}
         self.incomplete: set[str] = set()
-        self.closed = False
 
 
 class Aggregate(Node):
@@ -185,8 +183,7 @@ class Aggregate(Node):
         # so a notification need not carry them.
         self._reads_details = completion != "general"
         self._groups: dict[str, Group] = {}
-        self._heap: list[tuple[float, int, Group]] = []  # lazy: stale entries skipped when popped
-        self._seq = 0
+        self._timers = GroupTimers(self._groups.get)
         self._held = 0
         self._changed: set[str] = set()
 
@@ -198,22 +195,21 @@ class Aggregate(Node):
 
     @staticmethod
     def _entry(g: Group) -> dict:
-        return {"seq": g.seq, "start": g.start, "deadline": g.deadline, "msgs": [msg_json(m) for m in g.msgs],
-                "recipients": g.recipients, "requested": g.requested, "timely": g.needs is TIMELY_NEEDS,
-                "bits": g.bits, "incomplete": sorted(g.incomplete)}
+        return timed_entry(g, {
+            "start": g.start, "msgs": [msg_json(m) for m in g.msgs], "recipients": g.recipients,
+            "requested": g.requested, "timely": g.needs is TIMELY_NEEDS, "bits": g.bits,
+            "incomplete": sorted(g.incomplete)})
 
     def load_state(self, entries) -> None:
-        for key, e in entries.items():
-            g = self._groups[key] = Group(key, e["seq"], e["start"])
-            g.deadline, g.msgs = e["deadline"], [msg_from_json(m) for m in e["msgs"]]
+        # Group keys are texts, kept as they are; deadlines are set again in the order they were set.
+        for key, e in sorted(entries.items(), key=lambda kv: (kv[1].get("d", 0.0), kv[1].get("s", 0))):
+            g = self._groups[key] = Group(key, e["start"])
+            g.msgs = [msg_from_json(m) for m in e["msgs"]]
             g.recipients = tuple(e["recipients"]) if e["recipients"] is not None else None
             g.requested, g.needs = e["requested"], TIMELY_NEEDS if e["timely"] else GENERAL_NEEDS
             g.bits, g.incomplete = dict(e["bits"]), set(e["incomplete"])
             self._held += len(g.msgs)
-            self._seq = max(self._seq, g.seq)
-            if g.deadline:
-                self._heap.append((g.deadline, g.seq, g))
-        heapq.heapify(self._heap)
+            restore_timer(self._timers, g, e)
 
     # -- the Node contract -------------------------------------------------
     def on_message(self, msg: Msg, now: float) -> list[Emit]:
@@ -249,26 +245,20 @@ class Aggregate(Node):
         # 1 ms, i.e. the deadline stays at start + timeout unless that has passed.
         timeout = self._timely_timeout if group.requested else self._general_timeout
         deadline = max(group.start + timeout, now + FLOOR)
-        if deadline != group.deadline:
-            group.deadline = deadline
-            heapq.heappush(self._heap, (deadline, group.seq, group))
+        if deadline != group.due:
+            self._timers.set(group, deadline)
         return []
 
     def on_time(self, now: float) -> list[Emit]:
         out = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            deadline, _, group = heapq.heappop(heap)
-            if not group.closed and group.deadline == deadline:
-                self._changed.add(group.key)
-                out.append(self._expire(group))
+        while (fired := self._timers.pop(now)) is not None:
+            group = fired[1]
+            self._changed.add(group.key)
+            out.append(self._expire(group))
         return out
 
     def next_deadline(self) -> float | None:
-        heap = self._heap
-        while heap and (heap[0][2].closed or heap[0][2].deadline != heap[0][0]):
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        return self._timers.next()
 
     def pending(self) -> int:
         return self._held
@@ -335,8 +325,7 @@ class Aggregate(Node):
 
     # -- group state ---------------------------------------------------------
     def _open(self, key: str, now: float) -> Group:
-        self._seq += 1
-        group = self._groups[key] = Group(key, self._seq, now)
+        group = self._groups[key] = Group(key, now)
         return group
 
     def _set_original(self, group: Group, recipients: tuple[str, ...], requested: bool) -> None:
@@ -367,14 +356,9 @@ class Aggregate(Node):
         return self._close(group, "timeout", {"group": group.key, "rule": self._rule(group), "incomplete": incomplete})
 
     def _close(self, group: Group, outlink: str, info: dict) -> Emit:
-        group.closed = True
         del self._groups[group.key]
+        self._timers.cancel(group)
         self._held -= len(group.msgs)
-        # Closed groups leave stale heap entries; rebuild once they outnumber
-        # the live ones so the heap stays O(open groups), amortised O(1).
-        if len(self._heap) > 2 * len(self._groups) + 64:
-            self._heap = [(g.deadline, g.seq, g) for g in self._groups.values()]
-            heapq.heapify(self._heap)
         return Emit(outlink, tuple(group.msgs), info)
 
 
