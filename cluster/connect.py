@@ -50,18 +50,19 @@ def wait_for_service(
                  on_retry=say, sleep=sleep, monotonic=monotonic, max_backoff_s=max_backoff_s)
 
 
-def connect_redis(url: str, deadline_s: float, socket_timeout_s: float = 10.0, **kw):
+def connect_redis(url: str, deadline_s: float, socket_timeout_s: float = 10.0, slot_key: str | None = None, **kw):
     """A redis-py client for ``url`` that has answered PING.
 
     ``socket_timeout_s`` bounds each call (and each connect): a master keeps
     it below its write lease so that a link that drops packets is noticed in time.
+    With ``slot_key`` and a Redis Cluster, the client is on the primary that owns its slot.
     """
-    import redis
-
-    client = redis.Redis.from_url(url, socket_connect_timeout=min(2.0, socket_timeout_s),
-                                  socket_timeout=socket_timeout_s)
+    from ..runtime.store.redis_slot import client_from_url
 
     def ping():
+        # On a Redis Cluster, the primary that owns ``slot_key``'s slot (see store/redis_slot.py).
+        client = client_from_url(url, socket_connect_timeout=min(2.0, socket_timeout_s),
+                                 socket_timeout=socket_timeout_s, slot_key=slot_key)
         client.ping()
         return client
 

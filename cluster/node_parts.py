@@ -59,7 +59,8 @@ class RealParts:
         cfg = node.cfg
         # Each Redis call is bounded by the lease, so a link that drops packets
         # shows as failed writes in time for the master to step down.
-        client = connect_redis(cfg.redis_url, cfg.connect_deadline_s, socket_timeout_s=max(0.5, node.lease_s))
+        client = connect_redis(cfg.redis_url, cfg.connect_deadline_s, socket_timeout_s=max(0.5, node.lease_s),
+                               slot_key=node.keys.uplink)
         return FlowStore(client, node.keys, cfg.node_id, id_ttl=node.spec.message.id_ttl)
 
     def zookeeper(self, node: "FlowNode") -> Any:

@@ -204,7 +204,7 @@ def _spawn(argv: list[str], log_path: Path) -> int:
     return proc.pid
 
 
-def _start_redis(directory: Path) -> Server:
+def _start_redis(directory: Path, *extra: str) -> Server:
     if shutil.which("redis-server") is None:
         raise ServiceError("redis-server is not installed (apt-get install redis-server, or run `make test`)")
     directory.mkdir(parents=True, exist_ok=True)
@@ -215,10 +215,70 @@ def _start_redis(directory: Path) -> Server:
         # the epoch, ID cache and processed mark kept across a restart.
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
          "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
-         "--dir", str(directory), "--protected-mode", "yes"],
+         "--dir", str(directory), "--protected-mode", "yes", *extra],
         log,
     )
     return Server("redis", port, pid, str(log))
+
+
+@dataclass
+class LocalRedisCluster:
+    """A Redis Cluster of ``n`` primaries on loopback (no replicas), owned by this object.
+
+    For tests and trying a flow on a cluster: each node is a real
+    ``redis-server --cluster-enabled yes``; ``redis-cli --cluster create``
+    spreads the 16,384 slots over them. ``stop()`` ends them by PID.
+    """
+
+    base_dir: str
+    servers: list[Server] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"redis://127.0.0.1:{s.port}/0" for s in self.servers]
+
+    @classmethod
+    def start(cls, base_dir: str, n: int = 3, deadline_s: float = 30.0) -> "LocalRedisCluster":
+        cluster = cls(base_dir)
+        try:
+            for i in range(n):
+                cluster.servers.append(_start_answering(
+                    # The bus port explicitly: the default (port + 10000) fails above port 55535.
+                    lambda d: _start_redis(d, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+                                           "--cluster-config-file", str(d / "nodes.conf"),
+                                           "--cluster-port", str(free_port())),
+                    Path(base_dir) / f"node{i}", deadline_s))
+            addrs = [f"127.0.0.1:{s.port}" for s in cluster.servers]
+            done = subprocess.run(["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", "0",
+                                   "--cluster-yes"], capture_output=True, text=True, timeout=deadline_s)
+            if done.returncode != 0:
+                raise ServiceError(f"redis-cli --cluster create failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+            end = time.monotonic() + deadline_s
+            while not all(_cluster_ok(s.port) for s in cluster.servers):
+                if time.monotonic() > end:
+                    raise ServiceError(f"the Redis Cluster did not reach cluster_state:ok within {deadline_s:.0f} s")
+                time.sleep(0.05)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def stop(self, deadline_s: float = 10.0) -> None:
+        for s in self.servers:
+            _stop_pid(s.pid, deadline_s)
+
+
+def _cluster_ok(port: int) -> bool:
+    return b"cluster_state:ok" in _reply(port, b"*2\r\n$7\r\nCLUSTER\r\n$4\r\nINFO\r\n")
+
+
+def _reply(port: int, request: bytes, timeout: float = 0.5) -> bytes:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(request)
+            return sock.recv(65536)
+    except OSError:
+        return b""
 
 
 def _start_zookeeper(directory: Path) -> Server:

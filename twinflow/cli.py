@@ -109,10 +109,16 @@ def _flow_store(args):
 
     from twinflow.cluster.node import flow_keys
     from twinflow.runtime.store.flow_store import FlowStore
+    from twinflow.runtime.store.redis_slot import client_from_url
 
     graph = _load_flow(args.flow)
-    client = redis.Redis.from_url(_address(args.redis, "TWINFLOW_REDIS", "redis"), socket_connect_timeout=3)
-    return graph, FlowStore(client, flow_keys(graph), "cli")
+    keys = flow_keys(graph)
+    url = _address(args.redis, "TWINFLOW_REDIS", "redis")
+    try:
+        client = client_from_url(url, socket_connect_timeout=3, slot_key=keys.uplink)
+    except redis.RedisError:  # down: the command's first call reports it
+        client = redis.Redis.from_url(url, socket_connect_timeout=3)
+    return graph, FlowStore(client, keys, "cli")
 
 
 def cmd_status(args) -> int:

@@ -95,6 +95,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_rows
+from twinflow.runtime.store.redis_slot import client_from_url
 from twinflow.runtime.waiting import retry
 
 log = logging.getLogger(__name__)
@@ -333,17 +334,7 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         ``pausable`` calls give up waiting (raise _Paused) once a pause is asked.
         """
         import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
-        if self._client is None:
-            # No client-side retries: this loop owns waiting, so it can log and
-            # keep to one deadline.
-            self._client = redis.Redis.from_url(
-                self.url, retry=Retry(NoBackoff(), 0), socket_timeout=10, socket_connect_timeout=2,
-                decode_responses=False,
-            )
-            self._script = self._client.register_script(READ_BATCH)
         began = time.monotonic()
         waiting = {"next_log": began, "logged": False}
 
@@ -362,14 +353,39 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
             return RuntimeError(f"{SOURCE_NAME}: gave up after {waited:.0f}s waiting for Redis at "
                                 f"{_where(self.url)} to {what} on stream {self.stream!r}: {exc}")
 
-        result = retry(lambda: call(self._client),
-                       retryable=lambda exc: isinstance(exc, (redis.ConnectionError, redis.TimeoutError)),
+        def attempt():
+            if self._client is None:
+                self._connect()
+            try:
+                return call(self._client)
+            except redis.exceptions.MovedError:
+                self._client = None  # the uplink's slot moved: find its owner again
+                raise
+
+        result = retry(attempt,
+                       retryable=lambda exc: isinstance(exc, (redis.ConnectionError, redis.TimeoutError,
+                                                              redis.exceptions.MovedError)),
                        deadline_s=self.connect_deadline_s, give_up=give_up, on_retry=before_pause,
                        max_backoff_s=_MAX_BACKOFF_S)
         if waiting["logged"]:
             log.warning("%s: Redis at %s answers again after %.1fs", SOURCE_NAME, _where(self.url),
                         time.monotonic() - began)
         return result
+
+
+    def _connect(self) -> None:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        # No client-side retries: the caller's loop owns waiting, so it can log
+        # and keep to one deadline. On a Redis Cluster the client is on the
+        # primary that owns the uplink's slot (see store/redis_slot.py), which
+        # asks that node, so connecting is part of the waiting too.
+        self._client = client_from_url(
+            self.url, retry=Retry(NoBackoff(), 0), socket_timeout=10, socket_connect_timeout=2,
+            decode_responses=False, slot_key=self.stream,
+        )
+        self._script = self._client.register_script(READ_BATCH)
 
 
 class _Paused(Exception):

@@ -30,6 +30,7 @@ from redis.retry import Retry
 
 from ..message import Message, position_order
 from ..waiting import retry
+from .redis_slot import follow_moved
 from . import scripts
 
 if TYPE_CHECKING:
@@ -45,9 +46,10 @@ RETRYABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 TRANSIENT_REPLIES = ("OOM", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "LOADING")
 
 # redis-py strips the code off the replies it has a class for.
+# MOVED: the flow's slot has a new owner on a Redis Cluster; the store reconnects there first.
 TRANSIENT_ERRORS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
                     redis.exceptions.MasterDownError, redis.exceptions.TryAgainError,
-                    redis.exceptions.ClusterDownError)
+                    redis.exceptions.ClusterDownError, redis.exceptions.MovedError)
 
 DELIVER_MAX_MESSAGES = 1000      # per delivery script: keeps each script short
 DELIVER_MAX_BYTES = 16 << 20     # per delivery script: far below Redis's 1 GiB query buffer
@@ -173,18 +175,21 @@ class FlowStore:
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
     ):
-        # This store owns waiting and deadlines: redis-py's own retries (ten by
-        # default in redis-py 8, with back-off) would stretch every deadline.
-        client.set_retry(Retry(NoBackoff(), 0))
-        self.r = client
         self.keys = keys
         self.node_id = node_id
         self.id_ttl = id_ttl
         self._sleep = sleep
         self._monotonic = monotonic
         self._closed = threading.Event()
-        self._scripts = scripts.register(client)
+        self._use(client)
         self.last_ok = monotonic()  # when a call last got an answer from Redis
+
+    def _use(self, client: redis.Redis) -> None:
+        # This store owns waiting and deadlines: redis-py's own retries (ten by
+        # default in redis-py 8, with back-off) would stretch every deadline.
+        client.set_retry(Retry(NoBackoff(), 0))
+        self.r = client
+        self._scripts = scripts.register(client)
 
     def close(self) -> None:
         self._closed.set()
@@ -197,7 +202,13 @@ class FlowStore:
         once; otherwise RedisUnavailable once that many seconds have passed.
         """
         def attempt() -> T:
-            result = fn()
+            try:
+                result = fn()
+            except redis.exceptions.MovedError as moved:
+                # The flow's slot has a new owner (a cluster failover or a reshard): go there.
+                log.warning("Redis Cluster moved the flow's slot to %s:%s; reconnecting", moved.host, moved.port)
+                self._use(follow_moved(self.r, moved))
+                raise
             self.last_ok = self._monotonic()
             return result
 
