@@ -44,6 +44,7 @@ base); external completion runs in replay only.
 from __future__ import annotations
 
 import json
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from functools import partial
@@ -156,6 +157,17 @@ class MemoryHistoryStore:
                 removed += 1
         return removed
 
+    def oldest(self) -> float | None:
+        """The time of the oldest entry, or None when there is none."""
+        order, entries = self._order, self._entries
+        while order:
+            time, key = order[0]
+            entry = entries.get(key)
+            if entry is not None and entry[0] == time:
+                return time
+            order.popleft()  # a stale item: the key was run again later, or cleared
+        return None
+
     def changed(self) -> dict[str, list | None]:
         """The entries put or cleared since the last call, as state entries (see base)."""
         changed, self._changed = self._changed, set()
@@ -250,9 +262,15 @@ class HistoryNode(Node):
         return []
 
     def next_deadline(self) -> float | None:
-        # Expiry emits nothing, and every call clears what expired before it
-        # decides, so there is nothing to wake up for.
-        return None
+        """When the oldest entry's retention ends, rounded up to a whole second.
+
+        Expiry emits nothing, and every call clears what expired before it
+        decides, so the verdicts never depend on it. The deadline is there so
+        that entries leave (on the cluster: leave Redis) with no new message,
+        and the rounding lets one firing clear a second's worth of them.
+        """
+        oldest = self.store.oldest() if isinstance(self.store, MemoryHistoryStore) else None
+        return None if oldest is None else float(math.ceil(oldest + self.retention))
 
     def pending(self) -> int:
         return 0

@@ -185,8 +185,10 @@ def test_on_time_clears_expired_entries_and_emits_nothing():
     node = HistoryNode("guard", retention=5.0)
     for i in range(3):
         node.on_message(m(f"m{i}", f"u{i}"), float(i))
+    assert node.next_deadline() == 5.0  # the oldest entry's retention ends (rounded up to a second)
     assert node.on_time(6.0) == [] and len(node.store) == 1
-    assert node.next_deadline() is None and node.pending() == 0
+    assert node.next_deadline() == 7.0 and node.pending() == 0  # u2, recorded at 2.0
+    assert node.on_time(7.0) == [] and len(node.store) == 0 and node.next_deadline() is None
 
 
 def test_an_entry_the_store_has_not_cleared_yet_is_still_expired():
