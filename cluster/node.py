@@ -424,14 +424,24 @@ class FlowNode:
     def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
         """Run a batch through the flow as master at ``epoch`` (caller holds _work); None when
         all of it was committed, else the uncommitted rest, after this node stopped being master."""
-        done = self.store.processed(msgs)  # already processed: never run through the graph again
+        try:  # already processed (or a repeat inside this batch): never run through the graph again
+            done = self.store.processed(msgs, deadline_s=self.lease_s)
+        except RedisUnavailable as exc:
+            log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
+            self._step_down("Redis unreachable")
+            return msgs
+        seen: set[str] = set()
+        run = []
+        for m, d in zip(msgs, done):
+            run.append(not d and m.id not in seen)
+            seen.add(m.id)
         sent = 0
         chunks = list(chunked(msgs)) or [[]]
         for i, chunk in enumerate(chunks):
             with self._lock:
                 if self.role != MASTER or self.epoch != epoch:
                     return msgs[sent:]
-            fresh = [m for m, d in zip(chunk, done[sent:sent + len(chunk)]) if not d]
+            fresh = [m for m, r in zip(chunk, run[sent:sent + len(chunk)]) if r]
             # The last chunk's step moves the mark past the whole batch (bad entries included).
             mark = last if i == len(chunks) - 1 else chunk[-1].position
             if not self._commit(epoch, lambda flow: flow.run(fresh, self.clock.now(), epoch, mark)):

@@ -335,7 +335,8 @@ class FlowStore:
         return raw.decode() if isinstance(raw, bytes) else raw
 
     # -- worker: the ID cache ---------------------------------------------
-    def processed(self, messages: list[Message], handled_upto: str | None = None) -> list[bool]:
+    def processed(self, messages: list[Message], handled_upto: str | None = None,
+                  deadline_s: float | None = None) -> list[bool]:
         """Per message, whether the flow already processed it: its ID is in the
         ID cache or its position is at or before the processed mark (one round trip).
 
@@ -351,7 +352,7 @@ class FlowStore:
                 pipe.hset(self.keys.read(self.node_id), "handled_id", handled_upto)
             return pipe.execute()
 
-        out = self._call("processed", read)
+        out = self._call("processed", read, deadline_s)
         if not messages:
             return []
         mark = out[0].decode() if out[0] else None

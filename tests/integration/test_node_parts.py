@@ -146,3 +146,23 @@ def test_two_simulated_nodes_hand_a_pending_join_over_through_redis(redis_url, f
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_repeated_id_in_a_later_chunk_of_the_same_batch_runs_once(redis_url, flow_name, tmp_path):
+    flow = FLOW.format(name=flow_name).replace("input: match", "") + "input: deliver\n"
+    graph = parse_graph(flow)
+    n = node(graph, "a", redis_url, FakeClock(1000.0), tmp_path)
+    try:
+        r = n.store.r
+        pipe = r.pipeline()
+        for i in range(1001):  # a step holds at most 1,000 messages: the last one is in a second step
+            pipe.xadd(n.keys.uplink, {"data": json.dumps({"id": "same" if i in (0, 1000) else f"m{i}"})})
+        pipe.execute()
+        rows = [(eid.decode(), f[b"data"], None) for eid, f in r.xrange(n.keys.uplink)]
+        n.parts.leader.is_master = True
+        n.on_promoted(1)
+        n.on_batch(0, rows)
+        ids = [f[b"id"] for _, f in r.xrange(n.keys.sink)]
+        assert len(ids) == 1000 and ids.count(b"same") == 1
+    finally:
+        n.stop()
