@@ -222,6 +222,21 @@ def cmd_replay(args) -> int:
     return 1 if bad else 0
 
 
+# -- proxy -------------------------------------------------------------------
+def cmd_proxy(args) -> int:
+    from twinflow.chaos.toxiproxy_api import serve_forever
+
+    try:
+        serve_forever(args.host, args.port,
+                      ready=lambda port: print(f"twinflow proxy: Toxiproxy API on {args.host}:{port}", flush=True))
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"twinflow: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    return 0
+
+
 # -- demo --------------------------------------------------------------------
 def cmd_demo(args) -> int:
     from twinflow.cluster.demo import run_demo
@@ -276,6 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("action", choices=["up", "status", "down"])
     sv.add_argument("--state", default=str(SERVICES_STATE))
     sv.set_defaults(fn=cmd_services)
+
+    x = sub.add_parser("proxy", help="run the Toxiproxy-compatible fault proxy in the foreground")
+    x.add_argument("--host", default="127.0.0.1")
+    x.add_argument("--port", type=int, default=8474, help="the HTTP API's port (default 8474; 0: any free one)")
+    x.set_defaults(fn=cmd_proxy)
 
     d = sub.add_parser("demo", help="two nodes, a SIGKILL of the master mid-stream, and the count")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
