@@ -43,6 +43,17 @@ class NodeProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def pause(self) -> None:
+        """SIGSTOP the node's whole process group (its JVM too): it neither runs nor answers."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def cont(self) -> None:
+        """SIGCONT after :meth:`pause` (harmless when not paused or gone)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
     def kill(self) -> None:
         """SIGKILL the node and everything in its process group (its JVM)."""
         try:

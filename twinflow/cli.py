@@ -237,6 +237,42 @@ def cmd_proxy(args) -> int:
     return 0
 
 
+# -- drill -------------------------------------------------------------------
+# --json prints these (stale writes count into "passed"; the table shows them too).
+DRILL_KEYS = ["drill", "seed", "messages", "lost", "duplicated", "out_of_order", "rto_s", "passed"]
+DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
+
+
+def cmd_drill(args) -> int:
+    from twinflow.chaos.drills import DRILLS, run_drill
+
+    names = list(DRILLS) if args.name == "all" else [args.name]
+    if names[0] not in DRILLS:
+        print(f"twinflow: unknown drill {args.name!r} (known: all, {', '.join(DRILLS)})", file=sys.stderr)
+        return EXIT_BAD_FLOW
+    flow_text = None
+    if args.flow:
+        _load_flow(args.flow)  # refused here, with file, line and field, before anything starts
+        flow_text = Path(args.flow).read_text()
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    results = []
+    for name in names:
+        say(f"drill {name} (seed {args.seed}, {args.messages} messages)...")
+        result = run_drill(name, seed=args.seed, messages=args.messages, flow_text=flow_text, rate=args.rate,
+                           say=say)
+        results.append(result)
+        if args.json:
+            print(json.dumps({k: result.get(k) for k in DRILL_KEYS}), flush=True)
+        else:
+            say(f"  {'passed' if result['passed'] else 'FAILED'}: lost {result['lost']}, duplicated "
+                f"{result['duplicated']}, rto {result['rto_s']} s")
+            if not result["passed"]:
+                say(f"  rerun: {result['rerun']}")
+    if not args.json:
+        print(_table(DRILL_COLUMNS, [[r.get(c) for c in DRILL_COLUMNS] for r in results]))
+    return 0 if all(r["passed"] for r in results) else 1
+
+
 # -- demo --------------------------------------------------------------------
 def cmd_demo(args) -> int:
     from twinflow.cluster.demo import run_demo
@@ -296,6 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--host", default="127.0.0.1")
     x.add_argument("--port", type=int, default=8474, help="the HTTP API's port (default 8474; 0: any free one)")
     x.set_defaults(fn=cmd_proxy)
+
+    dr = sub.add_parser("drill", help="run a chaos drill on a fresh local cluster and check the promises")
+    dr.add_argument("name", help="a drill name, or all")
+    dr.add_argument("--seed", type=int, default=1)
+    dr.add_argument("--messages", type=int, default=10_000)
+    dr.add_argument("--rate", type=float, default=1000.0, help="messages per second the producer sends")
+    dr.add_argument("--flow", help="flow file (default: the chained flow)")
+    dr.add_argument("--json", action="store_true", help="one JSON object per drill")
+    dr.set_defaults(fn=cmd_drill)
 
     d = sub.add_parser("demo", help="two nodes, a SIGKILL of the master mid-stream, and the count")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -1,0 +1,182 @@
+"""A local two-node cluster whose every link goes through the fault proxy, for the drills.
+
+Started by :meth:`DrillCluster.start`: a real Redis and ZooKeeper
+(``LocalServices``), the Toxiproxy-compatible proxy (``twinflow proxy``, its
+own process) and two ``twinflow run`` nodes. Each link has its own proxy, so
+a drill can fault exactly one:
+
+==================  ============================================
+proxy               link
+==================  ============================================
+``redis-<node>``    that node to Redis
+``zk-<node>``       that node to ZooKeeper
+``grpc-<node>``     escalations (and handovers) into that node
+``producer``        the producer to the uplink
+==================  ============================================
+
+Each node listens for gRPC on a port picked here and advertises its proxy's
+address, so the master's escalations to the worker pass through
+``grpc-<worker>``. Everything is stopped by PID in :meth:`stop`, also after
+an error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from ..cluster.process import NodeProcess
+from ..cluster.services import LocalServices, free_port
+from ..runtime.flowgraph import load_graph
+from ..runtime.store.flow_store import FlowKeys
+from ..runtime.waiting import wait_for
+from .invariants import read_outputs
+
+NODES = ("a", "b")
+
+
+class DrillCluster:
+    def __init__(self, flow_text: str, flow: str = "drill", workdir: str | None = None):
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="twinflow-drill-"))
+        self.flow = flow
+        self.flow_path = self.workdir / "flow.yaml"
+        self.flow_path.write_text(re.sub(r"(?m)^flow: .*$", f"flow: {flow}", flow_text, count=1))
+        self.graph = load_graph(self.flow_path)
+        self.keys = FlowKeys(flow, self.graph.cluster.uplink_stream)
+        self.services: LocalServices | None = None
+        self.proxy_proc: subprocess.Popen | None = None
+        self.toxiproxy = None
+        self.proxies: dict = {}
+        self.nodes: dict[str, NodeProcess] = {}
+        self.redis: redis.Redis | None = None    # direct, for the checker
+        self.producer: redis.Redis | None = None  # through the producer's proxy
+
+    # -- life cycle -------------------------------------------------------
+    def start(self) -> "DrillCluster":
+        try:
+            self.services = LocalServices.start(base_dir=str(self.workdir / "services"))
+            self.redis = redis.Redis.from_url(self.services.redis_url)
+            self._start_proxy()
+            redis_up = f"127.0.0.1:{self.services.redis.port}"
+            zk_up = self.services.zk_hosts
+            for node_id in NODES:
+                grpc_port = free_port()
+                self._proxy(f"redis-{node_id}", redis_up)
+                self._proxy(f"zk-{node_id}", zk_up)
+                grpc = self._proxy(f"grpc-{node_id}", f"127.0.0.1:{grpc_port}")
+                self.nodes[node_id] = NodeProcess(
+                    node_id, str(self.flow_path), f"redis://{self.proxies[f'redis-{node_id}'].listen}/0",
+                    self.proxies[f"zk-{node_id}"].listen, str(self.workdir / "state"),
+                    str(self.workdir / f"{node_id}.log"),
+                    extra_args=["--listen", f"127.0.0.1:{grpc_port}", "--advertise", grpc.listen])
+            producer = self._proxy("producer", redis_up)
+            self.producer = redis.Redis.from_url(f"redis://{producer.listen}/0", socket_timeout=10)
+            for node in self.nodes.values():
+                node.start()
+            return self
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_proxy(self) -> None:
+        from toxiproxy import Toxiproxy
+
+        self.proxy_proc = subprocess.Popen([sys.executable, "-m", "twinflow.cli", "proxy", "--port", "0"],
+                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proxy_proc.stdout.readline()
+        if "Toxiproxy API on" not in line:
+            raise RuntimeError(f"the fault proxy did not start: {line!r}")
+        self.toxiproxy = Toxiproxy()
+        self.toxiproxy.update_api_consumer("127.0.0.1", int(line.rsplit(":", 1)[1]))
+
+    def _proxy(self, name: str, upstream: str):
+        self.proxies[name] = self.toxiproxy.create(upstream=upstream, name=name)
+        return self.proxies[name]
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            if node.proc is not None and node.alive():
+                node.cont()
+                node.terminate(deadline_s=15)
+        if self.proxy_proc is not None:
+            self.proxy_proc.terminate()
+            try:
+                self.proxy_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proxy_proc.kill()
+        if self.services is not None:
+            self.services.stop()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- looking ----------------------------------------------------------
+    def status(self, node_id: str) -> dict:
+        raw = self.redis.hgetall(self.keys.node(node_id))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def master(self) -> str | None:
+        for node_id, node in self.nodes.items():
+            if node.alive() and self.status(node_id).get("role") == "master":
+                return node_id
+        return None
+
+    def other(self, node_id: str) -> str:
+        return next(n for n in NODES if n != node_id)
+
+    def wait_ready(self, timeout_s: float = 120) -> str:
+        """Until one node is master and every live node streams; returns the master."""
+        def ready():
+            live = [n for n, p in self.nodes.items() if p.alive()]
+            if any(self.status(n).get("streaming") != "1" for n in live):
+                return None
+            return self.master()
+        master = wait_for(ready, timeout_s, 0.2)
+        if master is None:
+            raise RuntimeError("the drill cluster did not become ready:\n" + self.logs())
+        return master
+
+    def wait_role(self, node_id: str, role: str, timeout_s: float = 60) -> None:
+        if not wait_for(lambda: self.status(node_id).get("role") == role, timeout_s, 0.1):
+            raise RuntimeError(f"{node_id} did not become {role} within {timeout_s:.0f} s:\n{self.logs()}")
+
+    def restart(self, node_id: str, timeout_s: float = 120) -> None:
+        """Start a stopped node again and wait until this new process streams (the status a
+        killed process left in Redis lives on for a few seconds: the PID tells them apart)."""
+        node = self.nodes[node_id]
+        node.start()
+        pid = str(node.pid)
+        if not wait_for(lambda: self.status(node_id).get("pid") == pid and self.status(node_id).get("streaming") == "1",
+                        timeout_s, 0.2):
+            raise RuntimeError(f"{node_id} did not stream again within {timeout_s:.0f} s:\n{self.logs()}")
+
+    def outputs(self) -> dict:
+        from ..cluster.master_flow import outlink_streams
+
+        return read_outputs(self.redis, outlink_streams(self.graph, self.keys))
+
+    def logs(self, lines: int = 30) -> str:
+        return "\n".join(f"--- {n} ---\n{p.log_tail(lines)}" for n, p in self.nodes.items())
+
+    # -- producing --------------------------------------------------------
+    def publish(self, docs: list[dict]) -> list[str]:
+        """XADD through the producer's proxy, retrying while that link is down; returns positions."""
+        pipe = self.producer.pipeline(transaction=False)
+        for doc in docs:
+            pipe.xadd(self.keys.uplink, {"data": json.dumps(doc)})
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return [p.decode() for p in pipe.execute()]
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)

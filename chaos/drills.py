@@ -1,0 +1,276 @@
+"""Chaos drills: a fault on one link or process of a live two-node cluster while a producer
+publishes, then a check of the promises (``twinflow drill NAME``).
+
+Each drill runs on a fresh :class:`~twinflow.chaos.drill_cluster.DrillCluster`
+(every link through the fault proxy) with the chained flow by default
+(history -> AND join -> action, with the claim pair), so faults also hit
+pending joins and their time-outs. A producer publishes ``messages`` orders
+and payments (cluster/demo.py's mix) at ``rate`` per second; the drill
+injects its fault at a point given as a share of the messages sent. Then
+the checker reads every outlink and counts:
+
+- ``lost``: sent messages that never left the flow;
+- ``duplicated``: leavings beyond the first per message;
+- ``out_of_order``: resequence outputs out of sequence within a group;
+- ``stale_writes``: outputs written by a master after a newer epoch's first
+  write (one writer per epoch);
+- ``rto_s``: for each fault, the last sink write before it to the first
+  after it (the largest, when a drill faults twice).
+
+A drill passes with nothing lost, duplicated, out of order or written
+stale, and (for the drills that kill the master) ``rto_s`` under 3 s. The
+``seed`` fixes every random choice; the command that reruns a drill is in
+its result.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..cluster.demo import order_or_payment
+from ..runtime.waiting import wait_for
+from .drill_cluster import DrillCluster
+from .invariants import check_outputs
+
+CHAINED = Path(__file__).resolve().parent.parent / "examples" / "cluster-chained.yaml"
+RTO_TARGET_S = 3.0
+
+
+@dataclass
+class Drill:
+    """What a drill function sees: the cluster, the roles at the start, the seeded random source."""
+
+    cluster: DrillCluster
+    master: str
+    worker: str
+    rng: random.Random
+    sent: Callable[[], int]
+    total: int
+    faults: list[float] = field(default_factory=list)  # when each fault began (epoch s)
+    say: Callable[[str], None] = lambda text: None
+    producing: threading.Event = field(default_factory=threading.Event)  # cleared: the producer waits
+
+    def __post_init__(self) -> None:
+        self.producing.set()
+
+    def wait_sent(self, share: float, timeout_s: float = 300) -> None:
+        want = int(self.total * share)
+        if not wait_for(lambda: self.sent() >= want, timeout_s, 0.05):
+            raise RuntimeError(f"the producer did not reach {want} messages")
+
+    def resume(self, share: float = 0.1) -> None:
+        """Let a held producer go on, and wait until ``share`` more of the messages went out, so
+        the next fault finds the cluster under load again (the recovery time needs writes before it)."""
+        want = self.sent() + int(self.total * share)
+        self.producing.set()
+        if not wait_for(lambda: self.sent() >= want, 300, 0.05):
+            raise RuntimeError(f"the producer did not reach {want} messages")
+
+    def fault(self, what: str) -> None:
+        self.faults.append(time.time())
+        self.say(f"  fault: {what} (after {self.sent()} messages)")
+
+
+# -- the drills ------------------------------------------------------------------------------------
+def kill_master(d: Drill) -> None:
+    d.wait_sent(0.4)
+    d.fault(f"SIGKILL master {d.master}")
+    d.cluster.nodes[d.master].kill()
+    d.cluster.wait_role(d.worker, "master")
+
+
+def pause_master(d: Drill) -> None:
+    """SIGSTOP past the session: the worker takes over; SIGCONT: the old master is fenced, steps down."""
+    d.wait_sent(0.4)
+    d.fault(f"SIGSTOP master {d.master}")
+    d.cluster.nodes[d.master].pause()
+    d.cluster.wait_role(d.worker, "master")
+    d.cluster.nodes[d.master].cont()
+    d.say(f"  SIGCONT {d.master}")
+    d.cluster.wait_role(d.master, "worker")
+
+
+def escalation_cut(d: Drill) -> None:
+    """The master's escalations to the worker cut for 3 s, then the master killed."""
+    d.wait_sent(0.3)
+    link = d.cluster.proxies[f"grpc-{d.worker}"]
+    d.say(f"  cut escalations into {d.worker}")
+    link.disable()
+    time.sleep(3.0)  # the fault window: how long the link stays cut
+    link.enable()
+    d.wait_sent(0.5)
+    d.fault(f"SIGKILL master {d.master}")
+    d.cluster.nodes[d.master].kill()
+    d.cluster.wait_role(d.worker, "master")
+
+
+def escalation_latency(d: Drill) -> None:
+    d.cluster.proxies[f"grpc-{d.worker}"].add_toxic(type="latency", attributes={"latency": 500})
+    d.say(f"  500 ms latency on escalations into {d.worker}")
+    d.wait_sent(0.5)
+    d.fault(f"SIGKILL master {d.master}")
+    d.cluster.nodes[d.master].kill()
+    d.cluster.wait_role(d.worker, "master")
+
+
+def redis_latency(d: Drill) -> None:
+    for stream in ("upstream", "downstream"):
+        d.cluster.proxies[f"redis-{d.master}"].add_toxic(type="latency", stream=stream,
+                                                         attributes={"latency": 100})
+    d.say(f"  200 ms round-trip latency between {d.master} and Redis")
+    d.wait_sent(0.5)
+    d.fault(f"SIGKILL master {d.master}")
+    d.cluster.nodes[d.master].kill()
+    d.cluster.wait_role(d.worker, "master")
+
+
+def worker_crash(d: Drill) -> None:
+    d.wait_sent(0.3)
+    d.say(f"  SIGKILL worker {d.worker}, then restart it")
+    d.producing.clear()  # the restart takes longer than the rest of the stream: keep some for the kill
+    d.cluster.nodes[d.worker].kill()
+    d.cluster.restart(d.worker)
+    d.resume()
+    d.fault(f"SIGKILL master {d.master}")
+    d.cluster.nodes[d.master].kill()
+    d.cluster.wait_role(d.worker, "master")
+
+
+def double_failover(d: Drill) -> None:
+    a, b = d.master, d.worker
+    d.wait_sent(0.25)
+    d.fault(f"SIGKILL master {a}")
+    d.cluster.nodes[a].kill()
+    d.cluster.wait_role(b, "master")
+    d.producing.clear()  # as in worker_crash: the second kill must come while messages still flow
+    d.cluster.restart(a)
+    d.say(f"  restarted {a}")
+    d.resume()
+    d.fault(f"SIGKILL master {b}")
+    d.cluster.nodes[b].kill()
+    d.cluster.wait_role(a, "master")
+
+
+DRILLS: dict[str, Callable[[Drill], None]] = {
+    "kill-master": kill_master,
+    "pause-master": pause_master,
+    "escalation-cut": escalation_cut,
+    "escalation-latency": escalation_latency,
+    "redis-latency": redis_latency,
+    "worker-crash": worker_crash,
+    "double-failover": double_failover,
+}
+KILLS_MASTER = set(DRILLS)  # every drill so far ends with a master gone
+
+
+# -- running one ------------------------------------------------------------------------------------
+class Producer(threading.Thread):
+    """Publishes the drill's messages at ``rate``; waits (and restarts its pacing) while ``gate`` is clear."""
+
+    def __init__(self, cluster: DrillCluster, total: int, rate: float, gate: threading.Event, batch: int = 50):
+        super().__init__(daemon=True, name="drill-producer")
+        self.cluster, self.total, self.rate, self.gate, self.batch = cluster, total, rate, gate, batch
+        self.ids: list[str] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        start, paced, seq = time.monotonic(), 0, 0
+        try:
+            while seq < self.total:
+                if not self.gate.is_set():
+                    self.gate.wait()
+                    start, paced = time.monotonic(), 0
+                docs = [order_or_payment(i) for i in range(seq, min(seq + self.batch, self.total))]
+                self.cluster.publish(docs)
+                self.ids.extend(doc["id"] for doc in docs)
+                seq += len(docs)
+                paced += len(docs)
+                delay = start + paced / self.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        except BaseException as exc:
+            self.error = exc
+
+
+def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str | None = None,
+              rate: float = 1000.0, settle_s: float = 90.0, say: Callable[[str], None] = lambda text: None,
+              keep: bool = False) -> dict:
+    """Run one drill on a fresh cluster and check it; returns the result (see the module docstring)."""
+    if name not in DRILLS:
+        raise KeyError(f"unknown drill {name!r} (known: {', '.join(DRILLS)})")
+    cluster = DrillCluster(flow_text or CHAINED.read_text()).start()
+    try:
+        master = cluster.wait_ready()
+        worker = cluster.other(master)
+        wait_for(lambda: cluster.status(worker).get("streaming") == "1", 120, 0.2)
+        gate = threading.Event()
+        producer = Producer(cluster, messages, rate, gate)
+        drill = Drill(cluster, master, worker, random.Random(seed), lambda: len(producer.ids), messages, say=say,
+                      producing=gate)
+        producer.start()
+        DRILLS[name](drill)
+        producer.join(timeout=messages / rate + 120)
+        if producer.error is not None:
+            raise RuntimeError(f"the producer failed: {producer.error}")
+        wait_for(lambda: check_outputs(cluster.outputs(), producer.ids).delivered >= len(producer.ids),
+                 settle_s, 0.5)
+        result = check(cluster, producer.ids, drill.faults, kills_master=name in KILLS_MASTER)
+        result.update(drill=name, seed=seed, messages=messages)
+        result["rerun"] = f"twinflow drill {name} --seed {seed} --messages {messages}"
+        if not result["passed"]:
+            result["logs"] = cluster.logs(20)
+        return result
+    finally:
+        cluster.stop()
+        if not keep:
+            cluster.remove()
+
+
+def check(cluster: DrillCluster, sent: list[str], faults: list[float], kills_master: bool) -> dict:
+    """The promises, counted over every outlink (see the module docstring)."""
+    outputs = cluster.outputs()
+    report = check_outputs(outputs, sent)
+    everything = sorted((e for entries in outputs.values() for e in entries), key=lambda e: e.written_ms)
+    stale, newest = 0, 0
+    for e in everything:  # one writer per epoch: nothing from an older epoch after a newer one wrote
+        if e.epoch < newest:
+            stale += 1
+        newest = max(newest, e.epoch)
+    writes = sorted(e.written_ms / 1000 for entries in outputs.values() for e in entries)
+    rto = None
+    for at in faults:
+        before = [t for t in writes if t <= at]
+        after = [t for t in writes if t > at]
+        if before and after:
+            gap = after[0] - before[-1]
+            rto = gap if rto is None else max(rto, gap)
+    out_of_order = _out_of_order(cluster, outputs)
+    passed = (report.lost == 0 and report.duplicated == 0 and report.unexpected == 0 and stale == 0
+              and out_of_order == 0 and (not kills_master or (rto is not None and rto < RTO_TARGET_S)))
+    return {"lost": report.lost, "duplicated": report.duplicated, "out_of_order": out_of_order,
+            "stale_writes": stale, "rto_s": None if rto is None else round(rto, 3), "passed": passed,
+            "lost_ids": report.lost_ids, "duplicated_ids": report.duplicated_ids}
+
+
+def _out_of_order(cluster: DrillCluster, outputs: dict) -> int:
+    """Resequence outputs whose sequence number is not above the one before in their group."""
+    import json
+
+    bad = 0
+    for name, node in cluster.graph.nodes.items():
+        if node.kind != "resequence":
+            continue
+        last: dict = {}
+        key = cluster.keys.out(name, "out")
+        for _, fields in cluster.redis.xrange(key):
+            info = json.loads(fields.get(b"info", b"{}"))
+            group, seq = info.get("group"), info.get("seq")
+            if group in last and seq <= last[group]:
+                bad += 1
+            last[group] = seq
+    return bad

@@ -1,0 +1,33 @@
+"""The CI set of chaos drills (issue 8: kill-master, pause-master, escalation-cut), each on a fresh
+cluster whose every link goes through the fault proxy, with fewer messages than an operator's run.
+
+The flow is the chained one with a 3 s join time-out, so the lone orders of
+the producer's mix expire within the drill.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+CHAINED = Path(__file__).parents[2] / "examples" / "cluster-chained.yaml"
+
+
+@pytest.mark.parametrize("drill", ["kill-master", "pause-master", "escalation-cut"])
+def test_drill_keeps_every_promise(drill, tmp_path):
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(CHAINED.read_text().replace("timeout: 10 ", "timeout: 3 "))
+    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", drill, "--seed", "7", "--messages", "3000",
+                        "--rate", "600", "--flow", str(flow), "--json"], capture_output=True, text=True, timeout=280)
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, (r.stdout[-2000:], r.stderr[-3000:])
+    result = lines[0]
+    assert set(result) == {"drill", "seed", "messages", "lost", "duplicated", "out_of_order", "rto_s", "passed"}
+    assert (result["drill"], result["seed"], result["messages"]) == (drill, 7, 3000)
+    assert result["lost"] == 0 and result["duplicated"] == 0 and result["out_of_order"] == 0, result
+    assert result["rto_s"] is not None and result["rto_s"] < 3.0, result
+    assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])
