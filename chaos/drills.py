@@ -71,6 +71,12 @@ class Drill:
         if not wait_for(lambda: self.sent() >= want, 300, 0.05):
             raise RuntimeError(f"the producer did not reach {want} messages")
 
+    def kill(self, master: str, heir: str) -> None:
+        """The fault most drills end with: SIGKILL ``master``; wait until ``heir`` is master."""
+        self.fault(f"SIGKILL master {master}")
+        self.cluster.nodes[master].kill()
+        self.cluster.wait_role(heir, "master")
+
     def fault(self, what: str) -> None:
         self.faults.append(time.time())
         self.say(f"  fault: {what} (after {self.sent()} messages)")
@@ -79,9 +85,7 @@ class Drill:
 # -- the drills ------------------------------------------------------------------------------------
 def kill_master(d: Drill) -> None:
     d.wait_sent(0.4)
-    d.fault(f"SIGKILL master {d.master}")
-    d.cluster.nodes[d.master].kill()
-    d.cluster.wait_role(d.worker, "master")
+    d.kill(d.master, d.worker)
 
 
 def pause_master(d: Drill) -> None:
@@ -104,18 +108,14 @@ def escalation_cut(d: Drill) -> None:
     time.sleep(3.0)  # the fault window: how long the link stays cut
     link.enable()
     d.wait_sent(0.5)
-    d.fault(f"SIGKILL master {d.master}")
-    d.cluster.nodes[d.master].kill()
-    d.cluster.wait_role(d.worker, "master")
+    d.kill(d.master, d.worker)
 
 
 def escalation_latency(d: Drill) -> None:
     d.cluster.proxies[f"grpc-{d.worker}"].add_toxic(type="latency", attributes={"latency": 500})
     d.say(f"  500 ms latency on escalations into {d.worker}")
     d.wait_sent(0.5)
-    d.fault(f"SIGKILL master {d.master}")
-    d.cluster.nodes[d.master].kill()
-    d.cluster.wait_role(d.worker, "master")
+    d.kill(d.master, d.worker)
 
 
 def redis_latency(d: Drill) -> None:
@@ -124,9 +124,7 @@ def redis_latency(d: Drill) -> None:
                                                          attributes={"latency": 100})
     d.say(f"  200 ms round-trip latency between {d.master} and Redis")
     d.wait_sent(0.5)
-    d.fault(f"SIGKILL master {d.master}")
-    d.cluster.nodes[d.master].kill()
-    d.cluster.wait_role(d.worker, "master")
+    d.kill(d.master, d.worker)
 
 
 def worker_crash(d: Drill) -> None:
@@ -136,24 +134,18 @@ def worker_crash(d: Drill) -> None:
     d.cluster.nodes[d.worker].kill()
     d.cluster.restart(d.worker)
     d.resume()
-    d.fault(f"SIGKILL master {d.master}")
-    d.cluster.nodes[d.master].kill()
-    d.cluster.wait_role(d.worker, "master")
+    d.kill(d.master, d.worker)
 
 
 def double_failover(d: Drill) -> None:
     a, b = d.master, d.worker
     d.wait_sent(0.25)
-    d.fault(f"SIGKILL master {a}")
-    d.cluster.nodes[a].kill()
-    d.cluster.wait_role(b, "master")
+    d.kill(a, b)
     d.producing.clear()  # as in worker_crash: the second kill must come while messages still flow
     d.cluster.restart(a)
     d.say(f"  restarted {a}")
     d.resume()
-    d.fault(f"SIGKILL master {b}")
-    d.cluster.nodes[b].kill()
-    d.cluster.wait_role(a, "master")
+    d.kill(b, a)
 
 
 DRILLS: dict[str, Callable[[Drill], None]] = {
