@@ -148,6 +148,28 @@ def double_failover(d: Drill) -> None:
     d.kill(b, a)
 
 
+def zk_partition_master(d: Drill) -> None:
+    """The master cut from ZooKeeper only: it must stop writing before the worker starts."""
+    d.wait_sent(0.4)
+    d.fault(f"cut {d.master} from ZooKeeper")
+    d.cluster.proxies[f"zk-{d.master}"].disable()
+    d.cluster.wait_role(d.worker, "master")
+    d.cluster.proxies[f"zk-{d.master}"].enable()
+    d.say(f"  {d.master} reaches ZooKeeper again")
+    d.cluster.wait_role(d.master, "worker")
+
+
+def redis_restart(d: Drill) -> None:
+    """Redis stopped (it writes its append-only file) and started again under load."""
+    d.wait_sent(0.4)
+    d.fault("stop Redis")
+    d.cluster.services.stop_redis()
+    time.sleep(2.0)  # the outage: how long Redis stays down
+    d.cluster.services.start_redis_again()
+    d.say("  Redis is back")
+    wait_for(d.cluster.master, 60, 0.2)
+
+
 DRILLS: dict[str, Callable[[Drill], None]] = {
     "kill-master": kill_master,
     "pause-master": pause_master,
@@ -156,8 +178,11 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "redis-latency": redis_latency,
     "worker-crash": worker_crash,
     "double-failover": double_failover,
+    "zk-partition-master": zk_partition_master,
+    "redis-restart": redis_restart,
 }
-KILLS_MASTER = set(DRILLS)  # every drill so far ends with a master gone
+# The drills whose recovery time is held to the target: they kill the master.
+KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart"}
 
 
 # -- running one ------------------------------------------------------------------------------------

@@ -177,6 +177,17 @@ class LocalServices:
         if self.owns_base_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
+    def stop_redis(self, deadline_s: float = 10.0) -> None:
+        """Stop Redis by PID (TERM: it writes its append-only file first)."""
+        _stop_pid(self.redis.pid, deadline_s)
+
+    def start_redis_again(self, deadline_s: float = 30.0) -> None:
+        """Start Redis again on its port and data directory (it reloads its append-only file)."""
+        old = self.redis
+        server = _start_redis(Path(old.log).parent, port=old.port)
+        self.servers[self.servers.index(old)] = server
+        _wait_answering(server, deadline_s)
+
     def logs(self) -> str:
         """The tail of every server's log, for a failing test or command."""
         return "\n".join(f"--- {s.name} ({s.log}) ---\n{_log_tail(s.log)}" for s in self.servers)
@@ -204,11 +215,11 @@ def _spawn(argv: list[str], log_path: Path) -> int:
     return proc.pid
 
 
-def _start_redis(directory: Path, *extra: str) -> Server:
+def _start_redis(directory: Path, *extra: str, port: int | None = None) -> Server:
     if shutil.which("redis-server") is None:
         raise ServiceError("redis-server is not installed (apt-get install redis-server, or run `make test`)")
     directory.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     log = directory / "redis.log"
     pid = _spawn(
         # What the promises need (README "Redis configuration"): nothing evicted,
