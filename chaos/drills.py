@@ -170,6 +170,41 @@ def redis_restart(d: Drill) -> None:
     wait_for(d.cluster.master, 60, 0.2)
 
 
+def kill_during_rollback(d: Drill) -> None:
+    """The master killed; the worker killed the moment it takes the new epoch, when it starts
+    delivering what the old master left (its catch-up); the first node, restarted, finishes."""
+    from kazoo.client import KazooClient
+
+    a, b = d.master, d.worker
+    zk = KazooClient(hosts=d.cluster.services.zk_hosts)  # directly, not through a node's proxy
+    zk.start(timeout=10)
+    try:
+        epoch_path = f"/twinflow/{d.cluster.flow}/epoch"
+        epoch = zk.exists(epoch_path).version
+        killed = threading.Event()
+
+        def on_epoch(data, stat):  # b takes the new epoch in ZooKeeper first, then catches up
+            if stat is not None and stat.version > epoch and not killed.is_set():
+                d.cluster.nodes[b].kill()
+                d.fault(f"SIGKILL {b} as it takes over")
+                killed.set()
+                return False  # no more calls
+            return True
+
+        d.wait_sent(0.5)
+        zk.DataWatch(epoch_path, on_epoch)
+        d.fault(f"SIGKILL master {a}")
+        d.cluster.nodes[a].kill()
+        if not killed.wait(60):
+            raise RuntimeError(f"{b} was not promoted:\n{d.cluster.logs()}")
+    finally:
+        zk.stop()
+        zk.close()
+    d.say(f"  {b}'s last status: {d.cluster.status(b).get('rolled_back', '?')} caught up")
+    d.cluster.restart(a)
+    d.cluster.wait_role(a, "master")
+
+
 DRILLS: dict[str, Callable[[Drill], None]] = {
     "kill-master": kill_master,
     "pause-master": pause_master,
@@ -180,9 +215,11 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "double-failover": double_failover,
     "zk-partition-master": zk_partition_master,
     "redis-restart": redis_restart,
+    "kill-during-rollback": kill_during_rollback,
 }
-# The drills whose recovery time is held to the target: they kill the master.
-KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart"}
+# The drills whose recovery time is held to the target: they kill the master and leave a
+# node to take over (kill-during-rollback kills both; its recovery includes a restart).
+KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-during-rollback"}
 
 
 # -- running one ------------------------------------------------------------------------------------
