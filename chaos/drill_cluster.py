@@ -9,10 +9,15 @@ a drill can fault exactly one:
 proxy               link
 ==================  ============================================
 ``redis-<node>``    that node to Redis
-``zk-<node>``       that node to ZooKeeper
+``zk-<node>``       that node to ZooKeeper (``zk-<node>-<i>`` to
+                    member i of an ensemble)
 ``grpc-<node>``     escalations (and handovers) into that node
 ``producer``        the producer to the uplink
 ==================  ============================================
+
+With ``zk_members=3`` the cluster runs on a three-server ZooKeeper
+ensemble (:class:`~twinflow.cluster.services.LocalZkEnsemble`) and each
+node's connect string names all three members, each through its own proxy.
 
 Each node listens for gRPC on a port picked here and advertises its proxy's
 address, so the master's escalations to the worker pass through
@@ -34,7 +39,7 @@ from pathlib import Path
 import redis
 
 from ..cluster.process import NodeProcess
-from ..cluster.services import LocalServices, free_port
+from ..cluster.services import LocalServices, LocalZkEnsemble, free_port
 from ..runtime.flowgraph import load_graph
 from ..runtime.store.flow_store import FlowKeys
 from ..runtime.waiting import wait_for
@@ -44,7 +49,7 @@ NODES = ("a", "b")
 
 
 class DrillCluster:
-    def __init__(self, flow_text: str, flow: str = "drill", workdir: str | None = None):
+    def __init__(self, flow_text: str, flow: str = "drill", workdir: str | None = None, zk_members: int = 1):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="twinflow-drill-"))
         self.flow = flow
         self.flow_path = self.workdir / "flow.yaml"
@@ -52,6 +57,8 @@ class DrillCluster:
         self.graph = load_graph(self.flow_path)
         self.keys = FlowKeys(flow, self.graph.cluster.uplink_stream)
         self.services: LocalServices | None = None
+        self.zk_members = zk_members
+        self.ensemble: LocalZkEnsemble | None = None
         self.proxy_proc: subprocess.Popen | None = None
         self.toxiproxy = None
         self.proxies: dict = {}
@@ -62,19 +69,25 @@ class DrillCluster:
     # -- life cycle -------------------------------------------------------
     def start(self) -> "DrillCluster":
         try:
-            self.services = LocalServices.start(base_dir=str(self.workdir / "services"))
+            self.services = LocalServices.start(base_dir=str(self.workdir / "services"),
+                                                zookeeper=self.zk_members == 1)
+            if self.zk_members > 1:
+                self.ensemble = LocalZkEnsemble.start(str(self.workdir / "ensemble"), self.zk_members)
             self.redis = redis.Redis.from_url(self.services.redis_url)
             self._start_proxy()
             redis_up = f"127.0.0.1:{self.services.redis.port}"
-            zk_up = self.services.zk_hosts
             for node_id in NODES:
                 grpc_port = free_port()
                 self._proxy(f"redis-{node_id}", redis_up)
-                self._proxy(f"zk-{node_id}", zk_up)
+                if self.ensemble is None:
+                    zk = self._proxy(f"zk-{node_id}", self.services.zk_hosts).listen
+                else:
+                    zk = ",".join(self._proxy(f"zk-{node_id}-{i + 1}", f"127.0.0.1:{m.port}").listen
+                                  for i, m in enumerate(self.ensemble.servers))
                 grpc = self._proxy(f"grpc-{node_id}", f"127.0.0.1:{grpc_port}")
                 self.nodes[node_id] = NodeProcess(
                     node_id, str(self.flow_path), f"redis://{self.proxies[f'redis-{node_id}'].listen}/0",
-                    self.proxies[f"zk-{node_id}"].listen, str(self.workdir / "state"),
+                    zk, str(self.workdir / "state"),
                     str(self.workdir / f"{node_id}.log"),
                     extra_args=["--listen", f"127.0.0.1:{grpc_port}", "--advertise", grpc.listen])
             producer = self._proxy("producer", redis_up)
@@ -114,6 +127,13 @@ class DrillCluster:
                 self.proxy_proc.kill()
         if self.services is not None:
             self.services.stop()
+        if self.ensemble is not None:
+            self.ensemble.stop()
+
+    @property
+    def zk_hosts(self) -> str:
+        """ZooKeeper's own address(es), not through any proxy."""
+        return self.ensemble.hosts if self.ensemble is not None else self.services.zk_hosts
 
     def remove(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)

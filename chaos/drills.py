@@ -176,7 +176,7 @@ def kill_during_rollback(d: Drill) -> None:
     from kazoo.client import KazooClient
 
     a, b = d.master, d.worker
-    zk = KazooClient(hosts=d.cluster.services.zk_hosts)  # directly, not through a node's proxy
+    zk = KazooClient(hosts=d.cluster.zk_hosts)  # directly, not through a node's proxy
     zk.start(timeout=10)
     try:
         epoch_path = f"/twinflow/{d.cluster.flow}/epoch"
@@ -205,6 +205,24 @@ def kill_during_rollback(d: Drill) -> None:
     d.cluster.wait_role(a, "master")
 
 
+def zk_member_restart(d: Drill) -> None:
+    """On a three-server ZooKeeper ensemble, the server that leads it killed and started again:
+    the ensemble elects another leader, the nodes' clients move to a live member."""
+    ensemble = d.cluster.ensemble
+    d.wait_sent(0.4)
+    leader = ensemble.leader()
+    if leader is None:
+        raise RuntimeError("the ZooKeeper ensemble has no leader")
+    d.fault(f"SIGKILL ZooKeeper server {leader + 1}, the ensemble's leader")
+    ensemble.kill(leader)
+    ensemble.wait_serving(60)
+    d.say(f"  the ensemble serves again (leader: server {(ensemble.leader() or 0) + 1})")
+    ensemble.start_again(leader)
+    d.say(f"  ZooKeeper server {leader + 1} is back")
+    if not wait_for(d.cluster.master, 60, 0.2):
+        raise RuntimeError(f"no master after the ZooKeeper restart:\n{d.cluster.logs()}")
+
+
 DRILLS: dict[str, Callable[[Drill], None]] = {
     "kill-master": kill_master,
     "pause-master": pause_master,
@@ -216,10 +234,13 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "zk-partition-master": zk_partition_master,
     "redis-restart": redis_restart,
     "kill-during-rollback": kill_during_rollback,
+    "zk-member-restart": zk_member_restart,
 }
+# The drills that run on a three-server ZooKeeper ensemble (the others on one server).
+ON_ENSEMBLE = {"zk-member-restart"}
 # The drills whose recovery time is held to the target: they kill the master and leave a
 # node to take over (kill-during-rollback kills both; its recovery includes a restart).
-KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-during-rollback"}
+KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-during-rollback", "zk-member-restart"}
 
 
 # -- running one ------------------------------------------------------------------------------------
@@ -257,7 +278,7 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
     """Run one drill on a fresh cluster and check it; returns the result (see the module docstring)."""
     if name not in DRILLS:
         raise KeyError(f"unknown drill {name!r} (known: {', '.join(DRILLS)})")
-    cluster = DrillCluster(flow_text or CHAINED.read_text()).start()
+    cluster = DrillCluster(flow_text or CHAINED.read_text(), zk_members=3 if name in ON_ENSEMBLE else 1).start()
     try:
         master = cluster.wait_ready()
         worker = cluster.other(master)

@@ -47,16 +47,20 @@ def read_sink(client, sink_key: str, page: int = 10_000) -> list[SinkEntry]:
         batch = client.xrange(sink_key, min=start, max="+", count=page)
         if not batch:
             return out
-        for entry_id, fields in batch:
-            eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-            f = {k.decode(): v.decode() for k, v in fields.items() if k != b"data"}
-            at = float(f["at"]) if "at" in f else None
-            out.append(SinkEntry(f["id"], int(f["epoch"]), f["node"], int(eid.split("-")[0]), at))
+        out.extend(sink_entry(entry_id, fields) for entry_id, fields in batch)
         last = batch[-1][0]
         last = last.decode() if isinstance(last, bytes) else last
         start = "(" + last
         if len(batch) < page:
             return out
+
+
+def sink_entry(entry_id, fields: dict) -> SinkEntry:
+    """One output stream entry (as redis-py returns it) as a SinkEntry."""
+    eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    f = {k.decode(): v.decode() for k, v in fields.items() if k != b"data"}
+    at = float(f["at"]) if "at" in f else None
+    return SinkEntry(f["id"], int(f["epoch"]), f["node"], int(eid.split("-")[0]), at)
 
 
 def read_outputs(client, streams: dict[tuple[str, str], str]) -> dict[str, list[SinkEntry]]:

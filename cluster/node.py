@@ -152,8 +152,10 @@ def flow_keys(graph: FlowGraph) -> FlowKeys:
 
 class FlowNode:
     def __init__(self, graph: FlowGraph, config: NodeConfig, clock: Clock | None = None,
-                 parts: NodeParts | None = None):
-        """``parts`` builds the node's collaborators (default: real servers and Spark, see node_parts)."""
+                 parts: NodeParts | None = None, monotonic=time.monotonic, pause=None):
+        """``parts`` builds the node's collaborators (default: real servers and Spark, see node_parts);
+        ``clock`` gives the flow's time, ``monotonic`` the timers' local intervals and ``pause(s)``
+        the wait of a held batch (default: until stopped); a simulator passes its virtual clock."""
         spec = cluster_flow(graph)
         self.parts = parts or RealParts()
         self.graph = graph
@@ -161,6 +163,8 @@ class FlowNode:
         self.name = graph.name
         self.cfg = config
         self.clock = clock or SystemClock()
+        self.monotonic = monotonic
+        self._next_status = self._next_sweep = float("-inf")
         pair = spec.pair
         self.keys = flow_keys(graph)
         self.sort = ClaimSortNode(pair.bake_time, pair.unclaimed_outlink, pair.max_pending) if pair else NoPair()
@@ -184,6 +188,7 @@ class FlowNode:
         self._lock = threading.Lock()   # memory only: never held across a Redis call
         self._work = threading.Lock()   # one batch or one promotion catch-up at a time
         self._stop = threading.Event()
+        self._pause = pause or self._stop.wait
         self._wake = threading.Event()
         self._term_requested = threading.Event()
         self._stopped = False
@@ -216,7 +221,7 @@ class FlowNode:
             self.role = WORKER
         self.leadership = parts.leadership(self)
         self.leadership.start()
-        threading.Thread(target=self._timer_loop, name="timers", daemon=True).start()
+        parts.start_timers(self)
         self.query = parts.stream(self, start)
         log.info("%s started reading %s (gRPC %s); ready after the warm-up batch",
                  self.cfg.node_id, self.keys.uplink, self.address)
@@ -375,7 +380,7 @@ class FlowNode:
             # Master but ZooKeeper is suspended: hold the batch until the
             # connection is back (keep the role) or the session is lost (bake).
             self.holding = True
-            self._stop.wait(0.05)
+            self._pause(0.05)
 
     def _decode(self, rows) -> tuple[list[Message], list[tuple]]:
         """Messages, and (position, reason, body, size) of the entries that are bad."""
@@ -599,47 +604,56 @@ class FlowNode:
             log.info("%s reads again (%d messages held)", self.cfg.node_id, pending)
 
     # -- timers -----------------------------------------------------------
-    def _timer_loop(self) -> None:
-        next_status = next_sweep = 0.0
-        # Often enough that a healthy master's status writes keep its lease fresh.
-        status_every = min(self.cfg.status_interval_s, self.lease_s / 3)
+    def run_timers(self) -> None:
+        """The timer thread: a round (see ``timer_round``), then wait for the next one or a wake-up."""
         while not self._stop.is_set():
-            now = self.clock.now()
-            with self._lock:
-                if self.role != MASTER:
-                    self._to_surface.extend(self.sort.tick(now))
-                deadline = self.sort.next_deadline()
-                surface, self._to_surface = self._to_surface, []
-            try:
-                master_deadline = self._fire_due(now)
-                if master_deadline is not None and (deadline is None or master_deadline < deadline):
-                    deadline = master_deadline
-                if surface:
-                    log.warning("%d messages fully baked without a claim (first: %s)", len(surface), surface[0].id)
-                    try:
-                        self.store.surface_unclaimed(surface, self.spec.pair.unclaimed_outlink)
-                    except Exception:
-                        with self._lock:  # surfaced on the next round instead; they are still held
-                            self._to_surface[:0] = surface
-                        raise
-                mono = time.monotonic()
-                if mono >= next_sweep:
-                    next_sweep = mono + self.cfg.sweep_interval_s
-                    self._sweep()
-                if mono >= next_status:
-                    next_status = mono + status_every
-                    self._guard_epoch(0, deadline_s=0)
-                    self.store.write_status(self.status(), ttl_s=max(5, int(4 * self.cfg.status_interval_s)))
-            except Exception as exc:  # a timer must keep firing
-                if self._stop.is_set():
-                    return
-                log.warning("timer loop: %s: %s", type(exc).__name__, exc)
-            self._check_lease()
-            wait = min(status_every, self.cfg.sweep_interval_s)
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - self.clock.now()))
+            wait = self.timer_round()
+            if wait is None:
+                return
             self._wake.wait(wait)
             self._wake.clear()
+
+    def timer_round(self) -> float | None:
+        """Fire what is due now: bake expiry (worker), the flow's deadlines (master), the
+        sweep, the status and epoch guard, the lease check. Returns the seconds until the
+        next round is due, or None once the node stops. Never raises: a timer must keep firing."""
+        # Often enough that a healthy master's status writes keep its lease fresh.
+        status_every = min(self.cfg.status_interval_s, self.lease_s / 3)
+        now = self.clock.now()
+        with self._lock:
+            if self.role != MASTER:
+                self._to_surface.extend(self.sort.tick(now))
+            deadline = self.sort.next_deadline()
+            surface, self._to_surface = self._to_surface, []
+        try:
+            master_deadline = self._fire_due(now)
+            if master_deadline is not None and (deadline is None or master_deadline < deadline):
+                deadline = master_deadline
+            if surface:
+                log.warning("%d messages fully baked without a claim (first: %s)", len(surface), surface[0].id)
+                try:
+                    self.store.surface_unclaimed(surface, self.spec.pair.unclaimed_outlink)
+                except Exception:
+                    with self._lock:  # surfaced on the next round instead; they are still held
+                        self._to_surface[:0] = surface
+                    raise
+            mono = self.monotonic()
+            if mono >= self._next_sweep:
+                self._next_sweep = mono + self.cfg.sweep_interval_s
+                self._sweep()
+            if mono >= self._next_status:
+                self._next_status = mono + status_every
+                self._guard_epoch(0, deadline_s=0)
+                self.store.write_status(self.status(), ttl_s=max(5, int(4 * self.cfg.status_interval_s)))
+        except Exception as exc:
+            if self._stop.is_set():
+                return None
+            log.warning("timer loop: %s: %s", type(exc).__name__, exc)
+        self._check_lease()
+        wait = min(status_every, self.cfg.sweep_interval_s)
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - self.clock.now()))
+        return wait
 
     def _fire_due(self, now: float) -> float | None:
         """As master, fire the flow's deadlines due at ``now`` and commit what they did;

@@ -2,7 +2,8 @@
 
 :class:`~twinflow.cluster.node.FlowNode` takes a :class:`NodeParts` and asks
 it, in this order, for its Redis store, its ZooKeeper client, its gRPC
-server, its escalation sender, its leadership and, last, its uplink stream.
+server, its escalation sender, its leadership, its timers and, last, its
+uplink stream.
 :class:`RealParts` (the default) connects to the servers named in the
 node's config and runs Spark; a test or a failover simulator passes its own
 parts (an in-memory stream that calls ``node.on_batch``, a store on a
@@ -15,6 +16,7 @@ node's ``connect_deadline_s`` and then raises ServiceUnavailable naming it.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..runtime.store.flow_store import FlowStore
@@ -42,6 +44,7 @@ class NodeParts(Protocol):
     def server(self, node: "FlowNode") -> tuple[Any, int]: ...
     def sender(self, node: "FlowNode") -> EscalationSender: ...
     def leadership(self, node: "FlowNode") -> Leadership: ...
+    def start_timers(self, node: "FlowNode") -> None: ...
     def prepare_stream(self, node: "FlowNode") -> None: ...
     def stream(self, node: "FlowNode", start: dict) -> UplinkStream: ...
     def hold(self, stream: UplinkStream, held: bool) -> None: ...
@@ -65,6 +68,9 @@ class RealParts:
 
     def zookeeper(self, node: "FlowNode") -> Any:
         return connect_zookeeper(node.cfg.zk_hosts, node.cfg.connect_deadline_s, node.spec.session_timeout)
+
+    def start_timers(self, node: "FlowNode") -> None:
+        threading.Thread(target=node.run_timers, name="timers", daemon=True).start()
 
     def prepare_stream(self, node: "FlowNode") -> None:
         # The JVM is forked before any gRPC object exists: forking while gRPC's

@@ -144,14 +144,16 @@ class LocalServices:
         return f"127.0.0.1:{self.zookeeper.port}"
 
     @classmethod
-    def start(cls, base_dir: str | None = None, deadline_s: float = 30.0) -> "LocalServices":
-        """Start both servers and wait until each answers, or raise ServiceError."""
+    def start(cls, base_dir: str | None = None, deadline_s: float = 30.0, zookeeper: bool = True) -> "LocalServices":
+        """Start both servers (Redis alone without ``zookeeper``) and wait until each answers,
+        or raise ServiceError."""
         owns = base_dir is None
         base = base_dir or tempfile.mkdtemp(prefix="twinflow-services-")
         svc = cls(base_dir=base, owns_base_dir=owns)
         try:
             svc.servers.append(_start_answering(_start_redis, Path(base) / "redis", deadline_s))
-            svc.servers.append(_start_answering(_start_zookeeper, Path(base) / "zookeeper", deadline_s))
+            if zookeeper:
+                svc.servers.append(_start_answering(_start_zookeeper, Path(base) / "zookeeper", deadline_s))
         except BaseException:
             svc.stop()
             raise
@@ -273,6 +275,95 @@ class LocalRedisCluster:
             cluster.stop()
             raise
         return cluster
+
+    def stop(self, deadline_s: float = 10.0) -> None:
+        for s in self.servers:
+            _stop_pid(s.pid, deadline_s)
+
+
+@dataclass
+class LocalZkEnsemble:
+    """A ZooKeeper ensemble of ``n`` servers on loopback (a quorum of n // 2 + 1), owned by
+    this object: for the drill that restarts the server leading it (``zk-member-restart``).
+
+    Each member has its own data directory, ``myid``, client port and quorum
+    ports; :meth:`restart` kills one by PID and starts it again on the same
+    ports and data. ``stop()`` ends them all by PID.
+    """
+
+    base_dir: str
+    servers: list[Server] = field(default_factory=list)
+    quorum: str = ""          # the server.N lines every member's zoo.cfg holds
+
+    @property
+    def hosts(self) -> str:
+        return ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+
+    @classmethod
+    def start(cls, base_dir: str, n: int = 3, deadline_s: float = 60.0) -> "LocalZkEnsemble":
+        ens = cls(base_dir)
+        ports = [(free_port(), free_port(), free_port()) for _ in range(n)]  # client, peer, election
+        ens.quorum = "".join(f"server.{i + 1}=127.0.0.1:{peer}:{election}\n"
+                             for i, (_, peer, election) in enumerate(ports))
+        try:
+            for i, (client, _, _) in enumerate(ports):
+                ens.servers.append(ens._start_member(i, client))
+            ens.wait_serving(deadline_s)
+        except BaseException:
+            ens.stop()
+            raise
+        return ens
+
+    def _start_member(self, i: int, port: int) -> Server:
+        directory = Path(self.base_dir) / f"zk{i + 1}"
+        data = directory / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "myid").write_text(f"{i + 1}\n")
+        cfg = directory / "zoo.cfg"
+        cfg.write_text(ZOO_CFG.format(data_dir=data, port=port) + self.quorum)
+        log = directory / "zookeeper.log"
+        pid = _spawn(["java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                      "-Dzookeeper.log.dir=" + str(directory), "-cp", ZK_CLASSPATH,
+                      "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)], log)
+        return Server("zookeeper", port, pid, str(log))
+
+    def mode(self, i: int) -> str | None:
+        """``leader``, ``follower``, or None while member ``i`` serves no clients."""
+        reply = _reply(self.servers[i].port, b"srvr").decode(errors="replace")
+        for line in reply.splitlines():
+            if line.startswith("Mode: "):
+                return line[6:].strip()
+        return None
+
+    def leader(self) -> int | None:
+        return next((i for i in range(len(self.servers)) if self.mode(i) == "leader"), None)
+
+    def wait_serving(self, deadline_s: float) -> None:
+        """Until every live member serves and one of them leads, or ServiceError."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            modes = [self.mode(i) for i in range(len(self.servers)) if _pid_alive(self.servers[i].pid)]
+            if modes and None not in modes and "leader" in modes:
+                return
+            time.sleep(0.1)
+        raise ServiceError(f"the ZooKeeper ensemble did not elect a leader within {deadline_s:.0f} s:\n"
+                           + "\n".join(_log_tail(s.log, 10) for s in self.servers))
+
+    def kill(self, i: int) -> None:
+        """SIGKILL member ``i`` and wait (bounded) until it is gone."""
+        pid = self.servers[i].pid
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + 10.0
+        while time.monotonic() < end and _pid_alive(pid):
+            time.sleep(0.02)
+
+    def start_again(self, i: int, deadline_s: float = 60.0) -> None:
+        """Start member ``i`` again on its ports and data; wait until the ensemble serves."""
+        self.servers[i] = self._start_member(i, self.servers[i].port)
+        self.wait_serving(deadline_s)
 
     def stop(self, deadline_s: float = 10.0) -> None:
         for s in self.servers:

@@ -17,6 +17,8 @@ twinflow.runtime.params.FlowFileError: f.yaml:2: join.bake: is required
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import re
 from typing import Any, Callable, Iterable
@@ -43,7 +45,15 @@ class Doc:
 
     def __init__(self, text: str, file: str):
         self.file = file
-        self.lines: dict[str, int] = {}
+        # A flow's text is parsed again at every promotion (FlowGraph.fresh): keep the last
+        # few parses, and hand out copies so that no reader changes another's values.
+        value, lines = _parsed(text, file)
+        self.value, self.lines = copy.deepcopy(value), dict(lines)
+
+    @classmethod
+    def parse(cls, text: str, file: str) -> tuple[Any, dict[str, int]]:
+        doc = cls.__new__(cls)
+        doc.file, doc.lines = file, {}
         try:
             root = yaml.compose(text)
         except yaml.YAMLError as exc:
@@ -51,7 +61,7 @@ class Doc:
             raise FlowFileError(file, mark.line + 1 if mark else None, "(file)", f"not valid YAML: {exc}") from None
         if root is None:
             raise FlowFileError(file, None, "(file)", "the file is empty")
-        self.value = self._plain(root, "")
+        return doc._plain(root, ""), doc.lines
 
     def _plain(self, node, path: str):
         self.lines[path] = node.start_mark.line + 1
@@ -73,6 +83,11 @@ class Doc:
         while probe and probe not in self.lines:  # a missing field: point at its parent
             probe = probe.rpartition(".")[0]
         return FlowFileError(self.file, self.lines.get(probe), path, reason)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str, file: str) -> tuple[Any, dict[str, int]]:
+    return Doc.parse(text, file)
 
 
 class Params:

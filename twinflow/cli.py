@@ -273,6 +273,49 @@ def cmd_drill(args) -> int:
     return 0 if all(r["passed"] for r in results) else 1
 
 
+# -- simulate ----------------------------------------------------------------
+def cmd_simulate(args) -> int:
+    from twinflow.chaos.sim.simulator import run_once, simulate
+
+    flow_text = None
+    if args.flow:
+        _load_flow(args.flow)
+        flow_text = Path(args.flow).read_text()
+    rerun = f"twinflow simulate --seed {{seed}} --runs 1 --steps {args.steps} --messages {args.messages}" + (
+        f" --flow {args.flow}" if args.flow else "")
+    if args.runs == 1:  # one seed: its whole trace on request
+        r = run_once(args.seed, args.steps, args.messages, flow_text, verbose=args.verbose)
+        if args.trace or not r.passed:
+            print("\n".join(r.trace), file=sys.stderr)
+        out = {"runs": 1, "failed": int(not r.passed), **r.summary()}
+        print(json.dumps(out) if args.json else _simulate_text(out, [r], rerun))
+        return 0 if r.passed else 1
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    out = simulate(args.seed, args.runs, args.steps, args.messages, flow_text, jobs=args.jobs, say=say)
+    failures = out.pop("failures")
+    for r in failures:
+        print("\n".join(r.trace[-args.trace_lines:]), file=sys.stderr)
+    if args.json:
+        print(json.dumps({**out, "failed_seeds": [r.seed for r in failures],
+                          "problems": [p for r in failures for p in r.problems[:3]]}))
+    else:
+        print(_simulate_text(out, failures, rerun))
+    return 0 if not failures else 1
+
+
+def _simulate_text(out: dict, failures: list, rerun: str) -> str:
+    lines = [f"{out['runs']} runs, {out['failed']} failed"
+             + (f" in {out['seconds']} s" if "seconds" in out else "")
+             + (f"; {out.get('promotions', 0)} promotions, {out.get('faults', 0)} faults, "
+                f"{out.get('sent', 0)} messages" if "sent" in out else "")]
+    for r in failures:
+        if r.passed:
+            continue
+        lines.append(f"seed {r.seed} FAILED: " + "; ".join(r.problems[:3]))
+        lines.append("  rerun: " + rerun.format(seed=r.seed) + " --trace")
+    return "\n".join(lines)
+
+
 # -- demo --------------------------------------------------------------------
 def cmd_demo(args) -> int:
     from twinflow.cluster.demo import run_demo
@@ -341,6 +384,18 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--flow", help="flow file (default: the chained flow)")
     dr.add_argument("--json", action="store_true", help="one JSON object per drill")
     dr.set_defaults(fn=cmd_drill)
+
+    sm = sub.add_parser("simulate", help="seeded failover simulation of the node code on a virtual clock")
+    sm.add_argument("--seed", type=int, default=1, help="the first run's seed (runs use seed, seed+1, ...)")
+    sm.add_argument("--runs", type=int, default=1000)
+    sm.add_argument("--steps", type=int, default=200, help="steps with faults per run (then it settles)")
+    sm.add_argument("--messages", type=int, default=40, help="messages the producer publishes per run")
+    sm.add_argument("--flow", help="flow file (default: the chained flow)")
+    sm.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")
+    sm.add_argument("--trace", action="store_true", help="with --runs 1: print the whole step trace")
+    sm.add_argument("--trace-lines", type=int, default=60, help="trace lines printed per failed run")
+    sm.add_argument("--json", action="store_true")
+    sm.set_defaults(fn=cmd_simulate)
 
     d = sub.add_parser("demo", help="two nodes, a SIGKILL of the master mid-stream, and the count")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -7,8 +7,11 @@ Under failure: when Redis is down, times out, is out of memory or read-only
 back-off (logging what it waits for) until Redis answers, the store is
 closed (:class:`StoreClosed`) or the call's deadline passes
 (:class:`RedisUnavailable`); it never drops a write silently. Retrying a
-write is safe because every write is idempotent: delivery is keyed by
-message ID and uplink position, failure records by uplink position. A
+write is safe even when Redis applied it and only the reply was lost: a
+master step carries a marker unique to it and is applied once (the
+simulator found the double feed before it did), failure records are keyed
+by uplink position, epochs and status are set, not added. A re-sent
+``publish`` may append a body twice; the ID cache skips the second. A
 delivery from a writer whose epoch is older than the newest raises
 :class:`Fenced` and changes nothing. The master's writes carry a deadline
 (its write lease, shorter than its ZooKeeper session) so that a master cut
@@ -21,6 +24,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
@@ -157,6 +161,10 @@ class FlowKeys:
         """The stream of what leaves the flow through ``node``'s unlinked ``outlink``."""
         return self.prefix + "out:" + node + ":" + outlink
 
+    def step(self, token: str) -> str:
+        """The marker of one committed master step (see scripts.COMMIT)."""
+        return self.prefix + "step:" + token
+
     def read(self, node_id: str) -> str:
         """Where a node's uplink reader records how far it has read (read_n, read_id)."""
         return self.prefix + "read:" + node_id
@@ -280,7 +288,8 @@ class FlowStore:
         """
         if step.empty():
             return
-        keys, args = step.script_call(epoch, self.keys, self.id_ttl)
+        # One token per step: a retry after a lost reply finds the step applied (scripts.COMMIT).
+        keys, args = step.script_call(epoch, self.keys, self.id_ttl, f"{self.node_id}-{uuid.uuid4().hex}")
 
         def write():
             if not replicas:

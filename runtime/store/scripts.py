@@ -31,6 +31,10 @@ local function at_or_before(a, b)
 end
 """
 
+# How long a step's marker is kept: far longer than any retry of the step
+# (bounded by the master's write lease, seconds).
+STEP_MARKER_TTL_S = 3600
+
 # RAISE_EPOCH: make the flow's fencing epoch at least ARGV[1].
 # KEYS[1] epoch key.  ARGV[1] the new master's epoch.
 # Returns the epoch in force afterwards (larger than ARGV[1] means the caller is stale).
@@ -46,10 +50,12 @@ return cur
 
 # COMMIT: one master step, fenced and atomic: what a batch (or a timer
 # firing) wrote to outlinks, the node state it changed, the IDs it processed
-# and how far it processed the uplink. Refused as a whole when a newer epoch exists.
-# KEYS[1] epoch key, KEYS[2] processed mark, KEYS[3..] every stream and state
-# hash the operations name (declared, so a Redis Cluster can route the script;
-# all share the flow's hash tag).
+# and how far it processed the uplink. Refused as a whole when a newer epoch
+# exists. Applied at most once: the step's marker key (unique per step) is
+# set with the step, so a retry after a lost reply changes nothing.
+# KEYS[1] epoch key, KEYS[2] processed mark, KEYS[3] the step's marker,
+# KEYS[4..] every stream and state hash the operations name (declared, so a
+# Redis Cluster can route the script; all share the flow's hash tag).
 # ARGV[1] writer's epoch, ARGV[2] ID-cache TTL (s), ARGV[3] ID-cache key
 # prefix, ARGV[4] new processed mark ("" leaves it), ARGV[5] number of IDs n,
 # ARGV[6 .. 5+n] the processed IDs, then operations, each a code, the index of
@@ -57,13 +63,18 @@ return cur
 #   'X' k nf f1 v1 .. fnf vnf   XADD KEYS[k] * f1 v1 ..
 #   'H' k field value          HSET KEYS[k] field value
 #   'D' k field                HDEL KEYS[k] field
-# Returns {-1, epoch in force} when the writer is stale (nothing written), else {1}.
+# Returns {-1, epoch in force} when the writer is stale (nothing written),
+# {2} when this step was applied before (nothing written again), else {1}.
 COMMIT = _AT_OR_BEFORE + """
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {2}
+end
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local epoch = tonumber(ARGV[1])
 if epoch < cur then
   return {-1, cur}
 end
+redis.call('SET', KEYS[3], ARGV[1], 'EX', """ + str(STEP_MARKER_TTL_S) + """)
 if epoch > cur then
   redis.call('SET', KEYS[1], ARGV[1])
 end

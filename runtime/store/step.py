@@ -8,9 +8,9 @@ processed (``cluster/master_flow.py`` says what that means per node).
 
 >>> step = Step(mark="5-0", ids=["a"], outputs=[("tf:{f}:sink", {"id": "a"})],
 ...             state={"join": {"7": {"d": 1.0}, "8": None}})
->>> keys, args = step.script_call(3, FlowKeys("f"), id_ttl=60)
+>>> keys, args = step.script_call(3, FlowKeys("f"), id_ttl=60, token="n1-1")
 >>> keys[2:]
-['tf:{f}:sink', 'tf:{f}:state:join']
+['tf:{f}:step:n1-1', 'tf:{f}:sink', 'tf:{f}:state:join']
 >>> args[:7]
 [3, 60, 'tf:{f}:id:', '5-0', 1, 'a', 'X']
 """
@@ -34,9 +34,10 @@ class Step:
     def empty(self) -> bool:
         return self.mark is None and not self.ids and not self.outputs and not any(self.state.values())
 
-    def script_call(self, epoch: int, keys: FlowKeys, id_ttl: int) -> tuple[list[str], list]:
-        """KEYS and ARGV of the COMMIT script."""
-        script_keys = [keys.epoch, keys.processed]
+    def script_call(self, epoch: int, keys: FlowKeys, id_ttl: int, token: str) -> tuple[list[str], list]:
+        """KEYS and ARGV of the COMMIT script; ``token`` names this step (unique per step, the
+        same for every retry of it)."""
+        script_keys = [keys.epoch, keys.processed, keys.step(token)]
         index: dict[str, int] = {}
 
         def key(name: str) -> int:

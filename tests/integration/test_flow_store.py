@@ -247,3 +247,27 @@ def test_a_step_writes_outputs_state_ids_and_mark_together_or_not_at_all(store):
     assert store.r.xlen(store.keys.sink) == 0 and store.processed_mark() == "5-0"
     assert store.processed([Message("z", None, "6-0", b"{}")]) == [False]
     assert store.r.xlen(store.keys.out("j", "joined")) == 1
+
+
+class _RepliesLostOnce(redis.Redis):
+    """A client whose first script call runs on the server and then loses its reply."""
+
+    lost = 0
+
+    def execute_command(self, *args, **options):
+        result = super().execute_command(*args, **options)
+        if args[0] == "EVALSHA" and not self.lost:
+            self.lost += 1
+            raise redis.ConnectionError("reply lost after the server ran the script")
+        return result
+
+
+def test_a_commit_retried_after_its_reply_was_lost_is_applied_once(redis_url, flow_name):
+    # Found by the failover simulator: a retry after a lost reply ran the step again (twice in the sink).
+    client = _RepliesLostOnce.from_url(redis_url)
+    store = FlowStore(client, FlowKeys(flow_name), "n1", sleep=lambda s: None)
+    assert deliver(store, 1, msgs("a", "b")) == [True, True]
+    assert client.lost == 1  # the first attempt's reply was lost, and the store retried
+    sink = client.xrange(store.keys.sink)
+    assert [fields[b"id"] for _, fields in sink] == [b"a", b"b"]
+    assert store.processed_mark() == "2-0"

@@ -33,3 +33,32 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(monkeypatch, tmp_pat
     finally:
         svc.stop()
         squatter.close()
+
+
+def test_a_zookeeper_ensemble_survives_its_leader_restarting(tmp_path):
+    from kazoo.client import KazooClient
+
+    from twinflow.cluster.services import LocalZkEnsemble
+
+    ens = LocalZkEnsemble.start(str(tmp_path), n=3)
+    zk = KazooClient(hosts=ens.hosts, timeout=10.0)
+    try:
+        assert len(ens.servers) == 3 and len({s.port for s in ens.servers}) == 3
+        modes = sorted(ens.mode(i) for i in range(3))
+        assert modes == ["follower", "follower", "leader"]
+        zk.start(timeout=20)
+        zk.create("/probe", b"x", ephemeral=True)
+        leader = ens.leader()
+        ens.kill(leader)
+        ens.wait_serving(60)
+        new_leader = ens.leader()
+        assert new_leader is not None and new_leader != leader
+        # The client's session lives on through a surviving member.
+        assert zk.retry(zk.exists, "/probe") is not None
+        ens.start_again(leader)
+        assert ens.mode(leader) in ("follower", "leader")
+        assert sorted(ens.mode(i) for i in range(3)).count("leader") == 1
+    finally:
+        zk.stop()
+        zk.close()
+        ens.stop()

@@ -1,0 +1,70 @@
+"""Escalation links for the simulator: the master's claims in flight to each worker, where the
+simulator may drop, duplicate, delay or reorder them.
+
+:class:`SimSender` has the interface of
+:class:`twinflow.cluster.escalation.EscalationSender` that FlowNode uses
+(``send``, ``stop``): it puts each batch, with the sender's epoch at the
+time, on the link to every current member but itself. The real sender
+resends unacknowledged batches on a new stream (so a batch may arrive
+twice) and drops a batch the target refuses; :class:`EscalationNet` delivers
+when the simulator says so, to the target's ``on_claims``, and a refused
+batch (``StaleEpoch``) is dropped. Claims are a fast path only (the ID
+cache and the processed mark are the record), so any of these faults may
+cost latency but must never cost a message or feed one twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class InFlight:
+    source: str
+    target: str
+    epoch: int
+    claims: list[tuple[str, str, str]]
+
+
+class EscalationNet:
+    def __init__(self) -> None:
+        self.in_flight: list[InFlight] = []
+        self.cut: set[str] = set()  # nodes whose escalation links are cut (nothing arrives)
+
+    def put(self, batch: InFlight) -> None:
+        self.in_flight.append(batch)
+
+    def deliverable(self, ready: Callable[[str], bool]) -> list[int]:
+        """Indexes of the batches whose target can take one now."""
+        return [i for i, b in enumerate(self.in_flight)
+                if ready(b.target) and b.source not in self.cut and b.target not in self.cut]
+
+    def take(self, index: int) -> InFlight:
+        return self.in_flight.pop(index)
+
+    def drop_to(self, target: str) -> int:
+        """A target process died: what was in flight to it is gone with its connection."""
+        before = len(self.in_flight)
+        self.in_flight = [b for b in self.in_flight if b.target != target]
+        return before - len(self.in_flight)
+
+
+class SimSender:
+    def __init__(self, net: EscalationNet, node_id: str, epoch: Callable[[], int],
+                 targets: Callable[[], dict[str, str]]):
+        self.net, self.node_id, self.epoch, self.targets = net, node_id, epoch, targets
+        self.stopped = False
+
+    def send(self, claims: list[tuple[str, str, str]]) -> None:
+        if self.stopped or not claims:
+            return
+        epoch = self.epoch()
+        for target in sorted(self.targets()):
+            self.net.put(InFlight(self.node_id, target, epoch, list(claims)))
+
+    def flush(self, timeout_s: float) -> bool:
+        return True
+
+    def stop(self) -> None:
+        self.stopped = True

@@ -1,0 +1,121 @@
+"""The collaborators a simulated FlowNode is built from (``cluster.node_parts.NodeParts``).
+
+The node is the real :class:`twinflow.cluster.node.FlowNode`, started with
+its real ``start()``; only what it talks to is simulated: its store is the
+real :class:`FlowStore` on a :class:`SimRedis` (the real Lua scripts), its
+leadership is :class:`SimLeadership` on the :class:`ZkModel`, its sender a
+:class:`SimSender`, and its uplink reader a :class:`SimStream` that the
+simulator steps. No thread is started: the simulator calls the node's
+``timer_round`` itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from ...runtime.spark.source import WARMUP_POSITION
+from ...runtime.store.flow_store import FlowStore, RedisUnavailable
+from .escalation_model import SimSender
+from .redis_model import SimRedis
+from .zookeeper_model import SimLeadership, SimZkClient
+
+if TYPE_CHECKING:
+    from ...cluster.node import FlowNode
+    from .world import SimNode
+
+
+class _NoServer:
+    def stop(self, grace: Any) -> None:
+        pass
+
+
+class SimStream:
+    """The node's uplink reader: Spark's micro-batch loop, one batch per :meth:`step`.
+
+    Its committed offset (the checkpoint) lives on the simulated node's disk,
+    so it survives a restart with state and is gone after one without. A
+    batch whose ``on_batch`` raises is not committed and is read again, as
+    Spark does.
+    """
+
+    isActive = True
+
+    def __init__(self, sim: "SimNode", node: "FlowNode", start: dict):
+        self.sim, self.node = sim, node
+        if sim.disk.get("offset") is None:
+            sim.disk["offset"] = start["id"]
+        self.warm = False
+        self.held = False
+        self.batch_id = 0
+
+    def exception(self) -> None:
+        return None
+
+    def step(self) -> str:
+        """Plan and run one batch; returns what happened (for the trace)."""
+        node = self.node
+        if not self.warm:
+            rows = [(WARMUP_POSITION, None, None)]
+        else:
+            try:
+                rows = node.store.read_uplink(self.sim.disk["offset"], "+", node.read_size,
+                                              node.spec.message.max_bytes, max_bytes=node.spec.batch_bytes,
+                                              deadline_s=0)
+            except RedisUnavailable:
+                return "read failed (Redis)"
+            if not rows:
+                return "nothing to read"
+        self.batch_id += 1
+        try:
+            node.on_batch(self.batch_id, rows)
+        except Exception as exc:
+            return f"batch of {len(rows)} not committed ({type(exc).__name__}: {exc})"
+        if self.warm:
+            self.sim.disk["offset"] = rows[-1][0]
+        self.warm = True
+        return f"batch of {len(rows)} up to {rows[-1][0]}"
+
+
+class SimParts:
+    """``connected`` says whether this incarnation is heard from by ZooKeeper."""
+
+    def __init__(self, sim: "SimNode", connected: Callable[[], bool]):
+        self.sim = sim
+        self.world = sim.world
+        self.connected = connected
+
+    def store(self, node: "FlowNode") -> FlowStore:
+        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits)
+        return FlowStore(client, node.keys, node.cfg.node_id, id_ttl=node.spec.message.id_ttl,
+                         sleep=self.world.wait, monotonic=self.world.clock.now)
+
+    def zookeeper(self, node: "FlowNode") -> SimZkClient:
+        return SimZkClient(self.world.zk)
+
+    def prepare_stream(self, node: "FlowNode") -> None:
+        pass
+
+    def server(self, node: "FlowNode") -> tuple[Any, int]:
+        return _NoServer(), 0
+
+    def sender(self, node: "FlowNode") -> SimSender:
+        return SimSender(self.world.net, node.cfg.node_id, lambda: node.epoch, node.escalation_targets)
+
+    def leadership(self, node: "FlowNode") -> SimLeadership:
+        return SimLeadership(self.world.zk, node.cfg.node_id, node.cfg.node_id, node.on_promoted, node.on_demoted,
+                             node.may_contend, self.connected, self.world.say)
+
+    def start_timers(self, node: "FlowNode") -> None:
+        pass  # the simulator calls node.timer_round()
+
+    def stream(self, node: "FlowNode", start: dict) -> SimStream:
+        return SimStream(self.sim, node, start)
+
+    def hold(self, stream: SimStream, held: bool) -> None:
+        stream.held = held
+
+    def stop_stream(self, stream: SimStream) -> None:
+        stream.isActive = False
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,174 @@
+"""One simulated cluster: the virtual clock, the server models, the nodes and their faults.
+
+A :class:`World` holds one Redis model, one ZooKeeper model, the escalation
+links and two :class:`SimNode` slots. A slot outlives the processes that
+run in it: killing a node drops its FlowNode (no clean-up, as SIGKILL) and
+restarting starts a new FlowNode with the same ID, with its disk (the
+checkpoint and state directory) or with a new one.
+
+Time is virtual and moves only when the simulator advances it or when a
+node's store waits between retries (:meth:`World.wait`). Faults are
+windows on that clock; a window that ends while a node waits inside a
+call heals at once, so a store that retries without a deadline always
+returns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import fakeredis
+
+from ...cluster.node import FlowNode, NodeConfig
+from ...runtime.clock import FakeClock
+from ...runtime.flowgraph import FlowGraph
+from .escalation_model import EscalationNet
+from .parts import SimParts, SimStream
+from .redis_model import RedisLink, SimRedis
+from .zookeeper_model import ZkModel
+
+log = logging.getLogger("twinflow.sim")
+
+START_TIME = 1_800_000_000.0   # virtual epoch seconds at the start of every run
+MAX_WAITS_PER_STEP = 100_000
+
+
+class SimulationStuck(BaseException):
+    """A call kept waiting although every fault window had ended (a BaseException, so that
+    the node code's own ``except Exception`` does not swallow it)."""
+
+
+@dataclass
+class Fault:
+    what: str
+    until: float
+    heal: Callable[[], None]
+
+
+@dataclass
+class SimNode:
+    world: "World"
+    node_id: str
+    redis_link: RedisLink = field(default_factory=RedisLink)
+    disk: dict = field(default_factory=dict)    # offset (the checkpoint), state_dir
+    node: FlowNode | None = None
+    stream: SimStream | None = None
+    gen: int = 0                                # incarnations started so far
+    alive: bool = False
+    paused_until: float = float("-inf")
+    zk_cut: bool = False
+
+    def running(self) -> bool:
+        """Alive and not paused: the process can act."""
+        return self.alive and self.world.clock.now() >= self.paused_until
+
+    def zk_connected(self, gen: int) -> bool:
+        """Incarnation ``gen`` is heard from by ZooKeeper (it runs, unpaused, link up)."""
+        return self.gen == gen and self.running() and not self.zk_cut
+
+
+class World:
+    def __init__(self, graph: FlowGraph, workdir: Path, say: Callable[[str], None]):
+        self.graph = graph
+        self.workdir = workdir
+        self.clock = FakeClock(START_TIME)
+        self.redis_server = fakeredis.FakeServer()
+        self.commits = [0]   # COMMIT scripts run by every node (only they write outputs)
+        self.redis = SimRedis(self.redis_server, RedisLink())   # the producer's and the checker's link
+        self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)
+        self.net = EscalationNet()
+        self.nodes = {n: SimNode(self, n) for n in ("a", "b")}
+        self.faults: list[Fault] = []
+        self._say = say
+        self._waits = 0
+        self._dirs = itertools.count(1)
+        self._seq = 0
+
+    def say(self, text: str) -> None:
+        self._say(f"{self.clock.now() - START_TIME:9.3f} {text}")
+
+    # -- time -------------------------------------------------------------
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(max(0.0, seconds))
+        self.heal_due()
+        self.zk.expire_due()
+
+    def wait(self, seconds: float) -> None:
+        """A store's pause between retries: time passes (and faults may heal) for everyone."""
+        self._waits += 1
+        if self._waits > MAX_WAITS_PER_STEP:
+            raise SimulationStuck(f"a call waited {MAX_WAITS_PER_STEP} times in one step")
+        self.advance(max(seconds, 0.001))
+
+    def hold(self, sim: SimNode, seconds: float) -> None:
+        """A held batch's wait: time passes up to the next fault's end (at most 0.5 s), which
+        is when what it waits for (a ZooKeeper connection) can change. Meanwhile the node's
+        ZooKeeper threads run, as in the real process: they notice the connection and a
+        lost session (which demotes it)."""
+        ends = [f.until for f in self.faults]
+        step = min([0.5] + [max(0.0, t - self.clock.now()) for t in ends])
+        self.wait(max(seconds, step))
+        if sim.node is not None and sim.node.leadership is not None:
+            sim.node.leadership.notice_connection()
+
+    def begin_step(self) -> None:
+        self._waits = 0
+        self.zk.expire_due()
+
+    # -- faults -----------------------------------------------------------
+    def add_fault(self, what: str, duration: float, heal: Callable[[], None]) -> None:
+        self.faults.append(Fault(what, self.clock.now() + duration, heal))
+        self.say(f"fault: {what} for {duration:.2f} s")
+
+    def heal_due(self, everything: bool = False) -> None:
+        now = self.clock.now()
+        due = [f for f in self.faults if everything or f.until <= now]
+        if not due:
+            return
+        self.faults = [f for f in self.faults if f not in due]
+        for f in due:
+            f.heal()
+            self.say(f"healed: {f.what}")
+
+    # -- the uplink -------------------------------------------------------
+    def publish(self, key: str, docs: list[bytes]) -> list[str]:
+        """Append to the uplink with entry IDs from the virtual clock."""
+        ms = int(self.clock.now() * 1000)
+        out = []
+        for body in docs:
+            self._seq += 1
+            position = f"{ms}-{self._seq}"
+            self.redis.xadd(key, {"data": body}, id=position)
+            out.append(position)
+        return out
+
+    # -- processes --------------------------------------------------------
+    def start(self, sim: SimNode, keep_disk: bool = True) -> str:
+        if not keep_disk or "state_dir" not in sim.disk:
+            sim.disk = {"state_dir": str(self.workdir / f"{sim.node_id}-{next(self._dirs)}")}
+        sim.gen += 1
+        gen = sim.gen
+        sim.alive, sim.paused_until, sim.zk_cut = True, float("-inf"), False
+        sim.redis_link.fault = None
+        cfg = NodeConfig(sim.node_id, "sim://redis", "sim://zookeeper", state_dir=sim.disk["state_dir"],
+                         start_from="processed")
+        parts = SimParts(sim, lambda: sim.zk_connected(gen))
+        node = FlowNode(self.graph, cfg, clock=self.clock, parts=parts, monotonic=self.clock.now,
+                        pause=lambda seconds: self.hold(sim, seconds))
+        sim.node, sim.stream = node, None
+        try:
+            node.start()
+        except Exception as exc:
+            sim.alive = False
+            return f"start failed: {type(exc).__name__}: {exc}"
+        sim.stream = node.query
+        return "started" + ("" if keep_disk else " on a new state directory")
+
+    def kill(self, sim: SimNode) -> None:
+        sim.alive = False
+        sim.node, sim.stream = None, None
+        self.net.drop_to(sim.node_id)
