@@ -36,6 +36,7 @@ from ..cluster.demo import order_or_payment
 from ..runtime.waiting import wait_for
 from .drill_cluster import DrillCluster
 from .invariants import check_outputs
+from .report import timeline
 
 CHAINED = Path(__file__).resolve().parent.parent / "examples" / "cluster-chained.yaml"
 RTO_TARGET_S = 3.0
@@ -52,6 +53,7 @@ class Drill:
     sent: Callable[[], int]
     total: int
     faults: list[float] = field(default_factory=list)  # when each fault began (epoch s)
+    windows: list[list] = field(default_factory=list)  # [start, end or None (still on), what], for the timeline
     say: Callable[[str], None] = lambda text: None
     producing: threading.Event = field(default_factory=threading.Event)  # cleared: the producer waits
 
@@ -77,9 +79,24 @@ class Drill:
         self.cluster.nodes[master].kill()
         self.cluster.wait_role(heir, "master")
 
-    def fault(self, what: str) -> None:
-        self.faults.append(time.time())
+    def fault(self, what: str, lasts: bool = False) -> None:
+        """A fault begins now (its recovery time counts); ``lasts``: until ``healed()``, else an instant."""
+        now = time.time()
+        self.faults.append(now)
+        self.windows.append([now, None if lasts else now, what])
         self.say(f"  fault: {what} (after {self.sent()} messages)")
+
+    def window(self, what: str) -> None:
+        """A condition from now to the end of the drill (or ``healed()``) that is no fault of its own."""
+        self.windows.append([time.time(), None, what])
+        self.say(f"  {what}")
+
+    def healed(self) -> None:
+        """The last fault still on ends now."""
+        for w in reversed(self.windows):
+            if w[1] is None:
+                w[1] = time.time()
+                return
 
 
 # -- the drills ------------------------------------------------------------------------------------
@@ -91,10 +108,11 @@ def kill_master(d: Drill) -> None:
 def pause_master(d: Drill) -> None:
     """SIGSTOP past the session: the worker takes over; SIGCONT: the old master is fenced, steps down."""
     d.wait_sent(0.4)
-    d.fault(f"SIGSTOP master {d.master}")
+    d.fault(f"SIGSTOP master {d.master}", lasts=True)
     d.cluster.nodes[d.master].pause()
     d.cluster.wait_role(d.worker, "master")
     d.cluster.nodes[d.master].cont()
+    d.healed()
     d.say(f"  SIGCONT {d.master}")
     d.cluster.wait_role(d.master, "worker")
 
@@ -103,17 +121,18 @@ def escalation_cut(d: Drill) -> None:
     """The master's escalations to the worker cut for 3 s, then the master killed."""
     d.wait_sent(0.3)
     link = d.cluster.proxies[f"grpc-{d.worker}"]
-    d.say(f"  cut escalations into {d.worker}")
+    d.window(f"escalations into {d.worker} cut")
     link.disable()
     time.sleep(3.0)  # the fault window: how long the link stays cut
     link.enable()
+    d.healed()
     d.wait_sent(0.5)
     d.kill(d.master, d.worker)
 
 
 def escalation_latency(d: Drill) -> None:
     d.cluster.proxies[f"grpc-{d.worker}"].add_toxic(type="latency", attributes={"latency": 500})
-    d.say(f"  500 ms latency on escalations into {d.worker}")
+    d.window(f"500 ms latency on escalations into {d.worker}")
     d.wait_sent(0.5)
     d.kill(d.master, d.worker)
 
@@ -122,17 +141,18 @@ def redis_latency(d: Drill) -> None:
     for stream in ("upstream", "downstream"):
         d.cluster.proxies[f"redis-{d.master}"].add_toxic(type="latency", stream=stream,
                                                          attributes={"latency": 100})
-    d.say(f"  200 ms round-trip latency between {d.master} and Redis")
+    d.window(f"200 ms round-trip latency between {d.master} and Redis")
     d.wait_sent(0.5)
     d.kill(d.master, d.worker)
 
 
 def worker_crash(d: Drill) -> None:
     d.wait_sent(0.3)
-    d.say(f"  SIGKILL worker {d.worker}, then restart it")
+    d.window(f"SIGKILL worker {d.worker}, then restart it")
     d.producing.clear()  # the restart takes longer than the rest of the stream: keep some for the kill
     d.cluster.nodes[d.worker].kill()
     d.cluster.restart(d.worker)
+    d.healed()
     d.resume()
     d.kill(d.master, d.worker)
 
@@ -151,10 +171,11 @@ def double_failover(d: Drill) -> None:
 def zk_partition_master(d: Drill) -> None:
     """The master cut from ZooKeeper only: it must stop writing before the worker starts."""
     d.wait_sent(0.4)
-    d.fault(f"cut {d.master} from ZooKeeper")
+    d.fault(f"cut {d.master} from ZooKeeper", lasts=True)
     d.cluster.proxies[f"zk-{d.master}"].disable()
     d.cluster.wait_role(d.worker, "master")
     d.cluster.proxies[f"zk-{d.master}"].enable()
+    d.healed()
     d.say(f"  {d.master} reaches ZooKeeper again")
     d.cluster.wait_role(d.master, "worker")
 
@@ -162,10 +183,11 @@ def zk_partition_master(d: Drill) -> None:
 def redis_restart(d: Drill) -> None:
     """Redis stopped (it writes its append-only file) and started again under load."""
     d.wait_sent(0.4)
-    d.fault("stop Redis")
+    d.fault("stop Redis", lasts=True)
     d.cluster.services.stop_redis()
     time.sleep(2.0)  # the outage: how long Redis stays down
     d.cluster.services.start_redis_again()
+    d.healed()
     d.say("  Redis is back")
     wait_for(d.cluster.master, 60, 0.2)
 
@@ -213,11 +235,12 @@ def zk_member_restart(d: Drill) -> None:
     leader = ensemble.leader()
     if leader is None:
         raise RuntimeError("the ZooKeeper ensemble has no leader")
-    d.fault(f"SIGKILL ZooKeeper server {leader + 1}, the ensemble's leader")
+    d.fault(f"SIGKILL ZooKeeper server {leader + 1}, the ensemble's leader", lasts=True)
     ensemble.kill(leader)
     ensemble.wait_serving(60)
     d.say(f"  the ensemble serves again (leader: server {(ensemble.leader() or 0) + 1})")
     ensemble.start_again(leader)
+    d.healed()
     d.say(f"  ZooKeeper server {leader + 1} is back")
     if not wait_for(d.cluster.master, 60, 0.2):
         raise RuntimeError(f"no master after the ZooKeeper restart:\n{d.cluster.logs()}")
@@ -296,6 +319,7 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
                  settle_s, 0.5)
         result = check(cluster, producer.ids, drill.faults, kills_master=name in KILLS_MASTER)
         result.update(drill=name, seed=seed, messages=messages)
+        result["timeline"] = timeline(cluster.outputs(), drill.windows)
         result["rerun"] = f"twinflow drill {name} --seed {seed} --messages {messages}"
         if not result["passed"]:
             result["logs"] = cluster.logs(20)
@@ -316,13 +340,10 @@ def check(cluster: DrillCluster, sent: list[str], faults: list[float], kills_mas
         if e.epoch < newest:
             stale += 1
         newest = max(newest, e.epoch)
-    writes = sorted(e.written_ms / 1000 for entries in outputs.values() for e in entries)
     rto = None
     for at in faults:
-        before = [t for t in writes if t <= at]
-        after = [t for t in writes if t > at]
-        if before and after:
-            gap = after[0] - before[-1]
+        gap = recovery_s(everything, at)
+        if gap is not None:
             rto = gap if rto is None else max(rto, gap)
     out_of_order = _out_of_order(cluster, outputs)
     passed = (report.lost == 0 and report.duplicated == 0 and report.unexpected == 0 and stale == 0
@@ -330,6 +351,19 @@ def check(cluster: DrillCluster, sent: list[str], faults: list[float], kills_mas
     return {"lost": report.lost, "duplicated": report.duplicated, "out_of_order": out_of_order,
             "stale_writes": stale, "rto_s": None if rto is None else round(rto, 3), "passed": passed,
             "lost_ids": report.lost_ids, "duplicated_ids": report.duplicated_ids}
+
+
+def recovery_s(writes: list, at: float) -> float | None:
+    """Seconds from the last write before a fault at ``at`` (epoch s) to the first write after
+    it; when a newer epoch wrote after the fault, to that epoch's first write: a dying master's
+    commit in flight as the fault began is not a recovery. ``writes``: SinkEntry in time order."""
+    before = [w for w in writes if w.written_ms / 1000 <= at]
+    after = [w for w in writes if w.written_ms / 1000 > at]
+    if not before or not after:
+        return None
+    newer = [w for w in after if w.epoch > before[-1].epoch]
+    first = (newer or after)[0]
+    return (first.written_ms - before[-1].written_ms) / 1000
 
 
 def _out_of_order(cluster: DrillCluster, outputs: dict) -> int:

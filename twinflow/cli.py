@@ -256,8 +256,8 @@ def cmd_drill(args) -> int:
         flow_text = Path(args.flow).read_text()
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     results = []
-    for name in names:
-        say(f"drill {name} (seed {args.seed}, {args.messages} messages)...")
+    for i, name in enumerate(names, 1):
+        say(f"[{i}/{len(names)}] drill {name} (seed {args.seed}, {args.messages} messages)...")
         result = run_drill(name, seed=args.seed, messages=args.messages, flow_text=flow_text, rate=args.rate,
                            say=say)
         results.append(result)
@@ -270,6 +270,11 @@ def cmd_drill(args) -> int:
                 say(f"  rerun: {result['rerun']}")
     if not args.json:
         print(_table(DRILL_COLUMNS, [[r.get(c) for c in DRILL_COLUMNS] for r in results]))
+    report_dir = args.report or ("drill-report" if args.name == "all" else None)
+    if report_dir:
+        from twinflow.chaos.report import write_report
+
+        say(f"report: {write_report(results, Path(report_dir), DRILL_COLUMNS)}")
     return 0 if all(r["passed"] for r in results) else 1
 
 
@@ -383,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--rate", type=float, default=1000.0, help="messages per second the producer sends")
     dr.add_argument("--flow", help="flow file (default: the chained flow)")
     dr.add_argument("--json", action="store_true", help="one JSON object per drill")
+    dr.add_argument("--report", help="write a PNG timeline per drill and report.md here "
+                                     "(default for `all`: drill-report)")
     dr.set_defaults(fn=cmd_drill)
 
     sm = sub.add_parser("simulate", help="seeded failover simulation of the node code on a virtual clock")

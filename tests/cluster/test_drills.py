@@ -22,7 +22,7 @@ def test_drill_keeps_every_promise(drill, tmp_path):
     flow = tmp_path / "flow.yaml"
     flow.write_text(CHAINED.read_text().replace("timeout: 10 ", "timeout: 3 "))
     r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", drill, "--seed", "7", "--messages", "3000",
-                        "--rate", "600", "--flow", str(flow), "--json"], capture_output=True, text=True, timeout=280)
+                        "--rate", "600", "--flow", str(flow), "--json", "--report", str(tmp_path / "report")], capture_output=True, text=True, timeout=280)
     lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1, (r.stdout[-2000:], r.stderr[-3000:])
     result = lines[0]
@@ -31,3 +31,10 @@ def test_drill_keeps_every_promise(drill, tmp_path):
     assert result["lost"] == 0 and result["duplicated"] == 0 and result["out_of_order"] == 0, result
     assert result["rto_s"] is not None and result["rto_s"] < 3.0, result
     assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])
+    # The report: the table row and the drill's timeline, a real PNG of the drawn size.
+    report = (tmp_path / "report" / "report.md").read_text()
+    png = tmp_path / "report" / f"{drill}-seed7.png"
+    assert f"]({png.name})" in report and f"| {drill} | 7 | 3000 | 0 | 0 |" in report
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert int.from_bytes(head[16:20], "big") == 1000 and int.from_bytes(head[20:24], "big") == 400
