@@ -256,16 +256,25 @@ def cmd_drill(args) -> int:
         flow_text = Path(args.flow).read_text()
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     results = []
-    for i, name in enumerate(names, 1):
-        say(f"[{i}/{len(names)}] drill {name} (seed {args.seed}, {args.messages} messages)...")
-        result = run_drill(name, seed=args.seed, messages=args.messages, flow_text=flow_text, rate=args.rate,
-                           say=say)
+    # --runs N: every drill with seeds S .. S+N-1, round by round, so a stopped batch covers every drill.
+    plan = [(seed, name) for seed in range(args.seed, args.seed + args.runs) for name in names]
+    for i, (seed, name) in enumerate(plan, 1):
+        say(f"[{i}/{len(plan)}] drill {name} (seed {seed}, {args.messages} messages)...")
+        try:
+            result = run_drill(name, seed=seed, messages=args.messages, flow_text=flow_text, rate=args.rate,
+                               say=say)
+        except Exception as exc:  # the drill could not run to its check: a failure, with its reason
+            rerun = f"twinflow drill {name} --seed {seed} --messages {args.messages}"
+            result = {"drill": name, "seed": seed, "messages": args.messages, "lost": None, "duplicated": None,
+                      "out_of_order": None, "rto_s": None, "passed": False, "rerun": rerun,
+                      "error": f"{type(exc).__name__}: {exc}"[:2000]}
         results.append(result)
         if args.json:
-            print(json.dumps({k: result.get(k) for k in DRILL_KEYS}), flush=True)
+            keys = DRILL_KEYS + (["error"] if "error" in result else [])
+            print(json.dumps({k: result.get(k) for k in keys}), flush=True)
         else:
             say(f"  {'passed' if result['passed'] else 'FAILED'}: lost {result['lost']}, duplicated "
-                f"{result['duplicated']}, rto {result['rto_s']} s")
+                f"{result['duplicated']}, rto {result['rto_s']} s" + (f"; {result['error']}" if "error" in result else ""))
             if not result["passed"]:
                 say(f"  rerun: {result['rerun']}")
     if not args.json:
@@ -384,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("drill", help="run a chaos drill on a fresh local cluster and check the promises")
     dr.add_argument("name", help="a drill name, or all")
     dr.add_argument("--seed", type=int, default=1)
+    dr.add_argument("--runs", type=int, default=1, help="run each drill this many times, seeds S, S+1, ...")
     dr.add_argument("--messages", type=int, default=10_000)
     dr.add_argument("--rate", type=float, default=1000.0, help="messages per second the producer sends")
     dr.add_argument("--flow", help="flow file (default: the chained flow)")

@@ -206,7 +206,9 @@ class Schedule:
         alive = [s for s in w.nodes.values() if s.alive]
         if not alive:
             return "none (every node is down)"
-        sim = rng.choice(alive)
+        # The master more often than not: its faults are the ones that test failover and fencing.
+        masters = [s for s in alive if s.node is not None and s.node.role == "master"]
+        sim = rng.choice(masters if masters and rng.random() < 0.6 else alive)
         n, kind = sim.node_id, rng.choice(["kill", "pause", "zookeeper", "redis-down", "redis-replies",
                                            "escalation"])
         self.faults += 1
