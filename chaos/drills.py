@@ -74,7 +74,13 @@ class Drill:
             raise RuntimeError(f"the producer did not reach {want} messages")
 
     def kill(self, master: str, heir: str) -> None:
-        """The fault most drills end with: SIGKILL ``master``; wait until ``heir`` is master."""
+        """The fault most drills end with: SIGKILL ``master``; wait until ``heir`` is master.
+
+        Refuses when ``master`` is no longer master: the drill would not test what it says
+        (with the proxy's old latency, the redis-latency drill's master had lost its role)."""
+        now = self.cluster.master()
+        if now != master:
+            raise RuntimeError(f"{master} is not master before the fault (master: {now}):\n{self.cluster.logs()}")
         self.fault(f"SIGKILL master {master}")
         self.cluster.nodes[master].kill()
         self.cluster.wait_role(heir, "master")

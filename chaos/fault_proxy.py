@@ -78,12 +78,17 @@ class Link:
         self.conn.close(reset=reset)
 
     async def run(self) -> None:
+        # Chunks are read (and stamped with their arrival) apart from passing them on, so a
+        # latency toxic delays each chunk from its own arrival, as Toxiproxy does: a reply
+        # of many chunks arrives ``latency`` late, not ``latency`` times its chunks late.
+        arrived: asyncio.Queue = asyncio.Queue(maxsize=64)
+        reading = asyncio.ensure_future(self._read(arrived))
         try:
             while True:
-                data = await self.reader.read(CHUNK)
+                at, data = await arrived.get()
                 if not data:
                     break
-                if not await self._pass(data):
+                if not await self._pass(data, at):
                     return
             for toxic in self.toxics():
                 if toxic.type == "slow_close":
@@ -91,23 +96,38 @@ class Link:
         except (ConnectionError, OSError):
             pass
         finally:
+            reading.cancel()
             for task in self._timers.values():
                 task.cancel()
             self.conn.close()
 
-    async def _pass(self, data: bytes) -> bool:
-        """Send one chunk through the toxics; False once the connection must close."""
+    async def _read(self, arrived: asyncio.Queue) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                data = await self.reader.read(CHUNK)
+                await arrived.put((loop.time(), data))
+                if not data:
+                    return
+        except (ConnectionError, OSError):
+            await arrived.put((loop.time(), b""))
+
+    async def _pass(self, data: bytes, arrived_at: float) -> bool:
+        """Send one chunk (read at loop time ``arrived_at``) through the toxics; False once
+        the connection must close."""
         toxics = self.toxics()
         if any(t.type == "timeout" for t in toxics):
             return True  # nothing gets through while a timeout toxic applies
         pieces = [data]
         limit = None
+        due = arrived_at  # latency toxics add up, each from where the one before left the chunk
         for toxic in toxics:
             a = toxic.attributes
             if toxic.type == "latency":
                 jitter = a["jitter"]
                 delay_ms = a["latency"] + (self.rng.uniform(-jitter, jitter) if jitter else 0)
-                await asyncio.sleep(max(0.0, delay_ms) / 1000)
+                due += max(0.0, delay_ms) / 1000
+                await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
             elif toxic.type == "limit_data":
                 limit = a["bytes"] if limit is None else min(limit, a["bytes"])
             elif toxic.type == "slicer" and a["average_size"] > 0:

@@ -90,6 +90,19 @@ def test_latency_delays_a_round_trip_on_a_connection_already_open(proxy):
     assert timed(r.ping) < 0.2
 
 
+def test_latency_delays_each_chunk_from_its_arrival_not_one_after_another(proxy, redis_url, flow_name):
+    # 1 MB is over 30 chunks: delayed one after another they would take over 3 s. The
+    # redis-latency drill found it (the master's replies grew slow enough to lose its lease).
+    redis.Redis.from_url(redis_url).set(f"{flow_name}:big", b"x" * 1_000_000)
+    r = client(proxy, timeout=30)
+    plain = timed(lambda: r.get(f"{flow_name}:big"))
+    proxy.add_toxic(type="latency", attributes={"latency": 100})
+    proxy.add_toxic(type="latency", name="more", attributes={"latency": 100})
+    took = timed(lambda: r.get(f"{flow_name}:big"))
+    # The two toxics add up (200 ms); one after another, 30 chunks would add 6 s.
+    assert 0.18 <= took - plain < 1.5, (took, plain)
+
+
 def test_a_toxic_with_toxicity_0_never_applies(proxy):
     proxy.add_toxic(type="latency", attributes={"latency": 1000}, toxicity=0.0)
     assert timed(client(proxy).ping) < 0.5
