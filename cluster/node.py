@@ -47,7 +47,9 @@ Promises under failure (DESIGN.md's numbering):
 - Timers (node deadlines on the master, bake expiry, sweep, status, lease)
   run on their own thread, so they fire with no new input; idle, that thread
   wakes a few times a second. A master fires the deadlines in the state it
-  loaded, so the old master's pending time-outs fire too (promise 4).
+  loaded, so the old master's pending time-outs fire too (promise 4). One
+  round is ``timer_round()``: the failover simulator (``chaos/sim``) calls
+  it in its own steps, on its virtual clock, instead of the thread.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import random
 import shutil
 import tempfile
 import time
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,6 +297,10 @@ def _step(world: World, schedule: Schedule, checker: Checker, result: RunResult,
         did = schedule.step(faults)
     except SimulationStuck as exc:
         result.problems.append(f"step {i}: {exc}")
+        return False
+    except Exception as exc:  # the node code (or a model) broke: a failed run with its traceback
+        result.problems.append(f"step {i}: {type(exc).__name__}: {exc}")
+        result.trace.append(traceback.format_exc())
         return False
     result.trace.append(f"{t:9.3f} step {i}: {did}")
     problems = checker.check()
