@@ -315,17 +315,7 @@ class LocalZkEnsemble:
         return ens
 
     def _start_member(self, i: int, port: int) -> Server:
-        directory = Path(self.base_dir) / f"zk{i + 1}"
-        data = directory / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        (data / "myid").write_text(f"{i + 1}\n")
-        cfg = directory / "zoo.cfg"
-        cfg.write_text(ZOO_CFG.format(data_dir=data, port=port) + self.quorum)
-        log = directory / "zookeeper.log"
-        pid = _spawn(["java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                      "-Dzookeeper.log.dir=" + str(directory), "-cp", ZK_CLASSPATH,
-                      "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)], log)
-        return Server("zookeeper", port, pid, str(log))
+        return _start_zookeeper(Path(self.base_dir) / f"zk{i + 1}", port=port, quorum=self.quorum, myid=i + 1)
 
     def mode(self, i: int) -> str | None:
         """``leader``, ``follower``, or None while member ``i`` serves no clients."""
@@ -383,14 +373,18 @@ def _reply(port: int, request: bytes, timeout: float = 0.5) -> bytes:
         return b""
 
 
-def _start_zookeeper(directory: Path) -> Server:
+def _start_zookeeper(directory: Path, port: int | None = None, quorum: str = "", myid: int | None = None) -> Server:
+    """One ZooKeeper server in ``directory``; with ``quorum`` (server.N lines) and ``myid``, a
+    member of an ensemble."""
     if not Path("/usr/share/java/zookeeper.jar").exists():
         raise ServiceError("ZooKeeper is not installed (apt-get install zookeeper, or run `make test`)")
     data = directory / "data"
     data.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    if myid is not None:
+        (data / "myid").write_text(f"{myid}\n")
+    port = port or free_port()
     cfg = directory / "zoo.cfg"
-    cfg.write_text(ZOO_CFG.format(data_dir=data, port=port))
+    cfg.write_text(ZOO_CFG.format(data_dir=data, port=port) + quorum)
     log = directory / "zookeeper.log"
     pid = _spawn(
         ["java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",

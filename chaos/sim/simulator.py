@@ -26,6 +26,7 @@ returns its trace: every step with its virtual time and what it did.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -344,7 +345,8 @@ def simulate(seed: int = 1, runs: int = 1000, steps: int = 200, messages: int = 
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            for part in pool.map(_chunk, chunks, *zip(*[(steps, messages, flow_text)] * len(chunks))):
+            for part in pool.map(functools.partial(_chunk, steps=steps, messages=messages, flow_text=flow_text),
+                                 chunks):
                 add(part)
     failures.sort(key=lambda r: r.seed)
     return {"runs": totals["runs"], "seconds": round(time.monotonic() - began, 1), "failed": len(failures),
