@@ -46,7 +46,7 @@ from typing import Any
 
 from ..runtime.engine import Engine
 from ..runtime.flowgraph import FlowGraph
-from ..runtime.message import Message
+from ..runtime.message import Message, position_order
 from ..runtime.nodes.action import ActionNode
 from ..runtime.nodes.base import Emit
 from ..runtime.store.flow_store import FlowKeys, FlowStore
@@ -83,15 +83,30 @@ class MasterFlow:
         self._epoch = 0
         self._bodies: dict[str, Message] = {}  # this step's messages by ID: the sink keeps their bytes
         self._streams = outlink_streams(graph, keys)
+        # The processed mark as Redis holds it, read with the state and moved by
+        # each step committed: while this object is valid, this master is the
+        # only writer, so it knows the mark without asking (see ``committed``).
+        self.mark: str | None = None
 
     @classmethod
     def load(cls, graph: FlowGraph, store: FlowStore, deadline_s: float | None = None) -> "MasterFlow":
-        """A new flow whose nodes continue from the state entries in Redis."""
+        """A new flow whose nodes continue from the state entries in Redis, with the processed mark."""
         fresh = graph.fresh()
-        entries = store.load_state(fresh.nodes, deadline_s=deadline_s)
+        entries, mark = store.load_state_and_mark(fresh.nodes, deadline_s=deadline_s)
         for name, node in fresh.nodes.items():
             node.load_state(entries[name])
-        return cls(fresh, store.keys, store.node_id)
+        flow = cls(fresh, store.keys, store.node_id)
+        flow.mark = mark
+        return flow
+
+    def committed(self, step: Step) -> None:
+        """Record that ``step`` was committed: the mark moved to its own, if that is later."""
+        if step.mark and (self.mark is None or position_order(step.mark) > position_order(self.mark)):
+            self.mark = step.mark
+
+    def is_processed(self, msg: Message) -> bool:
+        """At or before the processed mark: processed, whatever the ID cache says."""
+        return self.mark is not None and position_order(msg.position) <= position_order(self.mark)
 
     # -- steps ------------------------------------------------------------
     def run(self, msgs: list[Message], now: float, epoch: int, mark: str | None = None) -> Step:

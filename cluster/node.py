@@ -68,7 +68,7 @@ from ..runtime.fields import BadInput
 from ..runtime.message import Message, decode, position_order
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.spark.source import WARMUP_POSITION
-from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable, chunked
+from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, GuessWrong, RedisUnavailable, chunked
 from ..runtime.store.step import Step
 from .escalation import EscalationSender, StaleEpoch
 from .leadership import Leadership
@@ -86,6 +86,14 @@ class NodeStopping(RuntimeError):
 
 class StartRefused(RuntimeError):
     """The node will not start: reading from here, or on this Redis, could break a promise."""
+
+
+class _GuessedWrong(RuntimeError):
+    """A guarded master step was refused; the first ``sent`` messages of the batch are committed."""
+
+    def __init__(self, sent: int):
+        super().__init__(f"guess refused after {sent} messages")
+        self.sent = sent
 
 
 class _StepDown(RuntimeError):
@@ -430,13 +438,34 @@ class FlowNode:
 
     def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
         """Run a batch through the flow as master at ``epoch`` (caller holds _work); None when
-        all of it was committed, else the uncommitted rest, after this node stopped being master."""
-        try:  # already processed (or a repeat inside this batch): never run through the graph again
-            done = self.store.processed(msgs, deadline_s=self.lease_s)
-        except RedisUnavailable as exc:
-            log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
-            self._step_down("Redis unreachable")
-            return msgs
+        all of it was committed, else the uncommitted rest, after this node stopped being master.
+
+        With its flow loaded the master guesses which messages are new from
+        the processed mark it holds, and each COMMIT applies only if the guess
+        was right (scripts.COMMIT): one Redis round trip per step. A wrong
+        guess (a message re-published with an ID the flow processed) writes
+        nothing; the master reloads and runs the rest again, asking Redis first.
+        """
+        try:
+            return self._run_steps(msgs, epoch, last, guess_from=self.flow)
+        except _GuessedWrong as wrong:
+            log.info("%s: a batch held a message processed before; running it again from Redis's view",
+                     self.cfg.node_id)
+            return self._run_steps(msgs[wrong.sent:], epoch, last, guess_from=None)
+
+    def _run_steps(self, msgs: list[Message], epoch: int, last: str,
+                   guess_from: MasterFlow | None) -> list[Message] | None:
+        guess = guess_from is not None
+        if guess:
+            done = [guess_from.is_processed(m) for m in msgs]
+        else:
+            try:  # already processed (or a repeat inside this batch): never run through the graph again
+                done = self.store.processed(msgs, deadline_s=self.lease_s)
+            except RedisUnavailable as exc:
+                log.error("%s: %s; over the write lease (%.1f s): stepping down",
+                          self.cfg.node_id, exc, self.lease_s)
+                self._step_down("Redis unreachable")
+                return msgs
         seen: set[str] = set()
         run = []
         for m, d in zip(msgs, done):
@@ -451,8 +480,11 @@ class FlowNode:
             fresh = [m for m, r in zip(chunk, run[sent:sent + len(chunk)]) if r]
             # The last chunk's step moves the mark past the whole batch (bad entries included).
             mark = last if i == len(chunks) - 1 else chunk[-1].position
-            if not self._commit(epoch, lambda flow: flow.run(fresh, self.clock.now(), epoch, mark)):
-                return msgs[sent:]
+            try:
+                if not self._commit(epoch, lambda flow: flow.run(fresh, self.clock.now(), epoch, mark), guess):
+                    return msgs[sent:]
+            except GuessWrong:
+                raise _GuessedWrong(sent) from None
             with self._lock:
                 self.delivered += len(fresh)
                 self.skipped += len(chunk) - len(fresh)
@@ -462,16 +494,20 @@ class FlowNode:
         self._wake.set()  # the step may have opened an earlier deadline
         return None
 
-    def _commit(self, epoch: int, make_step) -> bool:
+    def _commit(self, epoch: int, make_step, guess: bool = False) -> bool:
         """Build a step on the master's flow and commit it; False after stepping down.
 
         Any failure drops the flow: its nodes are ahead of Redis, and the next
-        step starts from the state Redis holds.
+        step starts from the state Redis holds. With ``guess`` the step applies
+        only if the processed mark the flow holds is Redis's and none of its
+        IDs is processed; else GuessWrong, nothing written.
         """
         try:
-            step: Step = make_step(self._master_flow())
+            flow = self._master_flow()
+            step: Step = make_step(flow)
             self.store.commit(epoch, step, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
-                              replica_wait_ms=self.spec.replica_wait_ms)
+                              replica_wait_ms=self.spec.replica_wait_ms, guess=(flow.mark,) if guess else None)
+            flow.committed(step)
         except Fenced as exc:
             self.flow = None
             log.error("%s: %s; stepping down", self.cfg.node_id, exc)

@@ -165,10 +165,16 @@ class Schedule:
     def publish(self) -> str:
         k = self.rng.randint(1, 6)
         start = len(self.sent)
-        docs = [order_or_payment(i) for i in range(start, min(start + k, self.messages))]
+        fresh = [order_or_payment(i) for i in range(start, min(start + k, self.messages))]
+        docs, again = list(fresh), ""
+        if start and self.rng.random() < 0.15:
+            # A producer's retry: a message already sent, with its ID, again.
+            # The flow processes it once; this copy must never leave the flow.
+            docs.insert(self.rng.randint(0, len(docs)), order_or_payment(self.rng.randrange(start)))
+            again = f" with {docs[0]['id'] if len(docs) == 1 else 'one'} sent before"
         self.world.publish(self.keys.uplink, [json.dumps(d).encode() for d in docs])
-        self.sent.extend(d["id"] for d in docs)
-        return f"{len(docs)} messages ({docs[0]['id']}..{docs[-1]['id']})"
+        self.sent.extend(d["id"] for d in fresh)
+        return f"{len(docs)} messages ({docs[0]['id']}..{docs[-1]['id']}){again}"
 
     def timers(self, sim: SimNode) -> str:
         wait = sim.node.timer_round()

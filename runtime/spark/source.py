@@ -195,20 +195,26 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         # proves everything up to ``start`` is done.
         self._reading_from = start
         try:
-            # commit() alone lags: Spark calls it only when it plans the *next*
-            # data batch, so an idle or stopped stream would show its last
-            # batch unread.
-            self._record_progress(start, pausable=True)
-            self._check_pause()
-            self._wait_out_hold(start)
+            # Progress is recorded here, not only in commit(): Spark calls
+            # commit() only when it plans the *next* data batch, so an idle or
+            # stopped stream would show its last batch unread. On the way to a
+            # read it travels in the read's own script call (no round trip of
+            # its own); a paused, held or warm-up read records it by itself.
+            try:
+                self._check_pause()
+                self._wait_out_hold(start)
+            except (_Paused, _Held):
+                self._record_progress(start, pausable=True)
+                raise
             if self._warmup_due:
                 # Only a changed offset makes Spark run a batch; the token changes
                 # nothing else (same id, same n) and is dropped by the next batch.
+                self._record_progress(start, pausable=True)
                 self._warmup_due = False
                 return iter([(WARMUP_POSITION, None, None)]), {
                     **start, "warmup": os.urandom(4).hex()
                 }
-            rows = self._read_rows("read new entries", start["id"], "+", self.max_body_bytes)
+            rows = self._read_rows("read new entries", start["id"], "+", self.max_body_bytes, progress=start)
             if not rows and self.block_ms:
                 # Nothing new: wait in Redis rather than let Spark poll every
                 # 10 ms (about 20% of a core per idle query, measured). A new
@@ -256,13 +262,20 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
     def commit(self, end: dict) -> None:
         self._record_progress(end)
 
-    def _read_rows(self, what: str, after: str, last: str, max_body: int) -> List[Row]:
-        """Entries after ``after`` up to ``last`` ("+": no end), within the batch bounds."""
-        args = read_batch_args(after, last, self.batch_size, self.batch_bytes, max_body)
+    def _read_rows(self, what: str, after: str, last: str, max_body: int,
+                   progress: Optional[dict] = None) -> List[Row]:
+        """Entries after ``after`` up to ``last`` ("+": no end), within the batch bounds;
+        records ``progress`` (an offset processed) in the same script call when it is new."""
+        keys, record = [self.stream], None
+        if progress is not None and self.status_key and int(progress["n"]) > self._recorded_n:
+            keys, record = [self.stream, self.status_key], (int(progress["n"]), progress["id"])
+        args = read_batch_args(after, last, self.batch_size, self.batch_bytes, max_body, record)
         reply = self._redis(
-            what, lambda r: self._script(keys=[self.stream], args=args, client=r),
+            what, lambda r: self._script(keys=keys, args=args, client=r),
             pausable=last == "+",
         )
+        if record:
+            self._recorded_n = record[0]
         return read_batch_rows(reply)
 
     def _record_progress(self, done: dict, pausable: bool = False) -> None:

@@ -67,6 +67,10 @@ class Fenced(RuntimeError):
         self.epoch, self.newest = epoch, newest
 
 
+class GuessWrong(RuntimeError):
+    """A guarded commit found the processed mark moved or one of its IDs processed; nothing was written."""
+
+
 class StoreClosed(RuntimeError):
     """The store was closed while a call waited for Redis."""
 
@@ -278,18 +282,22 @@ class FlowStore:
 
     # -- master: one fenced step ------------------------------------------
     def commit(self, epoch: int, step: "Step", *, deadline_s: float | None = None,
-               replicas: int = 0, replica_wait_ms: int = 1000) -> None:
+               replicas: int = 0, replica_wait_ms: int = 1000,
+               guess: tuple[str | None] | None = None) -> None:
         """Write one master step atomically, fenced by ``epoch`` (see scripts.COMMIT).
 
         Raises Fenced if ``epoch`` is stale (nothing written), RedisUnavailable
         past ``deadline_s``. With ``replicas`` > 0 it returns only once ``WAIT``
         confirms that many replicas have it, so a Redis failover cannot erase
-        what the caller escalates next.
+        what the caller escalates next. With ``guess`` (the processed mark the
+        caller assumes, in a 1-tuple) it raises GuessWrong, nothing written,
+        unless the mark is that and none of the step's IDs is processed.
         """
         if step.empty():
             return
         # One token per step: a retry after a lost reply finds the step applied (scripts.COMMIT).
-        keys, args = step.script_call(epoch, self.keys, self.id_ttl, f"{self.node_id}-{uuid.uuid4().hex}")
+        keys, args = step.script_call(epoch, self.keys, self.id_ttl, f"{self.node_id}-{uuid.uuid4().hex}",
+                                      guess)
 
         def write():
             if not replicas:
@@ -304,21 +312,31 @@ class FlowStore:
         res, acked = self._call("commit", write, deadline_s)
         if int(res[0]) == -1:
             raise Fenced(epoch, int(res[1]))
+        if int(res[0]) == 3:
+            raise GuessWrong(f"the processed mark is no longer {guess[0]} or a message of the step "
+                             f"was processed already")
         if acked < replicas:
             self._await_replicas(replicas, replica_wait_ms, deadline_s)
 
     def load_state(self, nodes: Iterable[str], deadline_s: float | None = None) -> dict[str, dict[str, Any]]:
         """Every node's state entries (node -> key -> JSON value), in one round trip."""
+        return self.load_state_and_mark(nodes, deadline_s)[0]
+
+    def load_state_and_mark(self, nodes: Iterable[str], deadline_s: float | None = None
+                            ) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """Every node's state entries and the processed mark, read together in one round trip."""
         nodes = list(nodes)
 
         def read():
             pipe = self.r.pipeline(transaction=False)
+            pipe.get(self.keys.processed)
             for node in nodes:
                 pipe.hgetall(self.keys.state(node))
             return pipe.execute()
 
-        out = self._call("load state", read, deadline_s)
-        return {node: {k.decode(): json.loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}
+        raw_mark, *out = self._call("load state", read, deadline_s)
+        mark = raw_mark.decode() if isinstance(raw_mark, bytes) else raw_mark
+        return {node: {k.decode(): json.loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}, mark
 
     def _await_replicas(self, replicas: int, wait_ms: int, deadline_s: float | None) -> None:
         """Wait until ``replicas`` replicas have everything written so far, or RedisUnavailable."""

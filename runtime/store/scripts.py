@@ -57,14 +57,22 @@ return cur
 # KEYS[4..] every stream and state hash the operations name (declared, so a
 # Redis Cluster can route the script; all share the flow's hash tag).
 # ARGV[1] writer's epoch, ARGV[2] ID-cache TTL (s), ARGV[3] ID-cache key
-# prefix, ARGV[4] new processed mark ("" leaves it), ARGV[5] number of IDs n,
-# ARGV[6 .. 5+n] the processed IDs, then operations, each a code, the index of
-# its key in KEYS and its arguments:
+# prefix, ARGV[4] new processed mark ("" leaves it), ARGV[5] the guess guard
+# ("" none, else "=" followed by the processed mark the writer assumes, "="
+# alone for none), ARGV[6] number of IDs n, ARGV[7 .. 6+n] the processed IDs,
+# then operations, each a code, the index of its key in KEYS and its arguments:
 #   'X' k nf f1 v1 .. fnf vnf   XADD KEYS[k] * f1 v1 ..
 #   'H' k field value          HSET KEYS[k] field value
 #   'D' k field                HDEL KEYS[k] field
+# The guard is how a master commits a batch without first asking which of its
+# messages are processed (one round trip instead of two): it guessed from the
+# mark it holds that every message after that mark with an ID not in the
+# cache is new; the step applies only if the mark is still the one it assumed
+# and none of the step's IDs is in the ID cache, which is exactly what asking
+# first would have found.
 # Returns {-1, epoch in force} when the writer is stale (nothing written),
-# {2} when this step was applied before (nothing written again), else {1}.
+# {2} when this step was applied before (nothing written again), {3} when the
+# guard failed (nothing written), else {1}.
 COMMIT = _AT_OR_BEFORE + """
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return {2}
@@ -74,15 +82,25 @@ local epoch = tonumber(ARGV[1])
 if epoch < cur then
   return {-1, cur}
 end
+local n = tonumber(ARGV[6])
+if ARGV[5] ~= '' then
+  if '=' .. (redis.call('GET', KEYS[2]) or '') ~= ARGV[5] then
+    return {3}
+  end
+  for i = 7, 6 + n do
+    if redis.call('EXISTS', ARGV[3] .. ARGV[i]) == 1 then
+      return {3}
+    end
+  end
+end
 redis.call('SET', KEYS[3], ARGV[1], 'EX', """ + str(STEP_MARKER_TTL_S) + """)
 if epoch > cur then
   redis.call('SET', KEYS[1], ARGV[1])
 end
-local n = tonumber(ARGV[5])
-for i = 6, 5 + n do
+for i = 7, 6 + n do
   redis.call('SET', ARGV[3] .. ARGV[i], ARGV[1], 'EX', ARGV[2])
 end
-local i = 6 + n
+local i = 7 + n
 while i <= #ARGV do
   local op, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
   if op == 'X' then
@@ -126,12 +144,15 @@ return n
 """
 
 # READ_BATCH: the entries of a stream after an ID, bounded in count and bytes.
-# KEYS[1] the stream.
+# KEYS[1] the stream; KEYS[2], optional, the reader's progress hash.
 # ARGV[1] exclusive start ID; ARGV[2] inclusive end ID, or "+" for none;
 # ARGV[3] max entries (>= 1); ARGV[4] max body bytes returned, the first entry
 # always included whatever its size; ARGV[5] max bytes of one body (a longer
 # one is withheld and counts 0); ARGV[6] max entries per XRANGE page; ARGV[7]
-# page bytes (pages shrink to about this many bytes once entries are big).
+# page bytes (pages shrink to about this many bytes once entries are big);
+# with KEYS[2], ARGV[8] and ARGV[9] are recorded there first as read_n and
+# read_id (how far the reader had read and processed: in the same call, so
+# recording it costs the reader no round trip of its own).
 # Returns a flat array, three items per entry: ID, body (false when the entry
 # has no data field or its body is withheld), body length (-1: no data field).
 READ_BATCH = """
@@ -139,6 +160,9 @@ local after, last = ARGV[1], ARGV[2]
 local max_n, max_bytes = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_body, max_page, page_bytes = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local out, n, bytes, page = {}, 0, 0, max_page
+if KEYS[2] then
+  redis.call('HSET', KEYS[2], 'read_n', ARGV[8], 'read_id', ARGV[9])
+end
 while n < max_n do
   local want = math.min(page, max_n - n)
   local entries = redis.call('XRANGE', KEYS[1], '(' .. after, last, 'COUNT', want)
@@ -175,9 +199,12 @@ _PAGE_ENTRIES = 64
 _PAGE_BYTES = 8 * 1024 * 1024
 
 
-def read_batch_args(after: str, last: str, count: int, max_bytes: int, max_body: int) -> list:
-    """ARGV for READ_BATCH: entries after ``after`` up to ``last`` ("+": no end)."""
-    return [after, last, count, max_bytes, max_body, _PAGE_ENTRIES, _PAGE_BYTES]
+def read_batch_args(after: str, last: str, count: int, max_bytes: int, max_body: int,
+                    progress: tuple[int, str] | None = None) -> list:
+    """ARGV for READ_BATCH: entries after ``after`` up to ``last`` ("+": no end); with
+    ``progress`` (read_n, read_id) to record in the progress hash, KEYS[2]."""
+    args = [after, last, count, max_bytes, max_body, _PAGE_ENTRIES, _PAGE_BYTES]
+    return args + list(progress) if progress else args
 
 
 def read_batch_rows(reply: list) -> list[tuple[str, bytes | None, int | None]]:

@@ -11,8 +11,8 @@ processed (``cluster/master_flow.py`` says what that means per node).
 >>> keys, args = step.script_call(3, FlowKeys("f"), id_ttl=60, token="n1-1")
 >>> keys[2:]
 ['tf:{f}:step:n1-1', 'tf:{f}:sink', 'tf:{f}:state:join']
->>> args[:7]
-[3, 60, 'tf:{f}:id:', '5-0', 1, 'a', 'X']
+>>> args[:8]
+[3, 60, 'tf:{f}:id:', '5-0', '', 1, 'a', 'X']
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ class Step:
     def empty(self) -> bool:
         return self.mark is None and not self.ids and not self.outputs and not any(self.state.values())
 
-    def script_call(self, epoch: int, keys: FlowKeys, id_ttl: int, token: str) -> tuple[list[str], list]:
+    def script_call(self, epoch: int, keys: FlowKeys, id_ttl: int, token: str,
+                    guess: tuple[str | None] | None = None) -> tuple[list[str], list]:
         """KEYS and ARGV of the COMMIT script; ``token`` names this step (unique per step, the
-        same for every retry of it)."""
+        same for every retry of it). ``guess``, a 1-tuple of the processed mark the writer
+        assumes (None: no mark yet), makes the step apply only if that guess holds (scripts.COMMIT)."""
         script_keys = [keys.epoch, keys.processed, keys.step(token)]
         index: dict[str, int] = {}
 
@@ -46,7 +48,8 @@ class Step:
                 index[name] = len(script_keys)  # Lua counts from 1
             return index[name]
 
-        args: list = [epoch, id_ttl, keys.id_prefix, self.mark or "", len(self.ids), *self.ids]
+        guard = "" if guess is None else "=" + (guess[0] or "")
+        args: list = [epoch, id_ttl, keys.id_prefix, self.mark or "", guard, len(self.ids), *self.ids]
         for stream, fields in self.outputs:
             args += ["X", key(stream), len(fields)]
             for f, v in fields.items():

@@ -271,3 +271,33 @@ def test_a_commit_retried_after_its_reply_was_lost_is_applied_once(redis_url, fl
     sink = client.xrange(store.keys.sink)
     assert [fields[b"id"] for _, fields in sink] == [b"a", b"b"]
     assert store.processed_mark() == "2-0"
+
+
+def test_a_guessed_step_applies_only_while_the_guess_holds(store):
+    # The master's one-round-trip commit: it assumes the mark it holds and that
+    # its messages' IDs are new; Redis checks both in the same script.
+    from twinflow.runtime.store.flow_store import GuessWrong
+    store.raise_epoch(1)
+    store.commit(1, Step(mark="2-0", ids=["a"], outputs=[(store.keys.sink, {"id": "a"})]), guess=(None,))
+    assert store.processed_mark() == "2-0"
+    wrong_mark = Step(mark="3-0", ids=["b"], outputs=[(store.keys.sink, {"id": "b"})])
+    with pytest.raises(GuessWrong):
+        store.commit(1, wrong_mark, guess=("1-0",))
+    processed_id = Step(mark="3-0", ids=["b", "a"], outputs=[(store.keys.sink, {"id": "b"})])
+    with pytest.raises(GuessWrong):
+        store.commit(1, processed_id, guess=("2-0",))
+    # Neither refused step wrote anything: no output, no ID, no mark.
+    assert [f[b"id"] for _, f in store.r.xrange(store.keys.sink)] == [b"a"]
+    assert store.processed_mark() == "2-0" and store.processed([Message("b", None, "9-0", b"{}")]) == [False]
+    store.commit(1, wrong_mark, guess=("2-0",))
+    assert [f[b"id"] for _, f in store.r.xrange(store.keys.sink)] == [b"a", b"b"]
+    # The fence comes first: a stale writer is told so, not that it guessed wrong.
+    store.raise_epoch(2)
+    with pytest.raises(Fenced):
+        store.commit(1, Step(mark="4-0", ids=["c"]), guess=("1-0",))
+
+
+def test_load_state_and_mark_reads_both(store):
+    assert store.load_state_and_mark(["j"]) == ({"j": {}}, None)
+    store.commit(1, Step(mark="5-0", state={"j": {"7": {"d": 1}}}))
+    assert store.load_state_and_mark(["j"]) == ({"j": {"7": {"d": 1}}}, "5-0")

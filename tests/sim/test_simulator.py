@@ -74,6 +74,16 @@ def test_a_commit_applied_twice_after_a_lost_reply_is_caught(monkeypatch):
     assert again.problems == failed.problems and again.trace == failed.trace
 
 
+def test_a_guessed_commit_that_does_not_check_the_id_cache_is_caught(monkeypatch):
+    # The master's one-round-trip commit must refuse a message re-published with a processed ID.
+    check = "if redis.call('EXISTS', ARGV[3] .. ARGV[i]) == 1 then"
+    assert check in scripts.COMMIT
+    monkeypatch.setitem(scripts.ALL, "commit", scripts.COMMIT.replace(check, "if false then"))
+    failed = _first_failure()
+    assert failed is not None, "a master that ran re-published messages again passed every run"
+    assert any("left the flow 2 times" in p for p in failed.problems)
+
+
 def test_a_promotion_that_skips_the_catch_up_is_caught(monkeypatch):
     monkeypatch.setattr(FlowNode, "_catch_up", lambda self, epoch: 0)
     failed = _first_failure()
