@@ -136,6 +136,7 @@ class NodeConfig:
     connect_deadline_s: float = 60.0
     status_interval_s: float = 0.5
     sweep_interval_s: float = 1.0
+    trim_interval_s: float = 10.0     # how often the master trims the uplink (uplink.retention)
     start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
 
 
@@ -174,14 +175,17 @@ class FlowNode:
         self.cfg = config
         self.clock = clock or SystemClock()
         self.monotonic = monotonic
-        self._next_status = self._next_sweep = float("-inf")
+        self._next_status = self._next_sweep = self._next_trim = float("-inf")
         pair = spec.pair
         self.keys = flow_keys(graph)
         self.sort = ClaimSortNode(pair.bake_time, pair.unclaimed_outlink, pair.max_pending) if pair else NoPair()
         self.flow: MasterFlow | None = None   # the master's graph, a cache of its state in Redis
         # A batch never takes the bake past max_pending: the reader takes at
-        # most this many entries, and holds while the next batch might not fit.
+        # most max_read_size entries (read_size under light load, growing under
+        # a backlog; a quarter of max_pending at most, so that the bake can
+        # hold a few big batches), and holds while the next batch might not fit.
         self.read_size = min(spec.batch_size, spec.max_pending)
+        self.max_read_size = min(spec.max_batch_size, max(self.read_size, spec.max_pending // 4))
         self.lease_s = spec.write_lease
         self.role = STARTING
         self.epoch = 0            # this node's epoch while master
@@ -221,7 +225,9 @@ class FlowNode:
         self.zk = parts.zookeeper(self)
         self._guard_epoch(self._zookeeper_epoch())
         self.handled_upto = self.store.handled_position()
+        resuming = (self.checkpoint_dir().parent / "start.json").exists()
         start = self._start_position()
+        self._check_retention(resuming)
         parts.prepare_stream(self)
         self.server, port = parts.server(self)
         host = self.cfg.listen.rsplit(":", 1)[0]
@@ -264,6 +270,20 @@ class FlowNode:
 
     def checkpoint_dir(self) -> Path:
         return Path(self.cfg.state_dir) / self.name / self.cfg.node_id / "checkpoint"
+
+    def _check_retention(self, resuming: bool) -> None:
+        """Refuse to resume reading from a position whose following entries were trimmed."""
+        if not resuming:
+            return  # a new checkpoint starts where _start_position chose, which exists
+        kept = self.store.trimmed_before()
+        read = self.store.read_position()
+        if kept is None or read is None or position_order(read) >= position_order(kept):
+            return
+        raise StartRefused(
+            f"{self.cfg.node_id} last read {self.keys.uplink} up to {read}, but the uplink was trimmed up to "
+            f"{kept} while it was away (longer than uplink.retention = {self.spec.retention:.0f} s): what it "
+            f"would read next is gone. Every trimmed entry was processed by the flow; start the node on a new "
+            f"state directory with --start-from processed")
 
     def _start_position(self) -> dict:
         """Where a new checkpoint starts reading (a checkpoint with commits resumes by itself).
@@ -600,7 +620,7 @@ class FlowNode:
         before = self.delivered
         after = mark
         while True:
-            rows = self.store.read_uplink(after, upto, self.read_size, self.spec.message.max_bytes,
+            rows = self.store.read_uplink(after, upto, self.max_read_size, self.spec.message.max_bytes,
                                           max_bytes=self.spec.batch_bytes, deadline_s=self.lease_s)
             if not rows:
                 break
@@ -628,7 +648,7 @@ class FlowNode:
     def _update_backpressure(self) -> None:
         """Hold the reader while the next batch might take the bake past max_pending."""
         with self._lock:
-            want = self.role != MASTER and self.sort.pending + self.read_size > self.spec.max_pending
+            want = self.role != MASTER and self.sort.pending + self.max_read_size > self.spec.max_pending
             if want == self.held:
                 return
             self.held = want
@@ -679,6 +699,9 @@ class FlowNode:
             if mono >= self._next_sweep:
                 self._next_sweep = mono + self.cfg.sweep_interval_s
                 self._sweep()
+            if mono >= self._next_trim and self.role == MASTER:
+                self._next_trim = mono + self.cfg.trim_interval_s
+                self._trim()
             if mono >= self._next_status:
                 self._next_status = mono + status_every
                 self._guard_epoch(0, deadline_s=0)
@@ -737,6 +760,14 @@ class FlowNode:
         if released:
             self._update_backpressure()
 
+    def _trim(self) -> None:
+        """As master, drop the uplink entries every live node has read and the flow processed,
+        once older than ``uplink.retention`` (one script; the live nodes are ZooKeeper's members)."""
+        live = set(self.leadership.members()) | {self.cfg.node_id}
+        n, kept = self.store.trim_uplink(live, self.spec.retention, self.clock.now())
+        if n:
+            log.info("%s trimmed %d uplink entries before %s", self.cfg.node_id, n, kept)
+
     def status(self) -> dict:
         flow = self.flow
         with self._lock:
@@ -757,6 +788,7 @@ class FlowNode:
                 "grpc_address": self.address,
             }
         out["zookeeper"] = "suspended" if self.leadership and self.leadership.suspended else "connected"
+        out["redis"] = self.store.health() if self.store else "ok"
         out["streaming"] = int(self.streaming)
         out["streaming_since"] = self.streaming_since
         out["pid"] = os.getpid()

@@ -107,6 +107,7 @@ class RealParts:
             checkpoint_dir=str(checkpoint),
             on_batch=node.on_batch,
             batch_size=node.read_size,
+            max_batch_size=node.max_read_size,
             batch_bytes=node.spec.batch_bytes,
             max_body_bytes=node.spec.message.max_bytes,
             status_key=node.keys.read(node.cfg.node_id),

@@ -52,12 +52,14 @@ class ClaimPair:
 @dataclass(frozen=True)
 class ClusterSpec:
     uplink_stream: str
-    batch_size: int
+    batch_size: int                    # a batch's entries under light load ...
     message: MessageSpec
     pair: ClaimPair | None
     session_timeout: float = 2.0
     escalation_batch: int = 500
     batch_bytes: int = 64 << 20        # most body bytes one micro-batch reads
+    max_batch_size: int = 20_000       # ... and under a backlog (the source's "Admission")
+    retention: float = 3600.0          # seconds an uplink entry is kept at least (then trimmed once safe)
     write_lease: float = 1.0           # a master whose Redis writes fail this long steps down
     wait_replicas: int = 0             # escalate only once WAIT confirms this many replicas
     replica_wait_ms: int = 1000
@@ -110,7 +112,7 @@ def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str,
             raise top.error("uplink", f"is required: node {pair[0].sort!r} pairs with {pair[0].action!r}, "
                                       f"which only means something on the cluster")
         return None
-    up = top.section("uplink").only("stream", "batch_size", "batch_bytes")
+    up = top.section("uplink").only("stream", "batch_size", "max_batch_size", "batch_bytes", "retention")
     if pair is not None:
         message = replace(message, key_path=pair[1], key_type=pair[2])
     cl = top.section("cluster", default={}).only(
@@ -123,9 +125,16 @@ def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str,
         raise up.error("batch_bytes", f"must be at least message.max_bytes ({message.max_bytes}): "
                                       f"a message of the largest allowed size must fit in a batch")
     failure = top.section("failure", default={}).only("max_entries")
+    batch_size = up.get("batch_size", int, 2000, check=lambda v: 1 <= v <= 100_000, why="must be 1..100000")
+    max_batch_size = up.get("max_batch_size", int, max(batch_size, 20_000),
+                            check=lambda v: batch_size <= v <= 1_000_000,
+                            why=f"must be batch_size ({batch_size})..1000000")
     return ClusterSpec(
         uplink_stream=up.name("stream"),
-        batch_size=up.get("batch_size", int, 2000, check=lambda v: 1 <= v <= 100_000, why="must be 1..100000"),
+        batch_size=batch_size,
+        max_batch_size=max_batch_size,
+        retention=up.get("retention", (int, float), 3600, check=lambda v: 0 <= v <= 365 * 86400,
+                         why="must be seconds in [0, 31536000]") * 1.0,
         message=message,
         pair=pair[0] if pair else None,
         session_timeout=session_timeout,

@@ -41,6 +41,7 @@ def test_defaults():
     assert (spec.message.max_depth, spec.message.max_number_digits) == (64, 100)
     assert spec.redis_checks == "refuse" and spec.wait_replicas == 0
     assert spec.failure_max_entries == 100_000
+    assert (spec.batch_size, spec.max_batch_size) == (2000, 20_000)  # batches grow under a backlog
     assert g.nodes["act"].sink == "out"
 
 
@@ -87,6 +88,8 @@ def test_nodes_whose_state_is_not_in_redis_yet_are_refused_by_run():
      "the worker's half of the claim pair"),
     ("uplink: {stream: up}\n", "", 1, "uplink", "is required: node 'sort' pairs with 'act'"),
     ("uplink: {stream: up}", "uplink: {stream: up, batch_bytes: 100}", 2, "uplink.batch_bytes", "1-256 MiB"),
+    ("uplink: {stream: up}", "uplink: {stream: up, batch_size: 500, max_batch_size: 100}", 2,
+     "uplink.max_batch_size", "must be batch_size (500)"),
     ("uplink: {stream: up}\nmessage: {id: id}",
      "uplink: {stream: up, batch_bytes: 2097152}\nmessage: {id: id, max_bytes: 4194304}", 2,
      "uplink.batch_bytes", "at least message.max_bytes"),

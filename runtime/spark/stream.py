@@ -86,6 +86,7 @@ def start_stream(
     checkpoint_dir: str,
     on_batch: OnBatch,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    max_batch_size: int | None = None,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     status_key: str | None = None,
@@ -95,8 +96,9 @@ def start_stream(
     """Start a query feeding ``stream`` to ``on_batch``; returns once started.
 
     ``spark`` must have the source registered (``build_session`` does it).
-    ``batch_size`` and ``batch_bytes`` bound a batch's entries and delivered
-    body bytes; a body longer than ``max_body_bytes`` is withheld (``data``
+    ``batch_size`` bounds a batch's entries under light load, ``max_batch_size``
+    (default ``batch_size``) under a backlog (the source's "Admission"), and
+    ``batch_bytes`` its delivered body bytes; a body longer than ``max_body_bytes`` is withheld (``data``
     None, ``size`` set). ``source_options`` passes further source options
     (``connect_deadline_s``, ``block_ms``, ``warmup``) through.
     """
@@ -106,6 +108,7 @@ def start_stream(
     pause_dir = tempfile.mkdtemp(prefix="twinflow-stream-")
     options = {**(source_options or {}), "url": redis_url, "stream": stream}
     options["batch_size"] = str(batch_size)
+    options["max_batch_size"] = str(max_batch_size or batch_size)
     options["batch_bytes"] = str(batch_bytes)
     options["max_body_bytes"] = str(max_body_bytes)
     options["pause_file"] = os.path.join(pause_dir, PAUSE_FILE)

@@ -151,6 +151,11 @@ class FlowKeys:
         return self.prefix + "failed:"
 
     @property
+    def trimmed(self) -> str:
+        """The first uplink entry kept by the last trim (every entry before it is gone)."""
+        return self.prefix + "trimmed"
+
+    @property
     def nodes(self) -> str:
         return self.prefix + "nodes"
 
@@ -195,6 +200,7 @@ class FlowStore:
         self._closed = threading.Event()
         self._use(client)
         self.last_ok = monotonic()  # when a call last got an answer from Redis
+        self.failing_since: float | None = None  # when calls began to fail, while they fail
 
     def _use(self, client: redis.Redis) -> None:
         # This store owns waiting and deadlines: redis-py's own retries (ten by
@@ -221,7 +227,12 @@ class FlowStore:
                 log.warning("Redis Cluster moved the flow's slot to %s:%s; reconnecting", moved.host, moved.port)
                 self._use(follow_moved(self.r, moved))
                 raise
+            except redis.RedisError as exc:
+                if transient(exc) and self.failing_since is None:
+                    self.failing_since = self._monotonic()
+                raise
             self.last_ok = self._monotonic()
+            self.failing_since = None
             return result
 
         def before_pause(exc: BaseException, waited: float, pause: float) -> None:
@@ -232,6 +243,11 @@ class FlowStore:
         return retry(attempt, retryable=lambda exc: isinstance(exc, redis.RedisError) and transient(exc),
                      deadline_s=deadline_s, give_up=lambda exc, waited: RedisUnavailable(what, waited, exc),
                      on_retry=before_pause, sleep=self._sleep, monotonic=self._monotonic)
+
+    def health(self) -> str:
+        """"ok", or "down <s>s" while calls to Redis fail (what ``twinflow status`` shows)."""
+        since = self.failing_since
+        return "ok" if since is None else f"down {self._monotonic() - since:.0f}s"
 
     def silent_s(self) -> float:
         """Seconds since a call last got an answer from Redis (on the store's clock)."""
@@ -471,6 +487,28 @@ class FlowStore:
 
         return self._call("count uplink entries", count)
 
+    def trim_uplink(self, live_nodes: Iterable[str], retention_s: float, now_s: float,
+                    deadline_s: float | None = 0) -> tuple[int, str | None]:
+        """Trim the uplink entries that no one needs: before the processed mark, before the
+        read position of every node in ``live_nodes``, and older than ``retention_s`` at
+        ``now_s`` (the margin kept for replay). Returns (entries trimmed, first entry kept)."""
+        cutoff = f"{max(0, int((now_s - retention_s) * 1000))}-0"
+        keys = [self.keys.uplink, self.keys.processed, self.keys.trimmed,
+                *(self.keys.read(n) for n in sorted(live_nodes))]
+        n, kept = self._call("trim uplink", lambda: self._scripts["trim_uplink"](keys=keys, args=[cutoff]),
+                             deadline_s)
+        return int(n), kept.decode() if isinstance(kept, bytes) else (kept or None)
+
+    def trimmed_before(self) -> str | None:
+        """The first uplink entry the last trim kept (entries before it are gone), or None."""
+        raw = self._call("trim record", lambda: self.r.get(self.keys.trimmed))
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    def read_position(self, node_id: str | None = None) -> str | None:
+        """The last uplink entry ``node_id``'s reader recorded as read and processed, or None."""
+        raw = self._call("read position", lambda: self.r.hget(self.keys.read(node_id or self.node_id), "read_id"))
+        return raw.decode() if isinstance(raw, bytes) else raw
+
     def oldest_after(self, after: str | None) -> str | None:
         """The position of the first uplink entry after ``after`` (None: the first of all), or None."""
         low = "-" if after is None else "(" + after
@@ -503,7 +541,7 @@ class FlowStore:
 
         self._call("write_status", write, deadline_s=0)
 
-    def read_statuses(self) -> list[dict]:
+    def read_statuses(self, deadline_s: float | None = None) -> list[dict]:
         """The live status of every node of the flow (stale nodes drop out by TTL)."""
 
         def read():
@@ -516,4 +554,4 @@ class FlowStore:
                 out.append({k.decode(): v.decode() for k, v in h.items()})
             return out
 
-        return self._call("read_statuses", read)
+        return self._call("read_statuses", read, deadline_s)

@@ -192,6 +192,33 @@ end
 return out
 """
 
+# TRIM_UPLINK: drop the uplink entries no one needs any more (see
+# FlowStore.trim_uplink): entries before the earliest of the processed mark,
+# every live node's read position and the retention cut-off. Nothing is
+# trimmed before the flow processed anything or while a live node has not
+# recorded where it read. When entries went, the point they went up to is
+# recorded (never moving back), so that a node away for longer can tell.
+# KEYS[1] the uplink, KEYS[2] the processed mark, KEYS[3] the trim record,
+# KEYS[4..] the read hashes of the live nodes. ARGV[1] the retention cut-off
+# ("<ms>-0": entries at or after it are kept whatever else holds).
+# Returns {entries trimmed, first entry ID kept or false}.
+TRIM_UPLINK = _AT_OR_BEFORE + """
+local point = redis.call('GET', KEYS[2])
+if not point then return {0, false} end
+if at_or_before(ARGV[1], point) then point = ARGV[1] end
+for i = 4, #KEYS do
+  local read = redis.call('HGET', KEYS[i], 'read_id')
+  if not read then return {0, false} end
+  if at_or_before(read, point) then point = read end
+end
+local before = redis.call('GET', KEYS[3])
+if before and at_or_before(point, before) then return {0, before} end
+local n = redis.call('XTRIM', KEYS[1], 'MINID', point)
+if n == 0 then return {0, before or false} end
+redis.call('SET', KEYS[3], point)
+return {n, point}
+"""
+
 # XRANGE page inside the script: at most this many entries ...
 _PAGE_ENTRIES = 64
 # ... and, once a page has shown entries this big, fewer, so the script's own
@@ -221,7 +248,7 @@ def read_batch_rows(reply: list) -> list[tuple[str, bytes | None, int | None]]:
 
 
 ALL = {"raise_epoch": RAISE_EPOCH, "commit": COMMIT, "record_failure": RECORD_FAILURE,
-       "read_batch": READ_BATCH}
+       "read_batch": READ_BATCH, "trim_uplink": TRIM_UPLINK}
 
 
 def register(client) -> dict:

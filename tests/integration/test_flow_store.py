@@ -301,3 +301,24 @@ def test_load_state_and_mark_reads_both(store):
     assert store.load_state_and_mark(["j"]) == ({"j": {}}, None)
     store.commit(1, Step(mark="5-0", state={"j": {"7": {"d": 1}}}))
     assert store.load_state_and_mark(["j"]) == ({"j": {"7": {"d": 1}}}, "5-0")
+
+
+def test_the_uplink_is_trimmed_only_behind_the_mark_every_live_reader_and_the_retention(store):
+    ids = store.publish([b"{}"] * 10)
+    now = int(ids[-1].split("-")[0]) / 1000 + 0.5
+    assert store.trim_uplink(["a"], 0, now) == (0, None)  # nothing processed yet: nothing goes
+    store.commit(1, Step(mark=ids[6]))
+    store.r.hset(store.keys.read("a"), "read_id", ids[8])
+    assert store.trim_uplink(["a", "b"], 0, now) == (0, None)  # b has not recorded where it read
+    store.r.hset(store.keys.read("b"), "read_id", ids[3])
+    assert store.trim_uplink(["a", "b"], 3600, now) == (0, None)  # all younger than the retention
+    assert store.r.xlen(store.keys.uplink) == 10 and store.trimmed_before() is None
+    # The slowest live reader (b, at entry 3) holds the trim back; an entry it read stays (MINID keeps it).
+    assert store.trim_uplink(["a", "b"], 0, now) == (3, ids[3])
+    assert store.r.xrange(store.keys.uplink)[0][0].decode() == ids[3]
+    # Without b (no longer live), the processed mark (entry 6) holds it back.
+    assert store.trim_uplink(["a"], 0, now) == (3, ids[6])
+    assert store.trimmed_before() == ids[6]
+    # The record never moves back, whatever a later call finds.
+    assert store.trim_uplink(["a", "b"], 0, now) == (0, ids[6])
+    assert store.trimmed_before() == ids[6] and store.r.xlen(store.keys.uplink) == 4

@@ -477,3 +477,21 @@ def test_held_reader_waits_acknowledges_and_resumes_on_release(r, redis_url, key
     assert time.monotonic() - paused < 5
     assert list(result[0][0]) == [] and result[0][1] == end
     assert json.loads((tmp_path / "pause.ack").read_text()) == end
+
+
+def test_batches_grow_under_a_backlog_and_shrink_under_light_load(r, redis_url, key):
+    # Admission: the cap doubles while batches come back full, up to max_batch_size,
+    # and is batch_size again once a batch is short.
+    ids = add(r, key, [b"x"] * 200)
+    reader = RedisStreamReader({"url": redis_url, "stream": key, "batch_size": "10", "max_batch_size": "50",
+                                "block_ms": "1"})
+    batches = read_all(reader)
+    assert [len(rows) for _, _, rows in batches] == [10, 20, 40, 50, 50, 30]
+    assert [row[0] for _, _, rows in batches for row in rows] == ids
+    more = add(r, key, [b"y"] * 15)
+    rows, _ = reader.read(batches[-1][1])  # a short batch reset the cap: light load reads batch_size
+    assert [row[0] for row in rows] == more[:10]
+    # A replay of a grown batch holds the same entries, whatever the re-reader's own cap.
+    replayer = RedisStreamReader({"url": redis_url, "stream": key, "batch_size": "3"})
+    start, end, grown = batches[3]
+    assert list(replayer.readBetweenOffsets(start, end)) == grown

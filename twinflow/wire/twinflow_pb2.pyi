@@ -63,7 +63,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("flow", "node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back", "delivered", "failed", "unclaimed", "grpc_address")
+    __slots__ = ("flow", "node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back", "delivered", "failed", "unclaimed", "grpc_address", "backpressure", "redis", "zookeeper")
     FLOW_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,9 @@ class NodeStatus(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     UNCLAIMED_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BACKPRESSURE_FIELD_NUMBER: _ClassVar[int]
+    REDIS_FIELD_NUMBER: _ClassVar[int]
+    ZOOKEEPER_FIELD_NUMBER: _ClassVar[int]
     flow: str
     node_id: str
     role: str
@@ -88,7 +91,10 @@ class NodeStatus(_message.Message):
     failed: int
     unclaimed: int
     grpc_address: str
-    def __init__(self, flow: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., uplink_lag: _Optional[int] = ..., baked: _Optional[int] = ..., claimed: _Optional[int] = ..., rolled_back: _Optional[int] = ..., delivered: _Optional[int] = ..., failed: _Optional[int] = ..., unclaimed: _Optional[int] = ..., grpc_address: _Optional[str] = ...) -> None: ...
+    backpressure: int
+    redis: str
+    zookeeper: str
+    def __init__(self, flow: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., uplink_lag: _Optional[int] = ..., baked: _Optional[int] = ..., claimed: _Optional[int] = ..., rolled_back: _Optional[int] = ..., delivered: _Optional[int] = ..., failed: _Optional[int] = ..., unclaimed: _Optional[int] = ..., grpc_address: _Optional[str] = ..., backpressure: _Optional[int] = ..., redis: _Optional[str] = ..., zookeeper: _Optional[str] = ...) -> None: ...
 
 class HandoverRequest(_message.Message):
     __slots__ = ("timeout_s",)

@@ -1,0 +1,252 @@
+"""``twinflow bench flow-vs-passthrough``: the two-node cluster next to bare Spark, in one run.
+
+Both halves run on the same machine, one after the other, against one local
+Redis (and ZooKeeper for the cluster):
+
+- passthrough: twinflow's own Spark session and Redis-stream source, with
+  nothing of the flow: ``foreachBatch`` copies every uplink entry to a Redis
+  stream with one pipeline per batch. It runs in a child process (its own
+  driver and JVM, gone before the cluster starts), once per batch size in
+  ``PASSTHROUGH_BATCH_SIZES``; the best one's burst rate counts.
+- flow: two ``twinflow run`` nodes on the chained flow
+  (``examples/cluster-chained.yaml``: history -> AND join of an order and
+  its payment -> action, with the claim pair), the messages of ``twinflow
+  demo`` (one order in ten alone, one in ten sent twice).
+
+Figures: a burst of N messages published as fast as Redis pipelines go,
+messages per second from the first publish until every one is done (the
+passthrough's sink holds all N; the flow's processed mark passes the last);
+then latency at a steady rate (2,000 msg/s for 15 s by default): a sink
+entry's Redis time minus the uplink entry's Redis time (for a joined pair,
+its later member), p50 and p99. Each measured span starts from a warm query.
+
+Under failure: a half that does not finish within its deadline raises
+BenchError with what it was waiting for; every process it started is
+stopped by PID (the Cluster and LocalServices own them).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import redis
+
+from ..runtime.message import position_order
+from ..runtime.store.flow_store import FlowKeys, FlowStore
+from ..runtime.waiting import wait_for
+from .demo import CHAINED, Cluster, order_or_payment
+from .services import LocalServices
+
+PASSTHROUGH_BATCH_SIZES = (2000, 10_000, 50_000)
+_PUBLISH_CHUNK = 5000
+
+
+class BenchError(RuntimeError):
+    """A half of the bench did not finish in time; the message says what it waited for."""
+
+
+@dataclass
+class Load:
+    messages: int = 50_000
+    rate: float = 2000.0
+    seconds: float = 15.0
+
+
+def percentile_ms(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of seconds, in milliseconds (nearest rank)."""
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1)
+
+
+def entry_ms(position: str) -> int:
+    """The Redis time (ms) in a stream entry ID."""
+    return position_order(position)[0]
+
+
+class Publisher:
+    """Writes documents to an uplink in pipelines; remembers each one's uplink time."""
+
+    def __init__(self, client: redis.Redis, uplink: str, document):
+        self.r, self.uplink, self.document = client, uplink, document
+        self.seq = 0
+        self.written_ms: dict[str, int] = {}
+        self.last = ""
+
+    def publish(self, n: int) -> None:
+        for i in range(0, n, _PUBLISH_CHUNK):
+            docs = [self.document(self.seq + j) for j in range(min(_PUBLISH_CHUNK, n - i))]
+            self.seq += len(docs)
+            pipe = self.r.pipeline(transaction=False)
+            for d in docs:
+                pipe.xadd(self.uplink, {"data": json.dumps(d, separators=(",", ":"))})
+            for d, pos in zip(docs, pipe.execute()):
+                pos = pos.decode()
+                self.written_ms.setdefault(d["id"], entry_ms(pos))  # a re-sent ID counts from its first send
+                self.last = pos
+
+    def steady(self, rate: float, seconds: float) -> None:
+        """Publish at ``rate`` for ``seconds``, in twentieths of a second."""
+        start, sent, total = time.monotonic(), 0, int(rate * seconds)
+        step = max(1, int(rate / 20))
+        while sent < total:
+            n = min(step, total - sent)
+            self.publish(n)
+            sent += n
+            ahead = start + sent / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)  # pacing the producer, not waiting for a condition
+
+
+def passthrough_doc(seq: int) -> dict:
+    return {"id": f"p{seq}", "seq": seq}
+
+
+# -- the passthrough half (child process) -------------------------------------
+def _passthrough_child(redis_url: str, load: Load, batch_sizes: tuple[int, ...], workdir: str) -> dict:
+    """Run in the child: every batch size's burst, then latency at the best one."""
+    from ..runtime.spark.session import build_session
+    from ..runtime.spark.source import WARMUP_POSITION
+    from ..runtime.spark.stream import start_stream, stop_stream
+
+    spark = build_session("twinflow-bench-passthrough")
+    client = redis.Redis.from_url(redis_url)
+
+    def run(tag: str, batch_size: int, body) -> None:
+        uplink, sink = f"pt:{tag}:uplink", f"pt:{tag}:sink"
+        warm = {"done": False}
+
+        def copy(batch_id: int, rows: list) -> None:
+            pipe = client.pipeline(transaction=False)
+            for position, data, _ in rows:
+                if position == WARMUP_POSITION:
+                    warm["done"] = True
+                    continue
+                pipe.xadd(sink, {"position": position, "data": data or b""})
+            pipe.execute()
+
+        query = start_stream(spark, redis_url=redis_url, stream=uplink, checkpoint_dir=f"{workdir}/{tag}",
+                             on_batch=copy, batch_size=batch_size, source_options={"warmup": "1"})
+        try:
+            if not wait_for(lambda: warm["done"], 120, 0.05):
+                raise BenchError(f"passthrough query {tag} did not run its warm-up batch in 120 s")
+            body(uplink, sink)
+        finally:
+            stop_stream(query, 30)
+
+    def wait_sink(sink: str, n: int, what: str) -> None:
+        if not wait_for(lambda: client.xlen(sink) >= n, 600, 0.01):
+            raise BenchError(f"passthrough: {what}: the sink has {client.xlen(sink)} of {n} in 600 s")
+
+    bursts = {}
+    for size in batch_sizes:
+        def burst(uplink, sink, size=size):
+            pub = Publisher(client, uplink, passthrough_doc)
+            t0 = time.monotonic()
+            pub.publish(load.messages)
+            wait_sink(sink, load.messages, f"burst at batch size {size}")
+            bursts[size] = load.messages / (time.monotonic() - t0)
+        run(f"burst{size}", size, burst)
+    best = max(bursts, key=bursts.get)
+    lat: list[float] = []
+
+    def steady(uplink, sink):
+        pub = Publisher(client, uplink, passthrough_doc)
+        pub.steady(load.rate, load.seconds)
+        wait_sink(sink, pub.seq, "steady load")
+        for sink_id, fields in client.xrange(sink):
+            lat.append((entry_ms(sink_id.decode()) - entry_ms(fields[b"position"].decode())) / 1000)
+
+    run("steady", best, steady)
+    spark.stop()
+    return {"burst_msgs_per_s": {str(k): round(v) for k, v in bursts.items()}, "best_batch_size": best,
+            "msgs_per_s": round(bursts[best]), "p50_ms": percentile_ms(lat, 0.5),
+            "p99_ms": percentile_ms(lat, 0.99), "latency_samples": len(lat)}
+
+
+def passthrough(redis_url: str, load: Load, batch_sizes=PASSTHROUGH_BATCH_SIZES) -> dict:
+    """The passthrough half, in a child process with its own Spark driver."""
+    with tempfile.TemporaryDirectory(prefix="twinflow-passthrough-") as workdir:
+        args = json.dumps({"redis_url": redis_url, "load": load.__dict__, "batch_sizes": list(batch_sizes),
+                           "workdir": workdir})
+        proc = subprocess.run([sys.executable, "-m", __name__, args], capture_output=True, text=True,
+                              timeout=1800)
+    if proc.returncode != 0:
+        raise BenchError(f"passthrough child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- the flow half ------------------------------------------------------------
+def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
+    """The two-node cluster on the chained flow (``text``: another flow file of orders and payments)."""
+    workdir = tempfile.mkdtemp(prefix="twinflow-bench-flow-")
+    name = "benchflow"
+    cluster = Cluster(workdir, flow=name, services=services, text=text or CHAINED.read_text())
+    store = FlowStore(cluster.redis, FlowKeys(name), "bench")
+    pub = Publisher(cluster.redis, store.keys.uplink, order_or_payment)
+
+    def processed_past(position: str) -> bool:
+        mark = store.processed_mark()
+        return mark is not None and position_order(mark) >= position_order(position)
+
+    try:
+        cluster.start_nodes()
+        cluster.wait_ready()
+        t0 = time.monotonic()
+        pub.publish(load.messages)
+        if not wait_for(lambda: processed_past(pub.last), 900, 0.01):
+            raise BenchError(f"flow: the burst was not processed in 900 s\n{cluster.logs()}")
+        rate = load.messages / (time.monotonic() - t0)
+        since = cluster.redis.time()
+        since_ms = since[0] * 1000 + since[1] // 1000
+        pub.steady(load.rate, load.seconds)
+        if not wait_for(lambda: processed_past(pub.last), 300, 0.01):
+            raise BenchError(f"flow: the steady load was not processed in 300 s\n{cluster.logs()}")
+        lat = []
+        for sink_id, fields in cluster.redis.xrange(cluster.sink_key, min=f"{since_ms}-0"):
+            members = json.loads(fields[b"ids"]) if b"ids" in fields else [fields[b"id"].decode()]
+            written = [pub.written_ms[m] for m in members if m in pub.written_ms]
+            if written:
+                lat.append((entry_ms(sink_id.decode()) - max(written)) / 1000)
+        return {"msgs_per_s": round(rate), "p50_ms": percentile_ms(lat, 0.5), "p99_ms": percentile_ms(lat, 0.99),
+                "latency_samples": len(lat)}
+    finally:
+        cluster.stop()
+
+
+def flow_vs_passthrough(load: Load, say=lambda text: None) -> dict:
+    """Both halves on fresh local services; the keys of ``twinflow bench flow-vs-passthrough --json``."""
+    base = tempfile.mkdtemp(prefix="twinflow-bench-")
+    services = LocalServices.start(base_dir=base, deadline_s=60)
+    try:
+        say(f"passthrough: {load.messages} messages at batch sizes {PASSTHROUGH_BATCH_SIZES}, "
+            f"then {load.rate:.0f} msg/s for {load.seconds:.0f} s")
+        bare = passthrough(services.redis_url, load)
+        say(f"passthrough: {bare['msgs_per_s']} msg/s (batch size {bare['best_batch_size']}), "
+            f"p50 {bare['p50_ms']} ms, p99 {bare['p99_ms']} ms")
+        say("flow: two nodes on the chained flow")
+        pair = flow(services, load)
+        say(f"flow: {pair['msgs_per_s']} msg/s, p50 {pair['p50_ms']} ms, p99 {pair['p99_ms']} ms")
+    finally:
+        services.stop()
+    return {
+        "messages": load.messages, "rate": load.rate,
+        "passthrough_msgs_per_s": bare["msgs_per_s"], "flow_msgs_per_s": pair["msgs_per_s"],
+        "ratio": round(pair["msgs_per_s"] / bare["msgs_per_s"], 3),
+        "passthrough_p50_ms": bare["p50_ms"], "passthrough_p99_ms": bare["p99_ms"],
+        "p50_latency_ms": pair["p50_ms"], "p99_latency_ms": pair["p99_ms"],
+        "passthrough_batch_size": bare["best_batch_size"], "passthrough_bursts": bare["burst_msgs_per_s"],
+    }
+
+
+if __name__ == "__main__":  # the passthrough child: one JSON argument, one JSON line out
+    spec = json.loads(sys.argv[1])
+    result = _passthrough_child(spec["redis_url"], Load(**spec["load"]), tuple(spec["batch_sizes"]),
+                                spec["workdir"])
+    print(json.dumps(result))
