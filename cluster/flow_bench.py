@@ -210,7 +210,8 @@ def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
             raise BenchError(f"flow: the steady load was not processed in 300 s\n{cluster.logs()}")
         lat = []
         for sink_id, fields in cluster.redis.xrange(cluster.sink_key, min=f"{since_ms}-0"):
-            members = json.loads(fields[b"ids"]) if b"ids" in fields else [fields[b"id"].decode()]
+            # A joined pair leaves as one message whose ID joins its members' with "+".
+            members = json.loads(fields[b"ids"]) if b"ids" in fields else fields[b"id"].decode().split("+")
             written = [pub.written_ms[m] for m in members if m in pub.written_ms]
             if written:
                 lat.append((entry_ms(sink_id.decode()) - max(written)) / 1000)

@@ -488,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("kazoo", "py4j", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.fn in (cmd_drill, cmd_demo, cmd_bench):
+        # SIGTERM unwinds like Ctrl-C, so the servers and nodes these started are stopped by PID.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     return args.fn(args)
 
 

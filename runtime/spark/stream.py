@@ -120,9 +120,11 @@ def start_stream(
         reader = reader.option(key, str(value))
 
     def deliver(batch_df: DataFrame, batch_id: int) -> None:
-        # One partition (SimpleDataSourceStreamReader), so collect keeps uplink order.
-        rows = batch_df.collect()
-        on_batch(batch_id, [(r[0], None if r[1] is None else bytes(r[1]), r[2]) for r in rows])
+        # One partition (SimpleDataSourceStreamReader), so the batch keeps uplink order.
+        # Through Arrow, column by column: no Row object per entry (measured faster).
+        table = batch_df.toArrow()
+        positions, bodies, sizes = (table.column(i).to_pylist() for i in range(3))
+        on_batch(batch_id, list(zip(positions, bodies, sizes)))
 
     writer = (
         reader.load()

@@ -421,12 +421,14 @@ class FlowStore:
         """
         if not failures:
             return 0
-        args: list = [self.id_ttl, self.keys.failed_prefix, self.node_id, max_entries]
+        keys = [self.keys.failure]
+        args: list = [self.id_ttl, self.node_id, max_entries]
         for pos, reason, body, size in failures:
             body = body or b""
+            keys.append(self.keys.failed_prefix + pos)
             args += [pos, reason, body[:max_body], -1 if size is None else size]
         return int(self._call("record_failure", lambda: self._scripts["record_failure"](
-            keys=[self.keys.failure], args=args), deadline_s))
+            keys=keys, args=args), deadline_s))
 
     def surface_unclaimed(self, messages: list[Message], outlink: str, cap: int = 100_000) -> None:
         """Make fully baked, unclaimed messages visible (capped stream; they stay in the node)."""

@@ -1,9 +1,10 @@
 """Every atomic Redis state transition of twinflow, one Lua script each.
 
-All keys of a flow share the hash tag ``{<flow>}``, so a script that builds
-further keys from a prefix (the ID cache) still touches one cluster slot.
-Scripts are registered once per client (``register``) and called with
-``client=pipe`` where they batch.
+All keys of a flow share the hash tag ``{<flow>}``, so every script touches
+one cluster slot, and every script declares every key it touches in KEYS
+(none builds a key name itself), as Redis Cluster requires. Scripts are
+registered once per client (``register``) and called with ``client=pipe``
+where they batch.
 
 Two rules live here rather than in any caller, so that every writer keeps
 them (promises 2 and 3 of DESIGN.md):
@@ -54,13 +55,13 @@ return cur
 # exists. Applied at most once: the step's marker key (unique per step) is
 # set with the step, so a retry after a lost reply changes nothing.
 # KEYS[1] epoch key, KEYS[2] processed mark, KEYS[3] the step's marker,
-# KEYS[4..] every stream and state hash the operations name (declared, so a
-# Redis Cluster can route the script; all share the flow's hash tag).
-# ARGV[1] writer's epoch, ARGV[2] ID-cache TTL (s), ARGV[3] ID-cache key
-# prefix, ARGV[4] new processed mark ("" leaves it), ARGV[5] the guess guard
-# ("" none, else "=" followed by the processed mark the writer assumes, "="
-# alone for none), ARGV[6] number of IDs n, ARGV[7 .. 6+n] the processed IDs,
-# then operations, each a code, the index of its key in KEYS and its arguments:
+# KEYS[4 .. 3+n] the ID-cache keys of the n processed IDs, then every stream
+# and state hash the operations name (every key declared, so a Redis Cluster
+# can route the script; all share the flow's hash tag).
+# ARGV[1] writer's epoch, ARGV[2] ID-cache TTL (s), ARGV[3] new processed mark
+# ("" leaves it), ARGV[4] the guess guard ("" none, else "=" followed by the
+# processed mark the writer assumes, "=" alone for none), ARGV[5] n, then
+# operations, each a code, the index of its key in KEYS and its arguments:
 #   'X' k nf f1 v1 .. fnf vnf   XADD KEYS[k] * f1 v1 ..
 #   'H' k field value          HSET KEYS[k] field value
 #   'D' k field                HDEL KEYS[k] field
@@ -82,13 +83,13 @@ local epoch = tonumber(ARGV[1])
 if epoch < cur then
   return {-1, cur}
 end
-local n = tonumber(ARGV[6])
-if ARGV[5] ~= '' then
-  if '=' .. (redis.call('GET', KEYS[2]) or '') ~= ARGV[5] then
+local n = tonumber(ARGV[5])
+if ARGV[4] ~= '' then
+  if '=' .. (redis.call('GET', KEYS[2]) or '') ~= ARGV[4] then
     return {3}
   end
-  for i = 7, 6 + n do
-    if redis.call('EXISTS', ARGV[3] .. ARGV[i]) == 1 then
+  for i = 4, 3 + n do
+    if redis.call('EXISTS', KEYS[i]) == 1 then
       return {3}
     end
   end
@@ -97,10 +98,10 @@ redis.call('SET', KEYS[3], ARGV[1], 'EX', """ + str(STEP_MARKER_TTL_S) + """)
 if epoch > cur then
   redis.call('SET', KEYS[1], ARGV[1])
 end
-for i = 7, 6 + n do
-  redis.call('SET', ARGV[3] .. ARGV[i], ARGV[1], 'EX', ARGV[2])
+for i = 4, 3 + n do
+  redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[2])
 end
-local i = 7 + n
+local i = 6
 while i <= #ARGV do
   local op, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
   if op == 'X' then
@@ -118,8 +119,8 @@ while i <= #ARGV do
   end
 end
 local mark = redis.call('GET', KEYS[2])
-if ARGV[4] ~= '' and not at_or_before(ARGV[4], mark) then
-  redis.call('SET', KEYS[2], ARGV[4])
+if ARGV[3] ~= '' and not at_or_before(ARGV[3], mark) then
+  redis.call('SET', KEYS[2], ARGV[3])
 end
 return {1}
 """
@@ -127,16 +128,18 @@ return {1}
 # RECORD_FAILURE: put a bad uplink entry on the failure stream once, however
 # many nodes read it (keyed by its uplink position, so no epoch is needed: a
 # second writer changes nothing). The stream is capped (approximately) at
-# ARGV[4] entries: a record that falls off still points at its uplink entry.
-# KEYS[1] failure stream.  ARGV[1] TTL (s) of the seen-marker, ARGV[2] marker
-# prefix, ARGV[3] node id, ARGV[4] cap, then (position, reason, body, size) quadruples.
+# ARGV[3] entries: a record that falls off still points at its uplink entry.
+# KEYS[1] failure stream, KEYS[1+j] the seen-marker key of the j-th entry.
+# ARGV[1] TTL (s) of the seen-markers, ARGV[2] node id, ARGV[3] cap, then one
+# (position, reason, body, size) quadruple per entry.
 # Returns how many were recorded now.
 RECORD_FAILURE = """
 local n = 0
-for i = 5, #ARGV, 4 do
-  if redis.call('SET', ARGV[2] .. ARGV[i], ARGV[3], 'NX', 'EX', ARGV[1]) then
-    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'position', ARGV[i], 'reason', ARGV[i + 1],
-               'node', ARGV[3], 'size', ARGV[i + 3], 'data', ARGV[i + 2])
+for j = 1, #KEYS - 1 do
+  local i = 4 * j
+  if redis.call('SET', KEYS[1 + j], ARGV[2], 'NX', 'EX', ARGV[1]) then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'position', ARGV[i], 'reason', ARGV[i + 1],
+               'node', ARGV[2], 'size', ARGV[i + 3], 'data', ARGV[i + 2])
     n = n + 1
   end
 end

@@ -10,9 +10,9 @@ processed (``cluster/master_flow.py`` says what that means per node).
 ...             state={"join": {"7": {"d": 1.0}, "8": None}})
 >>> keys, args = step.script_call(3, FlowKeys("f"), id_ttl=60, token="n1-1")
 >>> keys[2:]
-['tf:{f}:step:n1-1', 'tf:{f}:sink', 'tf:{f}:state:join']
->>> args[:8]
-[3, 60, 'tf:{f}:id:', '5-0', '', 1, 'a', 'X']
+['tf:{f}:step:n1-1', 'tf:{f}:id:a', 'tf:{f}:sink', 'tf:{f}:state:join']
+>>> args[:7]
+[3, 60, '5-0', '', 1, 'X', 5]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Step:
         """KEYS and ARGV of the COMMIT script; ``token`` names this step (unique per step, the
         same for every retry of it). ``guess``, a 1-tuple of the processed mark the writer
         assumes (None: no mark yet), makes the step apply only if that guess holds (scripts.COMMIT)."""
-        script_keys = [keys.epoch, keys.processed, keys.step(token)]
+        script_keys = [keys.epoch, keys.processed, keys.step(token), *(keys.id_prefix + i for i in self.ids)]
         index: dict[str, int] = {}
 
         def key(name: str) -> int:
@@ -49,7 +49,7 @@ class Step:
             return index[name]
 
         guard = "" if guess is None else "=" + (guess[0] or "")
-        args: list = [epoch, id_ttl, keys.id_prefix, self.mark or "", guard, len(self.ids), *self.ids]
+        args: list = [epoch, id_ttl, self.mark or "", guard, len(self.ids)]
         for stream, fields in self.outputs:
             args += ["X", key(stream), len(fields)]
             for f, v in fields.items():

@@ -76,7 +76,7 @@ def test_a_commit_applied_twice_after_a_lost_reply_is_caught(monkeypatch):
 
 def test_a_guessed_commit_that_does_not_check_the_id_cache_is_caught(monkeypatch):
     # The master's one-round-trip commit must refuse a message re-published with a processed ID.
-    check = "if redis.call('EXISTS', ARGV[3] .. ARGV[i]) == 1 then"
+    check = "if redis.call('EXISTS', KEYS[i]) == 1 then"
     assert check in scripts.COMMIT
     monkeypatch.setitem(scripts.ALL, "commit", scripts.COMMIT.replace(check, "if false then"))
     failed = _first_failure()
