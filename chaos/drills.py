@@ -186,6 +186,26 @@ def zk_partition_master(d: Drill) -> None:
     d.cluster.wait_role(d.master, "worker")
 
 
+def zk_drop_master(d: Drill) -> None:
+    """The master's ZooKeeper packets dropped in the kernel (nftables, in the drill's own network
+    namespace): its connection goes silent instead of closing; it must stop writing before the
+    worker starts, and come back as worker."""
+    from .kernel_faults import PortDrops
+
+    drops = PortDrops()
+    port = int(d.cluster.proxies[f"zk-{d.master}"].listen.rsplit(":", 1)[1])
+    d.wait_sent(0.4)
+    d.fault(f"drop {d.master}'s ZooKeeper packets (nftables)", lasts=True)
+    try:
+        drops.drop(port)
+        d.cluster.wait_role(d.worker, "master")
+    finally:
+        drops.heal()
+    d.healed()
+    d.say(f"  {d.master}'s ZooKeeper packets pass again")
+    d.cluster.wait_role(d.master, "worker")
+
+
 def redis_restart(d: Drill) -> None:
     """Redis stopped (it writes its append-only file) and started again under load."""
     d.wait_sent(0.4)
@@ -264,12 +284,16 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "redis-restart": redis_restart,
     "kill-during-rollback": kill_during_rollback,
     "zk-member-restart": zk_member_restart,
+    "zk-drop-master": zk_drop_master,
 }
 # The drills that run on a three-server ZooKeeper ensemble (the others on one server).
 ON_ENSEMBLE = {"zk-member-restart"}
+# The drills that need their own network namespace (kernel faults; twinflow drill makes one).
+IN_NETNS = {"zk-drop-master"}
 # The drills whose recovery time is held to the target: they kill the master and leave a
 # node to take over (kill-during-rollback kills both; its recovery includes a restart).
-KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-during-rollback", "zk-member-restart"}
+KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-during-rollback", "zk-member-restart",
+                              "zk-drop-master"}
 
 
 # -- running one ------------------------------------------------------------------------------------

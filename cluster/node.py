@@ -137,6 +137,7 @@ class NodeConfig:
     status_interval_s: float = 0.5
     sweep_interval_s: float = 1.0
     trim_interval_s: float = 10.0     # how often the master trims the uplink (uplink.retention)
+    worker_pace_ms: int = 1000        # a worker plans a batch at most this often (the master: at once)
     start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
 
 
@@ -195,6 +196,7 @@ class FlowNode:
         self.failed = 0
         self.rolled_back = 0      # delivered by promotion catch-up
         self.held = False         # backpressure: the reader plans no batch
+        self._paced_ms: int | None = None  # the reader's pace as last set
         self.holding = False      # a master batch waits for ZooKeeper to come back
         self.handled_upto: str | None = None  # the last uplink position this node handled
         self.streaming = False
@@ -239,6 +241,7 @@ class FlowNode:
         self.leadership.start()
         parts.start_timers(self)
         self.query = parts.stream(self, start)
+        self._pace()
         log.info("%s started reading %s (gRPC %s); ready after the warm-up batch",
                  self.cfg.node_id, self.keys.uplink, self.address)
 
@@ -595,6 +598,7 @@ class FlowNode:
                 self.epoch = epoch
                 self.known_epoch = max(self.known_epoch, epoch)
                 self.role = MASTER
+            self._pace()
             rolled = self._catch_up(epoch)
             with self._lock:
                 self.sort.rollback()  # every baked message was in the range just delivered
@@ -643,6 +647,14 @@ class FlowNode:
         if self.leadership is None:
             return {"ok": False, "reason": "node is not running"}
         return self.leadership.handover(timeout_s)
+
+    def _pace(self) -> None:
+        """A worker's reader plans at most every ``worker_pace_ms``: its batches only bake, and
+        fewer, larger ones leave the cores to the master. A master reads as fast as it can."""
+        want = 0 if self.role == MASTER else self.cfg.worker_pace_ms
+        if want != self._paced_ms and self.query is not None:
+            self.parts.pace(self.query, want)
+            self._paced_ms = want
 
     # -- backpressure -----------------------------------------------------
     def _update_backpressure(self) -> None:
@@ -710,6 +722,7 @@ class FlowNode:
             if self._stop.is_set():
                 return None
             log.warning("timer loop: %s: %s", type(exc).__name__, exc)
+        self._pace()
         self._check_lease()
         wait = min(status_every, self.cfg.sweep_interval_s)
         if deadline is not None:

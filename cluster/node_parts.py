@@ -48,6 +48,7 @@ class NodeParts(Protocol):
     def prepare_stream(self, node: "FlowNode") -> None: ...
     def stream(self, node: "FlowNode", start: dict) -> UplinkStream: ...
     def hold(self, stream: UplinkStream, held: bool) -> None: ...
+    def pace(self, stream: UplinkStream, interval_ms: int) -> None: ...
     def stop_stream(self, stream: UplinkStream) -> None: ...
     def close(self) -> None: ...
 
@@ -119,6 +120,11 @@ class RealParts:
         from ..runtime.spark.stream import hold_stream
 
         hold_stream(stream, held)
+
+    def pace(self, stream: UplinkStream, interval_ms: int) -> None:
+        from ..runtime.spark.stream import pace_stream
+
+        pace_stream(stream, interval_ms)
 
     def stop_stream(self, stream: UplinkStream) -> None:
         from ..runtime.spark.stream import stop_stream

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what twinflow needs on a fresh Debian 12 machine, idempotently:
-# Debian's redis-server and zookeeper (only when absent), a virtual
+# Debian's redis-server, zookeeper and nftables (only when absent), a virtual
 # environment at .venv/ and the package with its test extras (only when
 # pyproject.toml changed since the last install).
 set -euo pipefail
@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+# The kernel-fault drill (zk-drop-master): nftables rules in a network namespace of its own.
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need_apt+=(nftables)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "bootstrap: installing ${need_apt[*]} with apt" >&2
     sudo_cmd=""

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def cmd_run(args) -> int:
         state_dir=args.state_dir,
         connect_deadline_s=args.connect_timeout,
         start_from=args.start_from,
+        worker_pace_ms=args.worker_pace_ms,
     )
     node = FlowNode(graph, cfg)
     signal.signal(signal.SIGTERM, lambda *_: node.request_term())
@@ -267,12 +269,25 @@ DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 
 
 def cmd_drill(args) -> int:
-    from twinflow.chaos.drills import DRILLS, run_drill
+    from twinflow.chaos.drills import DRILLS, IN_NETNS, run_drill
+    from twinflow.chaos.kernel_faults import KernelFaultsUnavailable, in_private_netns, netns_command
 
     names = list(DRILLS) if args.name == "all" else [args.name]
     if names[0] not in DRILLS:
         print(f"twinflow: unknown drill {args.name!r} (known: all, {', '.join(DRILLS)})", file=sys.stderr)
         return EXIT_BAD_FLOW
+    if IN_NETNS & set(names) and not in_private_netns():
+        # Kernel faults never touch this machine's own network: run the drills in a namespace of their own.
+        try:
+            argv = netns_command([sys.executable, "-m", "twinflow.cli", *args.argv])
+        except KernelFaultsUnavailable as exc:
+            print(f"twinflow: {exc}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        child = subprocess.Popen(argv)
+        # The drill in the namespace stops its servers itself: pass SIGTERM on, let Ctrl-C reach it.
+        signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+        signal.signal(signal.SIGINT, lambda *_: None)
+        return child.wait()
     flow_text = None
     if args.flow:
         _load_flow(args.flow)  # refused here, with file, line and field, before anything starts
@@ -400,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--start-from", choices=START_FROM,
                    help="a new state dir on a flow that has processed entries: read after the flow's "
                         "processed mark, or re-read the whole uplink (nothing processed is delivered again)")
+    r.add_argument("--worker-pace-ms", type=int, default=1000,
+                   help="as worker, plan an uplink batch at most this often (default 1000; 0: as fast as the "
+                        "master); fewer, larger worker batches leave the cores to the master")
     r.add_argument("--connect-timeout", type=float, default=60.0,
                    help="seconds to wait for Redis and ZooKeeper at start (default 60)")
     r.set_defaults(fn=cmd_run)
@@ -481,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

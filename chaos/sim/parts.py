@@ -114,6 +114,9 @@ class SimParts:
     def hold(self, stream: SimStream, held: bool) -> None:
         stream.held = held
 
+    def pace(self, stream: SimStream, interval_ms: int) -> None:
+        pass  # the schedule decides when a node reads; pacing is a speed matter, not a protocol one
+
     def stop_stream(self, stream: SimStream) -> None:
         stream.isActive = False
 

@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 
 PAUSE_FILE = "pause"
 HOLD_FILE = "hold"
+PACE_FILE = "pace"
 # runId -> directory of that run's pause and hold files; see stop_stream, hold_stream.
 _pause_dirs: dict[str, str] = {}
 
@@ -113,6 +114,7 @@ def start_stream(
     options["max_body_bytes"] = str(max_body_bytes)
     options["pause_file"] = os.path.join(pause_dir, PAUSE_FILE)
     options["hold_file"] = os.path.join(pause_dir, HOLD_FILE)
+    options["pace_file"] = os.path.join(pause_dir, PACE_FILE)
     if status_key:
         options["status_key"] = status_key
     reader = spark.readStream.format(SOURCE_NAME)
@@ -218,6 +220,20 @@ def hold_stream(query: StreamingQuery, on: bool) -> bool:
                 os.remove(path)
             except FileNotFoundError:
                 pass
+    return True
+
+
+def pace_stream(query: StreamingQuery, interval_ms: int) -> bool:
+    """Let ``query``'s source plan a batch at most every ``interval_ms`` (0: as fast as it
+    can); False if the query is not ours. Takes effect on the source's next read."""
+    pause_dir = _pause_dirs.get(query.runId)
+    if pause_dir is None:
+        return False
+    os.makedirs(pause_dir, exist_ok=True)
+    pace = os.path.join(pause_dir, PACE_FILE)
+    with open(pace + ".tmp", "w") as out:
+        out.write(str(int(interval_ms)))
+    os.replace(pace + ".tmp", pace)
     return True
 
 

@@ -495,3 +495,26 @@ def test_batches_grow_under_a_backlog_and_shrink_under_light_load(r, redis_url, 
     replayer = RedisStreamReader({"url": redis_url, "stream": key, "batch_size": "3"})
     start, end, grown = batches[3]
     assert list(replayer.readBetweenOffsets(start, end)) == grown
+
+
+def test_a_paced_reader_plans_at_most_once_per_interval(r, redis_url, key, tmp_path):
+    pace = tmp_path / "pace"
+    pace.write_text("400")
+    reader = RedisStreamReader({"url": redis_url, "stream": key, "pace_file": str(pace), "block_ms": "1"})
+    first = add(r, key, [b"a"] * 5)
+    rows, end = reader.read(reader.initialOffset())
+    planned = time.monotonic()
+    assert [row[0] for row in rows] == first
+    second = add(r, key, [b"b"] * 5)
+    rows, again = reader.read(end)  # within the interval: nothing planned, the offset stays
+    assert list(rows) == [] and again == end
+
+    def planned_again():
+        rows, _ = reader.read(end)
+        return list(rows)
+    rows = wait_until(planned_again, "the next planned batch", timeout_s=5)
+    assert time.monotonic() - planned >= 0.4 and [row[0] for row in rows] == second
+    pace.write_text("0")  # unpaced (a master): the next batch at once
+    third = add(r, key, [b"c"] * 5)
+    rows, _ = reader.read({"id": second[-1], "n": 10})
+    assert [row[0] for row in rows] == third
