@@ -137,7 +137,7 @@ class NodeConfig:
     status_interval_s: float = 0.5
     sweep_interval_s: float = 1.0
     trim_interval_s: float = 10.0     # how often the master trims the uplink (uplink.retention)
-    worker_pace_ms: int = 1000        # a worker plans a batch at most this often (the master: at once)
+    worker_pace_ms: int = 250         # a worker plans a batch at most this often (the master: at once)
     start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
 
 

@@ -415,8 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--start-from", choices=START_FROM,
                    help="a new state dir on a flow that has processed entries: read after the flow's "
                         "processed mark, or re-read the whole uplink (nothing processed is delivered again)")
-    r.add_argument("--worker-pace-ms", type=int, default=1000,
-                   help="as worker, plan an uplink batch at most this often (default 1000; 0: as fast as the "
+    r.add_argument("--worker-pace-ms", type=int, default=250,
+                   help="as worker, plan an uplink batch at most this often (default 250; 0: as fast as the "
                         "master); fewer, larger worker batches leave the cores to the master")
     r.add_argument("--connect-timeout", type=float, default=60.0,
                    help="seconds to wait for Redis and ZooKeeper at start (default 60)")
