@@ -103,6 +103,9 @@ class SimulatedParts(RealParts):
     def hold(self, stream, held):
         pass
 
+    def pace(self, stream, interval_ms):
+        pass
+
     def stop_stream(self, stream):
         pass
 
