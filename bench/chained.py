@@ -33,6 +33,7 @@ from common import save  # noqa: E402
 
 from twinflow.chaos.invariants import check_outputs  # noqa: E402
 from twinflow.cluster.demo import Cluster  # noqa: E402
+from twinflow.cluster.flow_bench import percentile_ms as pct  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 from twinflow.runtime.message import position_order  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
@@ -75,11 +76,6 @@ def cpu_ticks(pid: int) -> int:
     return total
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1)
 
 
 class Run:

@@ -405,8 +405,14 @@ class FlowStore:
 
     def handled_position(self, node_id: str | None = None) -> str | None:
         """How far ``node_id`` (default: this node) has handled the uplink in any role, or None."""
-        raw = self._call("handled position", lambda: self.r.hget(self.keys.read(node_id or self.node_id),
-                                                                 "handled_id"))
+        return self._read_field(node_id, "handled_id")
+
+    def read_position(self, node_id: str | None = None) -> str | None:
+        """The last uplink entry ``node_id``'s reader recorded as read and processed, or None."""
+        return self._read_field(node_id, "read_id")
+
+    def _read_field(self, node_id: str | None, name: str) -> str | None:
+        raw = self._call(name, lambda: self.r.hget(self.keys.read(node_id or self.node_id), name))
         return raw.decode() if isinstance(raw, bytes) else raw
 
     # -- outlinks ---------------------------------------------------------
@@ -504,11 +510,6 @@ class FlowStore:
     def trimmed_before(self) -> str | None:
         """The first uplink entry the last trim kept (entries before it are gone), or None."""
         raw = self._call("trim record", lambda: self.r.get(self.keys.trimmed))
-        return raw.decode() if isinstance(raw, bytes) else raw
-
-    def read_position(self, node_id: str | None = None) -> str | None:
-        """The last uplink entry ``node_id``'s reader recorded as read and processed, or None."""
-        raw = self._call("read position", lambda: self.r.hget(self.keys.read(node_id or self.node_id), "read_id"))
         return raw.decode() if isinstance(raw, bytes) else raw
 
     def oldest_after(self, after: str | None) -> str | None:

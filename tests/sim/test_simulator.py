@@ -62,11 +62,15 @@ def test_a_commit_without_its_fence_is_caught(monkeypatch):
     assert failed.trace  # the failing seed comes with its steps
 
 
+def _first_failure_with_commit(monkeypatch, part: str, instead: str):
+    """The first failing run with COMMIT's ``part`` replaced by ``instead`` (a broken cluster)."""
+    assert part in scripts.COMMIT
+    monkeypatch.setitem(scripts.ALL, "commit", scripts.COMMIT.replace(part, instead))
+    return _first_failure()
+
+
 def test_a_commit_applied_twice_after_a_lost_reply_is_caught(monkeypatch):
-    once = "if redis.call('EXISTS', KEYS[3]) == 1 then\n  return {2}\nend"
-    assert once in scripts.COMMIT
-    monkeypatch.setitem(scripts.ALL, "commit", scripts.COMMIT.replace(once, ""))
-    failed = _first_failure()
+    failed = _first_failure_with_commit(monkeypatch, "if redis.call('EXISTS', KEYS[3]) == 1 then\n  return {2}\nend", "")
     assert failed is not None, "a commit that a retry applies twice passed every run"
     assert any("left the flow 2 times" in p for p in failed.problems)
     # The run that shows it reruns exactly: same problems, same steps.
@@ -76,10 +80,7 @@ def test_a_commit_applied_twice_after_a_lost_reply_is_caught(monkeypatch):
 
 def test_a_guessed_commit_that_does_not_check_the_id_cache_is_caught(monkeypatch):
     # The master's one-round-trip commit must refuse a message re-published with a processed ID.
-    check = "if redis.call('EXISTS', KEYS[i]) == 1 then"
-    assert check in scripts.COMMIT
-    monkeypatch.setitem(scripts.ALL, "commit", scripts.COMMIT.replace(check, "if false then"))
-    failed = _first_failure()
+    failed = _first_failure_with_commit(monkeypatch, "if redis.call('EXISTS', KEYS[i]) == 1 then", "if false then")
     assert failed is not None, "a master that ran re-published messages again passed every run"
     assert any("left the flow 2 times" in p for p in failed.problems)
 
