@@ -101,7 +101,15 @@ class EscalationServicer(pb_grpc.EscalationServicer):
     """
 
     def __init__(self, flow: str, on_claims: Callable[[int, list[Claim]], int]):
-        self.flow, self._on_claims = flow, on_claims
+        self.flow = flow
+        self._handlers = {flow: on_claims}
+
+    @classmethod
+    def for_flows(cls, handlers: dict[str, Callable[[int, list[Claim]], int]]) -> "EscalationServicer":
+        """One servicer for several flows (a sharded node's shards), each batch to its flow's handler."""
+        servicer = cls(", ".join(handlers), lambda epoch, claims: 0)
+        servicer._handlers = dict(handlers)
+        return servicer
 
     def Escalate(self, request_iterator, context):
         # Headers now, before any batch, tell the sender the stream is open.
@@ -110,12 +118,13 @@ class EscalationServicer(pb_grpc.EscalationServicer):
             yield self._ack(batch)
 
     def _ack(self, batch: pb.EscalationBatch) -> pb.EscalationAck:
-        if batch.flow != self.flow:
+        on_claims = self._handlers.get(batch.flow)
+        if on_claims is None:
             reason = f"wrong flow {batch.flow!r}, expected {self.flow!r}"
             return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
         claims = [(e.id, e.key, e.position) for e in batch.claims]
         try:
-            claimed = self._on_claims(batch.epoch, claims)
+            claimed = on_claims(batch.epoch, claims)
         except StaleEpoch as exc:
             return pb.EscalationAck(seq=batch.seq, accepted=False, reason=f"stale epoch {batch.epoch}: {exc}")
         except Exception as exc:  # one bad batch must not end the stream

@@ -61,19 +61,23 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..runtime.clock import Clock, SystemClock
 from ..runtime.flowgraph import FlowGraph
-from ..runtime.fields import BadInput
-from ..runtime.message import Message, decode, position_order
+from ..runtime.message import Message, position_order
 from ..runtime.nodes.sort import ClaimSortNode
-from ..runtime.spark.source import WARMUP_POSITION
-from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, GuessWrong, RedisUnavailable, chunked
+from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable
 from ..runtime.store.step import Step
 from .escalation import EscalationSender, StaleEpoch
 from .leadership import Leadership
 from .master_flow import MasterFlow, not_on_cluster
+from .master_steps import run_master_batch
 from .node_parts import NodeParts, RealParts
+from .uplink_rows import decode_rows, last_position
+
+if TYPE_CHECKING:
+    from .shard_task import ShardResult
 
 log = logging.getLogger("twinflow.node")
 
@@ -86,14 +90,6 @@ class NodeStopping(RuntimeError):
 
 class StartRefused(RuntimeError):
     """The node will not start: reading from here, or on this Redis, could break a promise."""
-
-
-class _GuessedWrong(RuntimeError):
-    """A guarded master step was refused; the first ``sent`` messages of the batch are committed."""
-
-    def __init__(self, sent: int):
-        super().__init__(f"guess refused after {sent} messages")
-        self.sent = sent
 
 
 class _StepDown(RuntimeError):
@@ -132,6 +128,7 @@ class NodeConfig:
     listen: str = "127.0.0.1:0"
     advertise: str | None = None      # the address other nodes dial; default: the bound one
     spark_master: str = "local[1]"
+    spark_conf: dict | None = None    # further Spark settings (--spark-conf)
     state_dir: str = ".twinflow"
     connect_deadline_s: float = 60.0
     status_interval_s: float = 0.5
@@ -181,6 +178,8 @@ class FlowNode:
         self.keys = flow_keys(graph)
         self.sort = ClaimSortNode(pair.bake_time, pair.unclaimed_outlink, pair.max_pending) if pair else NoPair()
         self.flow: MasterFlow | None = None   # the master's graph, a cache of its state in Redis
+        self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
+        self.task_pid = 0         # the process that ran this shard's last batch (a sharded flow's executor)
         # A batch never takes the bake past max_pending: the reader takes at
         # most max_read_size entries (read_size under light load, growing under
         # a backlog; a quarter of max_pending at most, so that the bake can
@@ -378,21 +377,73 @@ class FlowNode:
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
         """Process one batch whole, or raise so that Spark does not commit it."""
         msgs, bad = self._decode(rows)
-        last = next((r[0] for r in reversed(rows) if r[0] != WARMUP_POSITION), None)
         with self._work:
-            if self._stop.is_set():
-                raise NodeStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
-            if bad:
-                self.store.record_failures(bad, max_entries=self.spec.failure_max_entries,
-                                           max_body=self.spec.message.max_bytes)
-                with self._lock:
-                    self.failed += len(bad)
-            if last is None:
-                return
-            try:
-                self._process(batch_id, msgs, last)
-            finally:
-                self.holding = False
+            self._take_batch(batch_id, msgs, bad, last_position(rows))
+
+    def _take_batch(self, batch_id: int, msgs: list[Message], bad: list[tuple], last: str | None) -> None:
+        """Record the bad entries, then bake or run the batch (caller holds _work)."""
+        if self._stop.is_set():
+            raise NodeStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
+        if bad:
+            self.store.record_failures(bad, max_entries=self.spec.failure_max_entries,
+                                       max_body=self.spec.message.max_bytes)
+            with self._lock:
+                self.failed += len(bad)
+        if last is None:
+            return
+        try:
+            self._process(batch_id, msgs, last)
+        finally:
+            self.holding = False
+
+    # -- batches run on an executor (a sharded flow, see sharded_node) ------
+    def executor_role(self) -> tuple[str, int]:
+        """What an executor may do with this shard's next batch (caller holds _work): run it as
+        master at the epoch, bake-check it as worker, or hand it back ("driver": starting, or a
+        master whose ZooKeeper connection is suspended, which must hold it here)."""
+        with self._lock:
+            role, epoch = self.role, self.epoch
+        if role == MASTER and self.leadership.may_write():
+            return MASTER, epoch
+        return (WORKER, 0) if role == WORKER else ("driver", 0)
+
+    def take_result(self, batch_id: int, r: "ShardResult") -> None:
+        """Finish a batch an executor ran for this shard (caller holds _work): count it, send
+        its claims, step down if its writes were refused, bake what it could not commit."""
+        if r.warm:
+            self._warmed()
+        self.task_pid = r.pid
+        if self._stop.is_set():
+            raise NodeStopping(f"batch {batch_id} finished while stopping; it is read again on restart")
+        with self._lock:
+            self.failed += r.failed
+            self.delivered += r.delivered
+            self.skipped += r.skipped
+        if r.last is None:
+            return
+        if r.role == WORKER:
+            self._offer(r.msgs, r.done, r.last)
+            return
+        if r.role != MASTER:
+            self._take_batch(batch_id, r.msgs, [], r.last)
+            return
+        self.flow = None  # the executor committed: a flow here is behind Redis
+        self.remote_deadline = r.next_deadline
+        if r.claims and self.spec.pair is not None:
+            self.sender.send(r.claims)
+        if r.fenced_by:
+            with self._lock:
+                self.known_epoch = max(self.known_epoch, r.fenced_by)
+            log.error("%s: epoch %d is stale (newest %d); stepping down", self.cfg.node_id, r.epoch, r.fenced_by)
+            self._step_down("fenced")
+        elif r.unreachable:
+            log.error("%s: %s; stepping down", self.cfg.node_id, r.unreachable)
+            self._step_down("Redis unreachable")
+        if r.msgs:  # not committed: a worker's now
+            self._bake(r.msgs, r.last)
+        else:
+            self._handled(r.last)
+        self._wake.set()
 
     def _process(self, batch_id: int, msgs: list[Message], last: str) -> None:
         while True:
@@ -417,25 +468,17 @@ class FlowNode:
 
     def _decode(self, rows) -> tuple[list[Message], list[tuple]]:
         """Messages, and (position, reason, body, size) of the entries that are bad."""
-        msgs: list[Message] = []
-        bad: list[tuple] = []
-        spec = self.spec.message
-        for position, data, size in rows:
-            if position == WARMUP_POSITION:
-                # The query's first batch has run: from now on it reads at speed.
-                if not self.streaming:
-                    self.streaming_since = time.time()
-                    self.streaming = True
-                    log.info("%s is streaming", self.cfg.node_id)
-                continue
-            if data is None and size is not None:  # the reader withheld a body over the limit
-                bad.append((position, f"message is {size} bytes, over the limit of {spec.max_bytes}", None, size))
-                continue
-            try:
-                msgs.append(decode(position, data, spec))
-            except BadInput as exc:
-                bad.append((position, exc.reason, data, size))
+        msgs, bad, warm = decode_rows(rows, self.spec.message)
+        if warm:
+            self._warmed()
         return msgs, bad
+
+    def _warmed(self) -> None:
+        """The query's first batch has run: from now on it reads at speed."""
+        if not self.streaming:
+            self.streaming_since = time.time()
+            self.streaming = True
+            log.info("%s is streaming", self.cfg.node_id)
 
     def _handled(self, position: str) -> None:
         with self._lock:
@@ -444,7 +487,9 @@ class FlowNode:
 
     def _bake(self, msgs: list[Message], last: str) -> None:
         """Bake as worker (caller holds _work); records how far this node handled the uplink."""
-        done = self.store.processed(msgs, handled_upto=last)
+        self._offer(msgs, self.store.processed(msgs, handled_upto=last), last)
+
+    def _offer(self, msgs: list[Message], done: list[bool], last: str) -> None:
         now = self.clock.now()
         with self._lock:
             for m, d in zip(msgs, done):
@@ -462,62 +507,32 @@ class FlowNode:
     def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
         """Run a batch through the flow as master at ``epoch`` (caller holds _work); None when
         all of it was committed, else the uncommitted rest, after this node stopped being master.
+        The steps and their guesses: ``master_steps``."""
+        rest = run_master_batch(self, msgs, epoch, last, self.flow, self.clock.now)
+        if rest is None:
+            self._wake.set()  # the step may have opened an earlier deadline
+        return rest
 
-        With its flow loaded the master guesses which messages are new from
-        the processed mark it holds, and each COMMIT applies only if the guess
-        was right (scripts.COMMIT): one Redis round trip per step. A wrong
-        guess (a message re-published with an ID the flow processed) writes
-        nothing; the master reloads and runs the rest again, asking Redis first.
-        """
-        try:
-            return self._run_steps(msgs, epoch, last, guess_from=self.flow)
-        except _GuessedWrong as wrong:
-            log.info("%s: a batch held a message processed before; running it again from Redis's view",
-                     self.cfg.node_id)
-            return self._run_steps(msgs[wrong.sent:], epoch, last, guess_from=None)
+    # -- master_steps.MasterSide ------------------------------------------
+    def still_master(self, epoch: int) -> bool:
+        with self._lock:
+            return self.role == MASTER and self.epoch == epoch
 
-    def _run_steps(self, msgs: list[Message], epoch: int, last: str,
-                   guess_from: MasterFlow | None) -> list[Message] | None:
-        guess = guess_from is not None
-        if guess:
-            done = [guess_from.is_processed(m) for m in msgs]
-        else:
-            try:  # already processed (or a repeat inside this batch): never run through the graph again
-                done = self.store.processed(msgs, deadline_s=self.lease_s)
-            except RedisUnavailable as exc:
-                log.error("%s: %s; over the write lease (%.1f s): stepping down",
-                          self.cfg.node_id, exc, self.lease_s)
-                self._step_down("Redis unreachable")
-                return msgs
-        seen: set[str] = set()
-        run = []
-        for m, d in zip(msgs, done):
-            run.append(not d and m.id not in seen)
-            seen.add(m.id)
-        sent = 0
-        chunks = list(chunked(msgs)) or [[]]
-        for i, chunk in enumerate(chunks):
-            with self._lock:
-                if self.role != MASTER or self.epoch != epoch:
-                    return msgs[sent:]
-            fresh = [m for m, r in zip(chunk, run[sent:sent + len(chunk)]) if r]
-            # The last chunk's step moves the mark past the whole batch (bad entries included).
-            mark = last if i == len(chunks) - 1 else chunk[-1].position
-            try:
-                if not self._commit(epoch, lambda flow: flow.run(fresh, self.clock.now(), epoch, mark), guess):
-                    return msgs[sent:]
-            except GuessWrong:
-                raise _GuessedWrong(sent) from None
-            with self._lock:
-                self.delivered += len(fresh)
-                self.skipped += len(chunk) - len(fresh)
-            if self.spec.pair is not None and chunk:
-                self.sender.send([(m.id, str(m.key), m.position) for m in chunk])
-            sent += len(chunk)
-        self._wake.set()  # the step may have opened an earlier deadline
-        return None
+    def processed(self, msgs: list[Message]) -> list[bool]:
+        return self.store.processed(msgs, deadline_s=self.lease_s)
 
-    def _commit(self, epoch: int, make_step, guess: bool = False) -> bool:
+    def unreachable(self, exc: RedisUnavailable) -> None:
+        log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
+        self._step_down("Redis unreachable")
+
+    def committed_chunk(self, chunk: list[Message], fresh: list[Message]) -> None:
+        with self._lock:
+            self.delivered += len(fresh)
+            self.skipped += len(chunk) - len(fresh)
+        if self.spec.pair is not None and chunk:
+            self.sender.send([(m.id, str(m.key), m.position) for m in chunk])
+
+    def commit(self, epoch: int, make_step, guess: bool = False) -> bool:
         """Build a step on the master's flow and commit it; False after stepping down.
 
         Any failure drops the flow: its nodes are ahead of Redis, and the next
@@ -594,6 +609,7 @@ class FlowNode:
                 self.leadership.step_down("stale epoch")
                 return
             self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.lease_s)
+            self.remote_deadline = None
             with self._lock:
                 self.epoch = epoch
                 self.known_epoch = max(self.known_epoch, epoch)
@@ -733,9 +749,9 @@ class FlowNode:
         """As master, fire the flow's deadlines due at ``now`` and commit what they did;
         returns the next deadline. A batch in progress fires them itself, so this never waits for one."""
         flow = self.flow
-        if flow is None or self.role != MASTER:
+        if self.role != MASTER:
             return None
-        due = flow.next_deadline()
+        due = flow.next_deadline() if flow is not None else self.remote_deadline
         if due is None or due > now:
             return due
         if not self._work.acquire(blocking=False):
@@ -743,8 +759,8 @@ class FlowNode:
         try:
             with self._lock:
                 role, epoch = self.role, self.epoch
-            if role == MASTER and self.flow is not None and self.leadership.may_write():
-                self._commit(epoch, lambda flow: flow.fire(now, epoch))
+            if role == MASTER and self.leadership.may_write():  # a flow dropped is loaded again
+                self.commit(epoch, lambda flow: flow.fire(now, epoch))
         finally:
             self._work.release()
         flow = self.flow
@@ -805,6 +821,8 @@ class FlowNode:
         out["streaming"] = int(self.streaming)
         out["streaming_since"] = self.streaming_since
         out["pid"] = os.getpid()
+        if self.task_pid:
+            out["task_pid"] = self.task_pid
         try:
             out["uplink_lag"] = self.store.uplink_lag(self.cfg.node_id) if self.store else 0
         except Exception:  # status must answer even when Redis does not

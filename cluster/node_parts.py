@@ -78,7 +78,8 @@ class RealParts:
         # threads run broke the JVM launch (seen once in ~13 starts).
         from ..runtime.spark.session import build_session
 
-        self.spark = build_session(f"twinflow-{node.name}-{node.cfg.node_id}", node.cfg.spark_master)
+        self.spark = build_session(f"twinflow-{node.name}-{node.cfg.node_id}", node.cfg.spark_master,
+                                   node.cfg.spark_conf)
 
     def server(self, node: "FlowNode") -> tuple[Any, int]:
         return create_server(

@@ -65,6 +65,8 @@ class ClusterSpec:
     replica_wait_ms: int = 1000
     redis_checks: str = "refuse"       # refuse or warn on a Redis that cannot keep the promises
     failure_max_entries: int = 100_000
+    shards: int = 1                    # uplink shards (runtime/shards.py), each a pair of its own
+    shard_key: str | None = None       # the template that assigns a message to a shard
 
     @property
     def max_pending(self) -> int:
@@ -112,7 +114,8 @@ def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str,
             raise top.error("uplink", f"is required: node {pair[0].sort!r} pairs with {pair[0].action!r}, "
                                       f"which only means something on the cluster")
         return None
-    up = top.section("uplink").only("stream", "batch_size", "max_batch_size", "batch_bytes", "retention")
+    up = top.section("uplink").only("stream", "batch_size", "max_batch_size", "batch_bytes", "retention",
+                                    "shards", "shard_key")
     if pair is not None:
         message = replace(message, key_path=pair[1], key_type=pair[2])
     cl = top.section("cluster", default={}).only(
@@ -129,7 +132,14 @@ def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str,
     max_batch_size = up.get("max_batch_size", int, max(batch_size, 20_000),
                             check=lambda v: batch_size <= v <= 1_000_000,
                             why=f"must be batch_size ({batch_size})..1000000")
+    shards = up.get("shards", int, 1, check=lambda v: 1 <= v <= 256, why="must be 1..256")
+    shard_key = up.template("shard_key", None)
+    if shards > 1 and shard_key is None:
+        raise up.error("shard_key", f"is required with shards: {shards} (a template such as '{{customer}}'; "
+                                    f"messages that meet in a join, history or sequence must share a shard)")
     return ClusterSpec(
+        shards=shards,
+        shard_key=shard_key.template if shard_key else None,
         uplink_stream=up.name("stream"),
         batch_size=batch_size,
         max_batch_size=max_batch_size,

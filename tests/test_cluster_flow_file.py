@@ -3,6 +3,7 @@
 The example loads; every bad file is refused naming file, line, field and reason.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,29 @@ def test_the_limits_are_read():
     assert spec.failure_max_entries == 500
 
 
+def test_shards_and_their_names_keys_and_routing():
+    from twinflow.cluster.node import flow_keys
+    from twinflow.runtime.shards import ShardRouter, shard_graph
+
+    g = parse_graph(GOOD.replace("uplink: {stream: up}", 'uplink: {stream: up, shards: 3, shard_key: "{c.id}"}'))
+    assert (g.cluster.shards, g.cluster.shard_key) == (3, "{c.id}")
+    keys = [flow_keys(shard_graph(g, k)) for k in range(3)]
+    # Each shard under its own hash tag, so each can live on its own Redis Cluster node.
+    assert [k.uplink for k in keys] == ["tf:{f1.s0}:up", "tf:{f1.s1}:up", "tf:{f1.s2}:up"]
+    assert keys[2].sink == "tf:{f1.s2}:out"
+    router = ShardRouter(3, g.cluster.shard_key)
+    docs = [json.dumps({"id": i, "c": {"id": f"cust{i % 7}"}}).encode() for i in range(300)]
+    shard_of = [router.shard_of(d) for d in docs]
+    assert set(shard_of) == {0, 1, 2}  # spread over every shard ...
+    assert all(shard_of[i] == shard_of[i % 7] for i in range(300))  # ... the same key always to the same one
+    # Bad bodies and missing keys are not refused or dropped: shard 0 reports them.
+    assert [router.shard_of(b) for b in (b"not json", b"[1]", b'{"id": 1}')] == [0, 0, 0]
+    split = router.split(docs[:10])
+    assert sorted(i for items in split.values() for i, _ in items) == list(range(10))
+    one = parse_graph(GOOD)
+    assert one.cluster.shards == 1 and flow_keys(shard_graph(one, 0)).uplink == "tf:{f1}:up"
+
+
 def test_a_flow_without_a_pair_runs_on_the_cluster_and_one_without_an_uplink_only_in_replay():
     no_pair = parse_graph(GOOD.replace("  sort: {type: sort, pairs_with: act, key: seq, bake_time: 2}\n", ""))
     assert no_pair.cluster.pair is None and no_pair.cluster.message.key_path is None
@@ -97,6 +121,10 @@ def test_nodes_whose_state_is_not_in_redis_yet_are_refused_by_run():
     ("message: {id: id}", "message: {id: id, id_ttl: 0}", 3, "message.id_ttl", "never unbounded"),
     ("flow: f1", "flow: f1\ncluster: {write_lease: 2}", 2, "cluster.write_lease", "session_timeout"),
     ("flow: f1", "flow: f1\ncluster: {redis_checks: maybe}", 2, "cluster.redis_checks", "refuse, warn"),
+    ("uplink: {stream: up}", "uplink: {stream: up, shards: 2}", 2, "uplink.shard_key", "is required with shards"),
+    ("uplink: {stream: up}", "uplink: {stream: up, shards: 0}", 2, "uplink.shards", "1..256"),
+    ("uplink: {stream: up}", "uplink: {stream: up, shards: 2, shard_key: plain}", 2, "uplink.shard_key",
+     "names no field"),
 ])
 def test_bad_field_is_refused_with_line_field_and_reason(old, new, line, field, reason):
     text = GOOD.replace(old, new)

@@ -64,6 +64,16 @@ def _load_flow(path: str, cluster: bool = True):
 START_FROM = ("processed", "beginning")  # where a node with a new state dir may start (NodeConfig.start_from)
 
 
+def _spark_conf(pairs: list[str]) -> dict:
+    conf = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key.startswith("spark."):
+            raise SystemExit(f"twinflow: --spark-conf {pair!r}: expected spark.KEY=VALUE")
+        conf[key] = value
+    return conf
+
+
 def cmd_run(args) -> int:
     # The node's only fork is Spark's JVM launch, an immediate exec: gRPC's
     # fork handlers have nothing to protect there and can break it.
@@ -79,12 +89,19 @@ def cmd_run(args) -> int:
         listen=args.listen,
         advertise=args.advertise,
         spark_master=args.spark_master or os.environ.get("TWINFLOW_SPARK_MASTER", "local[1]"),
+        spark_conf=_spark_conf(args.spark_conf),
         state_dir=args.state_dir,
         connect_deadline_s=args.connect_timeout,
         start_from=args.start_from,
         worker_pace_ms=args.worker_pace_ms,
     )
-    node = FlowNode(graph, cfg)
+    if graph.cluster is not None and (graph.cluster.shards > 1 or not cfg.spark_master.startswith("local")):
+        # On a Spark cluster, or with shards, the flow's work runs on the executors.
+        from twinflow.cluster.sharded_node import ShardedNode
+
+        node = ShardedNode(graph, cfg)
+    else:
+        node = FlowNode(graph, cfg)
     signal.signal(signal.SIGTERM, lambda *_: node.request_term())
     try:
         return node.run_forever()
@@ -408,7 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--node-id", required=True)
     r.add_argument("--redis", help="Redis URL, e.g. redis://10.0.0.5:6379/0")
     r.add_argument("--zk", help="ZooKeeper connect string, e.g. zk1:2181,zk2:2181,zk3:2181")
-    r.add_argument("--spark-master", help="Spark master URL (default local[1])")
+    r.add_argument("--spark-master", help="Spark master URL (default local[1]; spark://HOST:PORT for a "
+                                          "standalone cluster, whose executors run a sharded flow's shards)")
+    r.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for this node's session, e.g. spark.cores.max=2 (repeatable)")
     r.add_argument("--listen", default="127.0.0.1:0", help="gRPC bind address (default 127.0.0.1:0)")
     r.add_argument("--advertise", help="gRPC address other nodes dial (default: the bound one)")
     r.add_argument("--state-dir", default=".twinflow", help="where Spark checkpoints live")

@@ -38,6 +38,7 @@ import time
 
 from pyspark.sql import SparkSession
 
+from twinflow.runtime.spark.shard_source import register_shard_source
 from twinflow.runtime.spark.source import register_source
 
 CDS_ENV = "TWINFLOW_SPARK_CDS"
@@ -66,7 +67,7 @@ BASE_CONF = {
 def build_session(
     app_name: str, master: str = "local[1]", extra_conf: dict | None = None
 ) -> SparkSession:
-    """Start (or join) the process's SparkSession with the source registered.
+    """Start (or join) the process's SparkSession with the sources registered.
 
     ``master`` is any Spark master URL; ``extra_conf`` overrides BASE_CONF.
     """
@@ -84,6 +85,7 @@ def build_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register_source(spark)
+    register_shard_source(spark)
     return spark
 
 

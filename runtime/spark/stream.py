@@ -117,9 +117,6 @@ def start_stream(
     options["pace_file"] = os.path.join(pause_dir, PACE_FILE)
     if status_key:
         options["status_key"] = status_key
-    reader = spark.readStream.format(SOURCE_NAME)
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
 
     def deliver(batch_df: DataFrame, batch_id: int) -> None:
         # One partition (SimpleDataSourceStreamReader), so the batch keeps uplink order.
@@ -128,6 +125,44 @@ def start_stream(
         positions, bodies, sizes = (table.column(i).to_pylist() for i in range(3))
         on_batch(batch_id, list(zip(positions, bodies, sizes)))
 
+    return _start_query(spark, SOURCE_NAME, options, deliver, checkpoint_dir, query_name, pause_dir)
+
+
+def start_shard_stream(
+    spark: SparkSession,
+    *,
+    redis_url: str,
+    shards: list[dict],
+    checkpoint_dir: str,
+    on_frame: Callable[[DataFrame, int], None],
+    max_batch_size: int,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    query_name: str | None = None,
+    warmup: bool = True,
+) -> StreamingQuery:
+    """Start a query over a flow's uplink shards (``shard_source``); ``on_frame(df, batch_id)``
+    gets each micro-batch as a DataFrame (shard, position, data, size), one partition per
+    shard with new entries, to run work on the executors that read them. ``shards``: per
+    shard ``stream`` and optionally ``status_key``, ``start_id``, ``start_n``.
+    ``stop_stream`` stops it; ``hold_shards`` holds some of its shards."""
+    from twinflow.runtime.spark.shard_source import SHARD_SOURCE_NAME
+
+    pause_dir = tempfile.mkdtemp(prefix="twinflow-shards-")
+    options = {
+        "url": redis_url, "shards": json.dumps(shards), "max_batch_size": str(max_batch_size),
+        "batch_bytes": str(batch_bytes), "max_body_bytes": str(max_body_bytes),
+        "pause_file": os.path.join(pause_dir, PAUSE_FILE), "hold_file": os.path.join(pause_dir, HOLD_FILE),
+        "warmup": "1" if warmup else "0",
+    }
+    return _start_query(spark, SHARD_SOURCE_NAME, options, on_frame, checkpoint_dir, query_name, pause_dir)
+
+
+def _start_query(spark: SparkSession, source: str, options: dict, deliver, checkpoint_dir: str,
+                 query_name: str | None, pause_dir: str) -> StreamingQuery:
+    reader = spark.readStream.format(source)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
     writer = (
         reader.load()
         .writeStream.foreachBatch(deliver)
@@ -220,6 +255,20 @@ def hold_stream(query: StreamingQuery, on: bool) -> bool:
                 os.remove(path)
             except FileNotFoundError:
                 pass
+    return True
+
+
+def hold_shards(query: StreamingQuery, held: set[int]) -> bool:
+    """Hold the shards in ``held`` of a ``start_shard_stream`` query (the others read on);
+    an empty set releases all. False if the query is not ours."""
+    pause_dir = _pause_dirs.get(query.runId)
+    if pause_dir is None:
+        return False
+    os.makedirs(pause_dir, exist_ok=True)
+    hold = os.path.join(pause_dir, HOLD_FILE)
+    with open(hold + ".tmp", "w") as out:
+        out.write(json.dumps(sorted(held)))
+    os.replace(hold + ".tmp", hold)
     return True
 
 

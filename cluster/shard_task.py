@@ -1,0 +1,205 @@
+"""One uplink shard's batch, run on the Spark executor that read it.
+
+A sharded node (``sharded_node``) plans each micro-batch on its driver:
+per shard, the role this node has there and its epoch (:class:`ShardPlan`).
+Spark then runs :func:`run_partition` in the task that reads the shard's
+partition, on an executor, with a Redis connection of its own:
+
+- master: the flow is loaded from Redis (the state the last commit left)
+  and the batch is run in fenced COMMIT steps (``master_steps``), exactly
+  as a driver-side master runs it; the result carries the claims to
+  escalate, the counts, the next deadline, and anything not committed;
+- worker: which messages the flow already processed (one round trip that
+  also records how far this node handled the shard), for the driver's bake;
+- otherwise (the node is starting, or a master whose ZooKeeper session is
+  suspended must hold the batch): the decoded messages go back to the
+  driver, which decides there.
+
+Bad entries go to the shard's failure stream here, once, with their reason.
+
+Under failure: a master step refused by the fence (a newer master exists)
+or over the write lease without Redis ends the run at that step; what was
+not committed comes back in ``msgs`` with ``fenced_by`` or ``unreachable``
+set, and the driver steps down and bakes it. Any other error fails the task
+(Spark retries it, then fails the query): the batch is not committed and is
+read again, and every step that did commit is recognised as processed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from ..runtime.flowgraph import FlowGraph, parse_graph
+from ..runtime.message import Message
+from ..runtime.shards import shard_graph
+from ..runtime.store.flow_store import Fenced, FlowStore, RedisUnavailable
+from .master_flow import MasterFlow
+from .master_steps import run_master_batch
+from .uplink_rows import decode_rows, last_position
+
+MASTER, WORKER = "master", "worker"
+RESULT_SCHEMA = "result binary"
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """What the driver decided for one micro-batch, shipped to every task of it."""
+
+    flow_text: str
+    flow_source: str
+    redis_url: str
+    node_id: str
+    now: float                          # the flow's time for this batch (the driver's clock)
+    connect_deadline_s: float
+    roles: dict[int, tuple[str, int]]   # shard -> (role, epoch)
+
+
+@dataclass
+class ShardResult:
+    shard: int
+    role: str = "driver"
+    epoch: int = 0
+    last: str | None = None             # the batch's last uplink position (None: no entries)
+    warm: bool = False
+    failed: int = 0
+    delivered: int = 0
+    skipped: int = 0
+    msgs: list[Message] = field(default_factory=list)  # worker: to bake; master: not committed
+    done: list[bool] = field(default_factory=list)      # worker: processed already, per message
+    claims: list[tuple[str, str, str]] = field(default_factory=list)
+    next_deadline: float | None = None
+    fenced_by: int = 0                  # the newer epoch that refused a step
+    unreachable: str = ""               # why Redis did not take a step in time
+    pid: int = field(default_factory=os.getpid)  # the executor process that ran it
+
+
+class _Context:
+    """Per executor process and flow: the parsed flow and one store per shard, made once."""
+
+    def __init__(self, plan: ShardPlan):
+        self.graph: FlowGraph = parse_graph(plan.flow_text, plan.flow_source)
+        self.plan = plan
+        self.stores: dict[int, tuple[FlowGraph, FlowStore]] = {}
+
+    def shard(self, k: int) -> tuple[FlowGraph, FlowStore]:
+        if k not in self.stores:
+            from .connect import connect_redis
+            from .node import flow_keys
+
+            graph = shard_graph(self.graph, k)
+            keys = flow_keys(graph)
+            spec = graph.cluster
+            client = connect_redis(self.plan.redis_url, self.plan.connect_deadline_s,
+                                   socket_timeout_s=max(0.5, spec.write_lease), slot_key=keys.uplink)
+            self.stores[k] = (graph, FlowStore(client, keys, self.plan.node_id, id_ttl=spec.message.id_ttl))
+        return self.stores[k]
+
+
+_contexts: dict[tuple, _Context] = {}
+
+
+def _context(plan: ShardPlan) -> _Context:
+    key = (hashlib.sha256(plan.flow_text.encode()).hexdigest(), plan.redis_url, plan.node_id)
+    if key not in _contexts:
+        _contexts[key] = _Context(plan)
+    return _contexts[key]
+
+
+def run_partition(plan: ShardPlan, batches: Iterator[Any]) -> Iterator[Any]:
+    """``mapInArrow`` body: the partition's rows (shard, position, data, size) in, one pickled
+    :class:`ShardResult` per shard out."""
+    import pyarrow as pa
+
+    rows: dict[int, list[tuple]] = {}
+    for batch in batches:
+        shards, positions, bodies, sizes = (batch.column(i).to_pylist() for i in range(4))
+        for k, p, d, n in zip(shards, positions, bodies, sizes):
+            rows.setdefault(k, []).append((p, d, n))
+    for k, shard_rows in rows.items():
+        result = run_shard(plan, k, shard_rows)
+        yield pa.RecordBatch.from_pydict({"result": [pickle.dumps(result)]}, schema=pa.schema([("result", pa.binary())]))
+
+
+def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
+    """One shard's rows as this node's role there says (see the module doc)."""
+    if k < 0:  # the query's warm-up row
+        return ShardResult(shard=k, warm=True)
+    ctx = _context(plan)
+    graph, store = ctx.shard(k)
+    spec = graph.cluster
+    role, epoch = plan.roles.get(k, ("driver", 0))
+    msgs, bad, _ = decode_rows(rows, spec.message)
+    r = ShardResult(shard=k, role=role, epoch=epoch, last=last_position(rows))
+    if bad:
+        store.record_failures(bad, max_entries=spec.failure_max_entries, max_body=spec.message.max_bytes)
+        r.failed = len(bad)
+    if r.last is None:
+        return r
+    if role == WORKER:
+        r.msgs, r.done = msgs, store.processed(msgs, handled_upto=r.last)
+        return r
+    if role != MASTER:
+        r.msgs = msgs
+        return r
+    side = _ExecutorMaster(graph, store, r)
+    try:
+        side.flow = MasterFlow.load(graph, store, deadline_s=spec.write_lease)
+    except RedisUnavailable as exc:
+        side.unreachable(exc)
+        r.msgs = msgs
+        return r
+    rest = run_master_batch(side, msgs, epoch, r.last, side.flow, now=lambda: plan.now)
+    r.msgs = rest or []
+    r.next_deadline = side.flow.next_deadline() if side.flow is not None else None
+    return r
+
+
+class _ExecutorMaster:
+    """``master_steps.MasterSide`` for a task: its role is fixed for the batch; a refused
+    write is recorded in the result for the driver to act on."""
+
+    def __init__(self, graph: FlowGraph, store: FlowStore, result: ShardResult):
+        self.graph, self.store, self.r = graph, store, result
+        self.spec = graph.cluster
+        self.flow: MasterFlow | None = None
+
+    def still_master(self, epoch: int) -> bool:
+        return not (self.r.fenced_by or self.r.unreachable)
+
+    def processed(self, msgs: list[Message]) -> list[bool]:
+        return self.store.processed(msgs, deadline_s=self.spec.write_lease)
+
+    def unreachable(self, exc: RedisUnavailable) -> None:
+        self.r.unreachable = str(exc)
+
+    def committed_chunk(self, chunk: list[Message], fresh: list[Message]) -> None:
+        self.r.delivered += len(fresh)
+        self.r.skipped += len(chunk) - len(fresh)
+        if self.spec.pair is not None:
+            self.r.claims.extend((m.id, str(m.key), m.position) for m in chunk)
+
+    def commit(self, epoch: int, make_step: Callable, guess: bool) -> bool:
+        try:
+            if self.flow is None:
+                self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
+            step = make_step(self.flow)
+            self.store.commit(epoch, step, deadline_s=self.spec.write_lease, replicas=self.spec.wait_replicas,
+                              replica_wait_ms=self.spec.replica_wait_ms,
+                              guess=(self.flow.mark,) if guess else None)
+            self.flow.committed(step)
+        except Fenced as exc:
+            self.flow = None
+            self.r.fenced_by = exc.newest
+            return False
+        except RedisUnavailable as exc:
+            self.flow = None
+            self.unreachable(exc)
+            return False
+        except BaseException:
+            self.flow = None
+            raise
+        return True
