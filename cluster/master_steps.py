@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 from typing import Callable, Protocol
 
+from ..runtime.cluster_spec import ClusterSpec
 from ..runtime.message import Message
-from ..runtime.store.flow_store import GuessWrong, RedisUnavailable, chunked
+from ..runtime.store.flow_store import FlowStore, GuessWrong, RedisUnavailable, chunked
 from .master_flow import MasterFlow
 
 log = logging.getLogger("twinflow.master")
@@ -37,6 +38,17 @@ class MasterSide(Protocol):
     def commit(self, epoch: int, make_step: Callable, guess: bool) -> bool: ...  # False: stop; may raise GuessWrong
     def committed_chunk(self, chunk: list[Message], fresh: list[Message]) -> None: ...
     def unreachable(self, exc: RedisUnavailable) -> None: ...
+
+
+def commit_step(store: FlowStore, flow: MasterFlow, spec: ClusterSpec, epoch: int, make_step: Callable,
+                guess: bool) -> None:
+    """Build a step on ``flow`` and COMMIT it at ``epoch`` within the write lease (guarded by the
+    mark the flow holds with ``guess``), then record it on the flow. Raises what the store raises
+    (Fenced, GuessWrong, RedisUnavailable); the caller then drops the flow."""
+    step = make_step(flow)
+    store.commit(epoch, step, deadline_s=spec.write_lease, replicas=spec.wait_replicas,
+                 replica_wait_ms=spec.replica_wait_ms, guess=(flow.mark,) if guess else None)
+    flow.committed(step)
 
 
 class _GuessedWrong(RuntimeError):

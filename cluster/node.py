@@ -68,11 +68,10 @@ from ..runtime.flowgraph import FlowGraph
 from ..runtime.message import Message, position_order
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable
-from ..runtime.store.step import Step
 from .escalation import EscalationSender, StaleEpoch
 from .leadership import Leadership
 from .master_flow import MasterFlow, not_on_cluster
-from .master_steps import run_master_batch
+from .master_steps import commit_step, run_master_batch
 from .node_parts import NodeParts, RealParts
 from .uplink_rows import decode_rows, last_position
 
@@ -424,8 +423,8 @@ class FlowNode:
         if r.role == WORKER:
             self._offer(r.msgs, r.done, r.last)
             return
-        if r.role != MASTER:
-            self._take_batch(batch_id, r.msgs, [], r.last)
+        if r.role != MASTER:  # bad entries: recorded by the executor already
+            self._take_batch(batch_id, self._decode(r.rows)[0], [], r.last)
             return
         self.flow = None  # the executor committed: a flow here is behind Redis
         self.remote_deadline = r.next_deadline
@@ -541,11 +540,7 @@ class FlowNode:
         IDs is processed; else GuessWrong, nothing written.
         """
         try:
-            flow = self._master_flow()
-            step: Step = make_step(flow)
-            self.store.commit(epoch, step, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
-                              replica_wait_ms=self.spec.replica_wait_ms, guess=(flow.mark,) if guess else None)
-            flow.committed(step)
+            commit_step(self.store, self._master_flow(), self.spec, epoch, make_step, guess)
         except Fenced as exc:
             self.flow = None
             log.error("%s: %s; stepping down", self.cfg.node_id, exc)

@@ -12,8 +12,8 @@ partition, on an executor, with a Redis connection of its own:
 - worker: which messages the flow already processed (one round trip that
   also records how far this node handled the shard), for the driver's bake;
 - otherwise (the node is starting, or a master whose ZooKeeper session is
-  suspended must hold the batch): the decoded messages go back to the
-  driver, which decides there.
+  suspended must hold the batch): the rows go back to the driver, which
+  decodes them and decides there.
 
 Bad entries go to the shard's failure stream here, once, with their reason.
 
@@ -38,7 +38,7 @@ from ..runtime.message import Message
 from ..runtime.shards import shard_graph
 from ..runtime.store.flow_store import Fenced, FlowStore, RedisUnavailable
 from .master_flow import MasterFlow
-from .master_steps import run_master_batch
+from .master_steps import commit_step, run_master_batch
 from .uplink_rows import decode_rows, last_position
 
 MASTER, WORKER = "master", "worker"
@@ -68,13 +68,25 @@ class ShardResult:
     failed: int = 0
     delivered: int = 0
     skipped: int = 0
-    msgs: list[Message] = field(default_factory=list)  # worker: to bake; master: not committed
+    msgs: list[Message] = field(default_factory=list)  # worker: to bake; master: not committed (no doc)
+    rows: list[tuple] = field(default_factory=list)     # "driver": the rows as read, to decode there
     done: list[bool] = field(default_factory=list)      # worker: processed already, per message
     claims: list[tuple[str, str, str]] = field(default_factory=list)
     next_deadline: float | None = None
     fenced_by: int = 0                  # the newer epoch that refused a step
     unreachable: str = ""               # why Redis did not take a step in time
     pid: int = field(default_factory=os.getpid)  # the executor process that ran it
+
+    # What travels back is what the driver uses: a message to bake needs its ID, key,
+    # position and body, not its parsed document (pickling that cost more than the batch).
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["msgs"] = [(m.id, m.key, m.position, m.body) for m in self.msgs]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state["msgs"] = [Message(i, k, p, b) for i, k, p, b in state["msgs"]]
+        self.__dict__.update(state)
 
 
 class _Context:
@@ -143,7 +155,7 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
         r.msgs, r.done = msgs, store.processed(msgs, handled_upto=r.last)
         return r
     if role != MASTER:
-        r.msgs = msgs
+        r.rows = rows
         return r
     side = _ExecutorMaster(graph, store, r)
     try:
@@ -186,11 +198,7 @@ class _ExecutorMaster:
         try:
             if self.flow is None:
                 self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
-            step = make_step(self.flow)
-            self.store.commit(epoch, step, deadline_s=self.spec.write_lease, replicas=self.spec.wait_replicas,
-                              replica_wait_ms=self.spec.replica_wait_ms,
-                              guess=(self.flow.mark,) if guess else None)
-            self.flow.committed(step)
+            commit_step(self.store, self.flow, self.spec, epoch, make_step, guess)
         except Fenced as exc:
             self.flow = None
             self.r.fenced_by = exc.newest

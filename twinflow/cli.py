@@ -125,21 +125,26 @@ STATUS_COLUMNS = ["node_id", "role", "epoch", "uplink_lag", "baked", "claimed", 
 NODES_SEEN = Path(".twinflow") / "nodes-{flow}.json"
 
 
-def _flow_store(args):
+def _flow_stores(args):
+    """The flow and one store per uplink shard (one for an unsharded flow)."""
     import redis
 
     from twinflow.cluster.node import flow_keys
+    from twinflow.runtime.shards import shard_graph
     from twinflow.runtime.store.flow_store import FlowStore
     from twinflow.runtime.store.redis_slot import client_from_url
 
     graph = _load_flow(args.flow)
-    keys = flow_keys(graph)
     url = _address(args.redis, "TWINFLOW_REDIS", "redis")
-    try:
-        client = client_from_url(url, socket_connect_timeout=3, slot_key=keys.uplink)
-    except redis.RedisError:  # down: the command's first call reports it
-        client = redis.Redis.from_url(url, socket_connect_timeout=3)
-    return graph, FlowStore(client, keys, "cli")
+    stores = []
+    for k in range(graph.cluster.shards if graph.cluster else 1):
+        keys = flow_keys(shard_graph(graph, k))
+        try:
+            client = client_from_url(url, socket_connect_timeout=3, slot_key=keys.uplink)
+        except redis.RedisError:  # down: the command's first call reports it
+            client = redis.Redis.from_url(url, socket_connect_timeout=3)
+        stores.append(FlowStore(client, keys, "cli"))
+    return graph, stores
 
 
 def cmd_status(args) -> int:
@@ -147,12 +152,15 @@ def cmd_status(args) -> int:
 
     from twinflow.runtime.store.flow_store import RedisUnavailable
 
-    graph, store = _flow_store(args)
+    graph, stores = _flow_stores(args)
+    store = stores[0]
     seen = Path(str(NODES_SEEN).format(flow=graph.name))
     try:
-        rows = store.read_statuses(deadline_s=3.0)
-        for row in rows:  # live lag, not the one cached with the status
-            row["uplink_lag"] = store.uplink_lag(row["node_id"])
+        rows = []
+        for shard in stores:  # a sharded flow: a row per node and shard
+            for row in shard.read_statuses(deadline_s=3.0):
+                row["uplink_lag"] = shard.uplink_lag(row["node_id"])  # live lag, not the one cached
+                rows.append(row)
         seen.parent.mkdir(parents=True, exist_ok=True)
         seen.write_text(json.dumps(sorted({r["grpc_address"] for r in rows if r.get("grpc_address")})))
     except (redis.RedisError, RedisUnavailable) as exc:
@@ -168,7 +176,8 @@ def cmd_status(args) -> int:
     if not rows:
         print(f"flow {graph.name}: no live nodes")
         return 0
-    print(_table(STATUS_COLUMNS, [[r.get(c, "") for c in STATUS_COLUMNS] for r in rows]))
+    columns = STATUS_COLUMNS if len(stores) == 1 else ["flow", *STATUS_COLUMNS]
+    print(_table(columns, [[r.get(c, "") for c in columns] for r in rows]))
     return 0
 
 
@@ -187,14 +196,17 @@ def _statuses_over_grpc(addresses: list[str]) -> list[dict]:
 def cmd_handover(args) -> int:
     from twinflow.cluster.grpc_server import request_handover
 
-    _, store = _flow_store(args)
-    masters = [r for r in store.read_statuses() if r.get("role") == "master"]
+    _, stores = _flow_stores(args)
+    # One master per shard; a node hands over every shard it is master of.
+    masters = sorted({r["grpc_address"] for store in stores for r in store.read_statuses()
+                      if r.get("role") == "master"})
     if not masters:
         print("twinflow: no live master found", file=sys.stderr)
         return 1
-    result = request_handover(masters[0]["grpc_address"], timeout_s=args.timeout)
-    print(json.dumps(result))
-    return 0 if result.get("ok") else 1
+    results = [request_handover(address, timeout_s=args.timeout) for address in masters]
+    for result in results:
+        print(json.dumps(result))
+    return 0 if all(r.get("ok") for r in results) else 1
 
 
 def _table(header: list[str], rows: list[list]) -> str:

@@ -23,8 +23,9 @@ per batch, default 20,000), ``batch_bytes`` (body bytes per shard per batch),
 holds a JSON list of the shards held (``stream.hold_shards``): a held shard
 plans nothing while the others go on.
 
-Offsets: ``{"shards": [{"id", "n", "max_body"}, ...], "warm": 0|1}``, one
-entry per shard in the order of the ``shards`` option; Spark checkpoints
+Offsets: ``{"shards": [{"id", "n", "max_body"}, ...], "warm": <query runs>}``,
+one entry per shard in the order of the ``shards`` option (``warm`` grows by
+one at each query run's warm-up batch, whose one row has shard -1); Spark checkpoints
 them, so a restarted query resumes each shard right after its last planned
 batch, and a replayed batch re-reads the same entries (the same bounds and
 the ``max_body`` it was planned with).
@@ -134,8 +135,9 @@ class RedisShardsReader(DataSourceStreamReader):
             for reader, done in zip(self.readers, start["shards"]):
                 reader._record_progress(done, pausable=True)
             if self._warmup_due:
+                # A new count each query run (a restart resumes from a checkpointed one).
                 self._warmup_due = False
-                return {**start, "warm": 1}
+                return {**start, "warm": int(start.get("warm", 0)) + 1}
             held = self._held_now()
             end = self._plan(start, held)
             if end == start["shards"]:
@@ -196,7 +198,7 @@ class RedisShardsReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict) -> List[InputPartition]:
         parts: List[InputPartition] = []
-        if end.get("warm") and not start.get("warm"):
+        if end.get("warm", 0) != start.get("warm", 0):
             parts.append(ShardRange(WARMUP_SHARD, "", "", 1, 0))
         for k, (a, b) in enumerate(zip(start["shards"], end["shards"])):
             if a["id"] != b["id"]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import redis
@@ -114,10 +116,18 @@ def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, se
         publish(0, 400)
         wait_until(lambda: len(shards.outputs().get("deliver.done", [])) >= 50, 60, what="the first joined pairs")
         shards.wait_run_on_executors("a")
+        # a stops (SIGSTOP, then SIGKILL) with messages b has read and baked but a never processed:
+        # b's promotion rolls them back, in each shard, and runs them.
+        flow.nodes["a"].pause()
+        publish(400, 400)
+        wait_until(lambda: all(int(r.get("baked") or 0) > 0 for r in shards.statuses("b")), 30,
+                   interval_s=0.05, what="b baking messages of both shards that a did not process")
         os.killpg(flow.nodes["a"].pid, signal.SIGKILL)
         b = shards.wait_roles("b", "master", timeout_s=60)
+        wait_until(lambda: all(int(r.get("rolled_back") or 0) > 0 for r in shards.statuses("b")), 30,
+                   what="b's catch-up delivering, in each shard, what it had baked")
         # The rest through b's gRPC ingest, which routes each message to its shard.
-        docs = [order_or_payment(i) for i in range(400, 800)]
+        docs = [order_or_payment(i) for i in range(800, 1200)]
         bodies = [json.dumps(d).encode() for d in docs]
         positions = grpc_publish(b[0]["grpc_address"], flow.name, bodies)
         assert [p.split("/")[0] for p in positions] == [shards.keys[shards.router.shard_of(x)].flow for x in bodies]
@@ -137,5 +147,11 @@ def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, se
         assert all(redis.Redis.from_url(services.redis_url).xlen(k.sink) > 0 for k in shards.keys)
         assert outputs.get("match.expired") and outputs.get("guard.duplicate")
         shards.wait_run_on_executors("b")
+        # `twinflow status` shows a row per node and shard (a's until its status expires): b master of both.
+        out = subprocess.run([sys.executable, "-m", "twinflow.cli", "status", str(flow.path), "--redis",
+                              services.redis_url, "--json"], capture_output=True, text=True, timeout=60)
+        rows = json.loads(out.stdout)["nodes"]
+        assert sorted((r["flow"], r["role"]) for r in rows if r["node_id"] == "b") == [
+            (k.flow, "master") for k in shards.keys], out.stderr
     finally:
         flow.stop_all()
