@@ -10,8 +10,10 @@ every shard's processed mark passing its last entry) and the CPU seconds per mes
 - the Spark worker with its executors (where each shard's batches run),
 - Redis,
 
-read from /proc (utime + stime, plus those of reaped children). The same load, the same
-machine: the figure must stay flat from 1 to 2 shards.
+read from /proc (utime + stime, plus those of reaped children). A first burst warms up and is
+not counted: each Spark task slot starts its Python workers then (about a CPU-second each,
+which would land on whichever shard count has more slots). The same load, the same machine:
+the figure must stay flat from 1 to 2 shards.
 
     .venv/bin/python bench/shards.py --shards 1 2 --messages 50000 --runs 2
 """
@@ -93,7 +95,7 @@ def run_shards(spark: StandaloneSpark, services: LocalServices, shards: int, mes
         assert ready, "nodes not ready in 180 s"
         masters = [next(n for n in ("a", "b") if status(n, k).get("role") == "master") for k in range(shards)]
         seq = 0
-        for run in range(runs):
+        for run in range(runs + 1):  # run 0 warms up: each task slot's Python workers start (not counted)
             docs = [order_or_payment(seq + i) for i in range(messages)]
             seq += messages
             groups = {**{f"node_{p.node_id}": [p.pid] for p in nodes}, "spark_executors": [spark.worker_pid],
@@ -122,10 +124,13 @@ def run_shards(spark: StandaloneSpark, services: LocalServices, shards: int, mes
             wall = time.monotonic() - t0
             cpu = {g: sum(tree_cpu_s(p) for p in pids) - before[g] for g, pids in groups.items()}
             total = sum(cpu.values())
-            out.append({"shards": shards, "run": run + 1, "messages": messages, "msgs_per_s": round(messages / wall),
+            if run == 0:
+                continue
+            out.append({"shards": shards, "run": run, "messages": messages, "msgs_per_s": round(messages / wall),
                         "cpu_us_per_msg": round(total / messages * 1e6, 1),
                         **{f"{g}_cpu_us_per_msg": round(c / messages * 1e6, 1) for g, c in cpu.items()},
-                        "per_shard": per_shard, "masters": masters})
+                        "per_shard": per_shard, "masters": masters,
+                        "state_loads": [int(status(masters[k], k).get("state_loads") or 0) for k in range(shards)]})
             print(json.dumps(out[-1]), flush=True)
     finally:
         for p in nodes:

@@ -81,6 +81,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("twinflow.node")
 
 MASTER, WORKER, STARTING = "master", "worker", "starting"
+# A sharded flow's master fires a time-out itself once this long has passed without a batch
+# (whose executor would have fired it): the most a time-out waits for that under no load.
+REMOTE_FIRE_AFTER_S = 0.25
+BUSY_RETRY_S = 0.05  # how soon the timer looks again at a deadline a batch in progress holds up
 
 
 class NodeStopping(RuntimeError):
@@ -178,7 +182,10 @@ class FlowNode:
         self.sort = ClaimSortNode(pair.bake_time, pair.unclaimed_outlink, pair.max_pending) if pair else NoPair()
         self.flow: MasterFlow | None = None   # the master's graph, a cache of its state in Redis
         self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
+        self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master
+        self.driver_steps = 0     # steps this node committed itself (an executor's kept flow is then stale)
         self.task_pid = 0         # the process that ran this shard's last batch (a sharded flow's executor)
+        self.state_loads = 0      # whole-state loads executors made for this shard's batches
         # A batch never takes the bake past max_pending: the reader takes at
         # most max_read_size entries (read_size under light load, growing under
         # a backlog; a quarter of max_pending at most, so that the bake can
@@ -412,6 +419,7 @@ class FlowNode:
         if r.warm:
             self._warmed()
         self.task_pid = r.pid
+        self.state_loads += r.state_loads
         if self._stop.is_set():
             raise NodeStopping(f"batch {batch_id} finished while stopping; it is read again on restart")
         with self._lock:
@@ -428,6 +436,7 @@ class FlowNode:
             return
         self.flow = None  # the executor committed: a flow here is behind Redis
         self.remote_deadline = r.next_deadline
+        self.remote_batch_at = self.monotonic()
         if r.claims and self.spec.pair is not None:
             self.sender.send(r.claims)
         if r.fenced_by:
@@ -541,6 +550,7 @@ class FlowNode:
         """
         try:
             commit_step(self.store, self._master_flow(), self.spec, epoch, make_step, guess)
+            self.driver_steps += 1
         except Fenced as exc:
             self.flow = None
             log.error("%s: %s; stepping down", self.cfg.node_id, exc)
@@ -749,8 +759,16 @@ class FlowNode:
         due = flow.next_deadline() if flow is not None else self.remote_deadline
         if due is None or due > now:
             return due
+        if flow is None:
+            # Executors run this shard's batches and fire what is due first, on a flow they
+            # keep; firing here would load the whole state. Only when no batch came lately.
+            quiet = self.monotonic() - self.remote_batch_at
+            if quiet < REMOTE_FIRE_AFTER_S:
+                return now + REMOTE_FIRE_AFTER_S - quiet
         if not self._work.acquire(blocking=False):
-            return due
+            # A batch holds the node and fires them itself (an executor's, before its batch);
+            # look again shortly rather than spin on a deadline already past.
+            return now + BUSY_RETRY_S
         try:
             with self._lock:
                 role, epoch = self.role, self.epoch
@@ -818,6 +836,7 @@ class FlowNode:
         out["pid"] = os.getpid()
         if self.task_pid:
             out["task_pid"] = self.task_pid
+            out["state_loads"] = self.state_loads
         try:
             out["uplink_lag"] = self.store.uplink_lag(self.cfg.node_id) if self.store else 0
         except Exception:  # status must answer even when Redis does not

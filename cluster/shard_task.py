@@ -5,10 +5,13 @@ per shard, the role this node has there and its epoch (:class:`ShardPlan`).
 Spark then runs :func:`run_partition` in the task that reads the shard's
 partition, on an executor, with a Redis connection of its own:
 
-- master: the flow is loaded from Redis (the state the last commit left)
-  and the batch is run in fenced COMMIT steps (``master_steps``), exactly
-  as a driver-side master runs it; the result carries the claims to
-  escalate, the counts, the next deadline, and anything not committed;
+- master: the flow's deadlines due are fired, then the batch is run in
+  fenced COMMIT steps (``master_steps``), exactly as a driver-side master
+  runs it; the result carries the claims to escalate, the counts, the next
+  deadline, and anything not committed. The flow is the one this process
+  kept from the shard's previous batch when still valid (below), else it is
+  loaded from Redis: loading reads all of the shard's node state, so doing
+  it for every batch would cost more the longer the flow runs;
 - worker: which messages the flow already processed (one round trip that
   also records how far this node handled the shard), for the driver's bake;
 - otherwise (the node is starting, or a master whose ZooKeeper session is
@@ -16,6 +19,14 @@ partition, on an executor, with a Redis connection of its own:
   decodes them and decides there.
 
 Bad entries go to the shard's failure stream here, once, with their reason.
+
+When a kept flow is valid: it was kept at the same epoch and the driver has
+committed no step of its own for the shard since (the plan's ``generations``:
+a driver-side step, a time-out fired with no batch coming or a promotion's
+catch-up, may change state without moving the processed mark). Batches the
+shard ran in another executor process move the processed mark, and every
+COMMIT here is guarded by the mark the kept flow holds, so a kept flow that
+fell behind is found at its first step and loaded again, nothing written.
 
 Under failure: a master step refused by the fence (a newer master exists)
 or over the write lease without Redis ends the run at that step; what was
@@ -36,7 +47,7 @@ from typing import Any, Callable, Iterator
 from ..runtime.flowgraph import FlowGraph, parse_graph
 from ..runtime.message import Message
 from ..runtime.shards import shard_graph
-from ..runtime.store.flow_store import Fenced, FlowStore, RedisUnavailable
+from ..runtime.store.flow_store import Fenced, FlowStore, GuessWrong, RedisUnavailable
 from .master_flow import MasterFlow
 from .master_steps import commit_step, run_master_batch
 from .uplink_rows import decode_rows, last_position
@@ -56,6 +67,7 @@ class ShardPlan:
     now: float                          # the flow's time for this batch (the driver's clock)
     connect_deadline_s: float
     roles: dict[int, tuple[str, int]]   # shard -> (role, epoch)
+    generations: dict[int, int] = field(default_factory=dict)  # shard -> driver-side steps so far
 
 
 @dataclass
@@ -76,6 +88,7 @@ class ShardResult:
     fenced_by: int = 0                  # the newer epoch that refused a step
     unreachable: str = ""               # why Redis did not take a step in time
     pid: int = field(default_factory=os.getpid)  # the executor process that ran it
+    state_loads: int = 0                # times this batch loaded the shard's whole state from Redis
 
     # What travels back is what the driver uses: a message to bake needs its ID, key,
     # position and body, not its parsed document (pickling that cost more than the batch).
@@ -96,6 +109,7 @@ class _Context:
         self.graph: FlowGraph = parse_graph(plan.flow_text, plan.flow_source)
         self.plan = plan
         self.stores: dict[int, tuple[FlowGraph, FlowStore]] = {}
+        self.flows: dict[int, tuple[int, int, MasterFlow]] = {}  # shard -> (epoch, generation, flow)
 
     def shard(self, k: int) -> tuple[FlowGraph, FlowStore]:
         if k not in self.stores:
@@ -158,15 +172,22 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
         r.rows = rows
         return r
     side = _ExecutorMaster(graph, store, r)
-    try:
-        side.flow = MasterFlow.load(graph, store, deadline_s=spec.write_lease)
-    except RedisUnavailable as exc:
-        side.unreachable(exc)
+    generation = plan.generations.get(k, 0)
+    cached = ctx.flows.pop(k, None)
+    # The flow this process kept from the shard's last batch it ran, if nothing but
+    # executors' batches changed the shard since (same epoch, no driver-side step):
+    # a batch that ran in another process moved the mark, so the first guarded
+    # COMMIT finds this flow behind and the loop reloads it (master_steps).
+    if cached is not None and cached[:2] == (epoch, generation):
+        side.flow = cached[2]
+    if not side.fire_due(epoch, plan.now):
         r.msgs = msgs
         return r
     rest = run_master_batch(side, msgs, epoch, r.last, side.flow, now=lambda: plan.now)
     r.msgs = rest or []
-    r.next_deadline = side.flow.next_deadline() if side.flow is not None else None
+    if side.flow is not None:
+        ctx.flows[k] = (epoch, generation, side.flow)
+        r.next_deadline = side.flow.next_deadline()
     return r
 
 
@@ -194,10 +215,34 @@ class _ExecutorMaster:
         if self.spec.pair is not None:
             self.r.claims.extend((m.id, str(m.key), m.position) for m in chunk)
 
+    def _load(self) -> MasterFlow:
+        self.r.state_loads += 1
+        return MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
+
+    def fire_due(self, epoch: int, now: float) -> bool:
+        """Load the flow if there is none, fire the deadlines due at ``now`` (before the
+        batch, as a driver-side master's timer would have); False when a write was refused."""
+        def fire(flow: MasterFlow):
+            return flow.fire(now, epoch)
+        try:
+            if self.flow is None:
+                self.flow = self._load()
+            due = self.flow.next_deadline()
+            if due is None or due > now:
+                return True
+            try:
+                return self.commit(epoch, fire, guess=True)
+            except GuessWrong:  # a kept flow behind Redis: fire again on a fresh one
+                return self.commit(epoch, fire, guess=False)
+        except RedisUnavailable as exc:
+            self.flow = None
+            self.unreachable(exc)
+            return False
+
     def commit(self, epoch: int, make_step: Callable, guess: bool) -> bool:
         try:
             if self.flow is None:
-                self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
+                self.flow = self._load()
             commit_step(self.store, self.flow, self.spec, epoch, make_step, guess)
         except Fenced as exc:
             self.flow = None

@@ -231,6 +231,7 @@ class ShardedNode:
                 node_id=self.cfg.node_id, now=self.shards[0].clock.now(),
                 connect_deadline_s=self.cfg.connect_deadline_s,
                 roles={k: s.executor_role() for k, s in enumerate(self.shards)},
+                generations={k: s.driver_steps for k, s in enumerate(self.shards)},
             )
             table = frame.mapInArrow(partial(run_partition, plan), RESULT_SCHEMA).toArrow()
 
