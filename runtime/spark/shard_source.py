@@ -21,7 +21,8 @@ per batch, default 20,000), ``batch_bytes`` (body bytes per shard per batch),
 ``max_body_bytes``, ``connect_deadline_s``, ``block_ms``, ``pause_file``,
 ``hold_file`` and ``warmup`` as in ``source.py``, except that the hold file
 holds a JSON list of the shards held (``stream.hold_shards``): a held shard
-plans nothing while the others go on.
+plans nothing while the others go on, and ``<hold_file>.ack`` lists the
+shards the planner holds from then on (``stream.shard_hold_state``).
 
 Offsets: ``{"shards": [{"id", "n", "max_body"}, ...], "warm": <query runs>}``,
 one entry per shard in the order of the ``shards`` option (``warm`` grows by
@@ -58,6 +59,7 @@ from twinflow.runtime.spark.source import (
     _Paused,
     _int_option,
     _wait_for_entry,
+    _write_atomically,
 )
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,7 @@ class RedisShardsReader(DataSourceStreamReader):
         self.block_ms = int(options.get("block_ms") or DEFAULT_BLOCK_MS)
         self.hold_file = options.get("hold_file") or None
         self._warmup_due = options.get("warmup") == "1"
+        self._acked: set[int] = set()
         self.readers = []
         for shard in shards:
             # Each shard's reader keeps its own client, on the node that owns its
@@ -140,12 +143,21 @@ class RedisShardsReader(DataSourceStreamReader):
                 return {**start, "warm": int(start.get("warm", 0)) + 1}
             held = self._held_now()
             end = self._plan(start, held)
-            if end == start["shards"]:
-                if self._wait_for_any(start, held):
-                    end = self._plan(start, held)
+            if end == start["shards"] and self._wait_for_any(start, held):
+                held = self._held_now()  # the hold may have changed while waiting
+                end = self._plan(start, held)
+            self._ack_hold(held)
         except _Paused:
             return start
         return {**start, "shards": end}
+
+    def _ack_hold(self, held: set[int]) -> None:
+        """Say which shards the plans from now on hold (``stream.shard_hold_state``): a hold
+        seen here holds every later plan, since plans run one at a time and each reads the file."""
+        if not self.hold_file or held == self._acked:
+            return
+        _write_atomically(self.hold_file + ".ack", json.dumps(sorted(held)))
+        self._acked = held
 
     def _plan(self, start: dict, held: set[int]) -> list[dict]:
         """Each shard's end offset for the next batch (its start when held or nothing is new)."""

@@ -272,6 +272,19 @@ def hold_shards(query: StreamingQuery, held: set[int]) -> bool:
     return True
 
 
+def shard_hold_state(query: StreamingQuery) -> Optional[set[int]]:
+    """The shards a ``start_shard_stream`` query's planner holds from now on (it has seen the
+    hold file), or None before it has acknowledged any hold."""
+    pause_dir = _pause_dirs.get(query.runId)
+    if pause_dir is None:
+        return None
+    try:
+        with open(os.path.join(pause_dir, HOLD_FILE) + ".ack") as acked:
+            return set(json.load(acked))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def pace_stream(query: StreamingQuery, interval_ms: int) -> bool:
     """Let ``query``'s source plan a batch at most every ``interval_ms`` (0: as fast as it
     can); False if the query is not ours. Takes effect on the source's next read."""

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from tests.conftest import wait_until
 from twinflow.runtime.spark.session import build_session
 from twinflow.runtime.spark.shard_source import WARMUP_SHARD
-from twinflow.runtime.spark.stream import hold_shards, start_shard_stream, stop_stream
+from twinflow.runtime.spark.stream import hold_shards, shard_hold_state, start_shard_stream, stop_stream
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +77,13 @@ def test_shards_are_partitions_in_order_held_one_by_one_and_resumed_after_a_rest
         assert any(n == 2 for n, rows in data if {s for s, _, _ in rows} == {0, 1})
 
         hold_shards(query, {1})
+        wait_until(lambda: shard_hold_state(query) == {1}, 10, what="the planner holding shard 1")
         held = add(1, 200, 50)  # added first: a plan that took shard 0's would take these too
         add(0, 500, 50)
         wait_until(lambda: len(frames.rows(0)) == 550, 30, what="shard 0 read while shard 1 is held")
         assert len(frames.rows(1)) == 200
         hold_shards(query, set())
+        wait_until(lambda: shard_hold_state(query) == set(), 10, what="the hold lifted")
         wait_until(lambda: len(frames.rows(1)) == 250, 30, what="shard 1 read once released")
         assert [p for p, _ in frames.rows(1)[200:]] == held
     finally:
