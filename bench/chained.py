@@ -54,8 +54,9 @@ def chained_doc(seq: int, lone_every: int = 20) -> dict:
     return {"id": f"{kind[0]}{k}", "type": kind, "order_id": k, "seq": seq}
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of a process and its descendants."""
+def cpu_ticks(pid: int, reaped: bool = False) -> int:
+    """utime + stime of a process and its descendants; with ``reaped``, also the CPU of
+    the children each has waited for (short-lived workers that are gone)."""
     kids: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -70,7 +71,7 @@ def cpu_ticks(pid: int) -> int:
         todo += kids.get(p, [])
         try:
             f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(f[11]) + int(f[12])
+            total += sum(int(x) for x in f[11:15 if reaped else 13])
         except (OSError, IndexError, ValueError):
             pass
     return total

@@ -20,7 +20,6 @@ the figure must stay flat from 1 to 2 shards.
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from chained import TICKS, cpu_ticks  # noqa: E402
 from common import save  # noqa: E402
 
 import redis  # noqa: E402
@@ -43,29 +43,12 @@ from twinflow.runtime.message import position_order  # noqa: E402
 from twinflow.runtime.shards import ShardRouter, shard_graph  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 
-TICKS = os.sysconf("SC_CLK_TCK")
 UPLINK = "uplink: {stream: uplink, batch_size: 2000}"
 
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of ``pid`` and its descendants, with the children each has reaped."""
-    kids: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            stats[int(d)] = fields
-            kids.setdefault(int(fields[1]), []).append(int(d))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += kids.get(p, [])
-        if p in stats:
-            total += sum(int(x) for x in stats[p][11:15])
-    return total / TICKS
+    return cpu_ticks(pid, reaped=True) / TICKS
 
 
 def run_shards(spark: StandaloneSpark, services: LocalServices, shards: int, messages: int, runs: int,

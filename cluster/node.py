@@ -141,6 +141,27 @@ class NodeConfig:
     start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
 
 
+def run_until_stopped(node, is_master) -> int:
+    """Start ``node`` (a FlowNode or a ShardedNode) and run it until stopped: 0 after a stop or
+    a SIGTERM, which hands over first while ``is_master()``; 1 when its uplink stream died."""
+    node.start()
+    while not node._stop.is_set():
+        if node._term_requested.is_set():
+            if is_master():
+                try:
+                    log.info("SIGTERM handover: %s", node.handover(5.0))
+                except Exception:  # ZooKeeper unreachable: stop all the same
+                    log.exception("SIGTERM handover failed; stopping")
+            break
+        if node.query is not None and not node.query.isActive:
+            log.error("the uplink stream stopped: %s", node.query.exception())
+            node.stop()
+            return 1
+        node._stop.wait(0.1)
+    node.stop()
+    return 0
+
+
 def cluster_flow(graph: FlowGraph):
     """The flow's cluster sections; StartRefused when the flow cannot run on the cluster."""
     if graph.cluster is None:
@@ -332,23 +353,7 @@ class FlowNode:
 
     def run_forever(self) -> int:
         """Run until stopped; SIGTERM (see request_term) hands the master role over first."""
-        self.start()
-        while not self._stop.is_set():
-            if self._term_requested.is_set():
-                if self.leadership.is_master:
-                    try:
-                        log.info("SIGTERM handover: %s", self.handover(5.0))
-                    except Exception:  # ZooKeeper unreachable: stop all the same
-                        log.exception("SIGTERM handover failed; stopping")
-                break
-            if self.query is not None and not self.query.isActive:
-                exc = self.query.exception()
-                log.error("the uplink stream stopped: %s", exc)
-                self.stop()
-                return 1
-            self._stop.wait(0.1)
-        self.stop()
-        return 0
+        return run_until_stopped(self, lambda: self.leadership.is_master)
 
     def request_term(self) -> None:
         """Ask for a graceful stop (safe to call from a signal handler)."""

@@ -19,7 +19,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..runtime.store.flow_store import FlowStore
+from ..runtime.cluster_spec import ClusterSpec
+from ..runtime.store.flow_store import FlowKeys, FlowStore
 from .connect import connect_redis, connect_zookeeper
 from .escalation import EscalationSender, EscalationServicer
 from .grpc_server import AdminServicer, IngestServicer, create_server
@@ -53,6 +54,16 @@ class NodeParts(Protocol):
     def close(self) -> None: ...
 
 
+def open_store(redis_url: str, connect_deadline_s: float, keys: FlowKeys, node_id: str,
+               spec: ClusterSpec) -> FlowStore:
+    """A flow's (or a shard's) store for ``node_id``, on the Redis that owns its slot."""
+    # Each Redis call is bounded by the lease, so a link that drops packets
+    # shows as failed writes in time for the master to step down.
+    client = connect_redis(redis_url, connect_deadline_s, socket_timeout_s=max(0.5, spec.write_lease),
+                           slot_key=keys.uplink)
+    return FlowStore(client, keys, node_id, id_ttl=spec.message.id_ttl)
+
+
 class RealParts:
     """Real servers and Spark, as ``twinflow run`` uses them."""
 
@@ -60,12 +71,7 @@ class RealParts:
         self.spark = None
 
     def store(self, node: "FlowNode") -> FlowStore:
-        cfg = node.cfg
-        # Each Redis call is bounded by the lease, so a link that drops packets
-        # shows as failed writes in time for the master to step down.
-        client = connect_redis(cfg.redis_url, cfg.connect_deadline_s, socket_timeout_s=max(0.5, node.lease_s),
-                               slot_key=node.keys.uplink)
-        return FlowStore(client, node.keys, cfg.node_id, id_ttl=node.spec.message.id_ttl)
+        return open_store(node.cfg.redis_url, node.cfg.connect_deadline_s, node.keys, node.cfg.node_id, node.spec)
 
     def zookeeper(self, node: "FlowNode") -> Any:
         return connect_zookeeper(node.cfg.zk_hosts, node.cfg.connect_deadline_s, node.spec.session_timeout)

@@ -113,15 +113,12 @@ class _Context:
 
     def shard(self, k: int) -> tuple[FlowGraph, FlowStore]:
         if k not in self.stores:
-            from .connect import connect_redis
             from .node import flow_keys
+            from .node_parts import open_store
 
             graph = shard_graph(self.graph, k)
-            keys = flow_keys(graph)
-            spec = graph.cluster
-            client = connect_redis(self.plan.redis_url, self.plan.connect_deadline_s,
-                                   socket_timeout_s=max(0.5, spec.write_lease), slot_key=keys.uplink)
-            self.stores[k] = (graph, FlowStore(client, keys, self.plan.node_id, id_ttl=spec.message.id_ttl))
+            self.stores[k] = (graph, open_store(self.plan.redis_url, self.plan.connect_deadline_s,
+                                                flow_keys(graph), self.plan.node_id, graph.cluster))
         return self.stores[k]
 
 

@@ -42,7 +42,7 @@ from ..runtime.shards import ShardRouter, shard_graph
 from .connect import connect_zookeeper
 from .escalation import EscalationServicer
 from .grpc_server import AdminServicer, IngestServicer, create_server
-from .node import MASTER, FlowNode, NodeConfig, NodeStopping, cluster_flow
+from .node import MASTER, FlowNode, NodeConfig, NodeStopping, cluster_flow, run_until_stopped
 from .node_parts import RealParts
 from .shard_task import RESULT_SCHEMA, ShardPlan, run_partition
 
@@ -177,21 +177,7 @@ class ShardedNode:
 
     def run_forever(self) -> int:
         """Run until stopped; SIGTERM hands every shard this node is master of over first."""
-        self.start()
-        while not self._stop.is_set():
-            if self._term_requested.is_set():
-                try:
-                    log.info("SIGTERM handover: %s", self.handover(5.0))
-                except Exception:  # ZooKeeper unreachable: stop all the same
-                    log.exception("SIGTERM handover failed; stopping")
-                break
-            if self.query is not None and not self.query.isActive:
-                log.error("the uplink stream stopped: %s", self.query.exception())
-                self.stop()
-                return 1
-            self._stop.wait(0.1)
-        self.stop()
-        return 0
+        return run_until_stopped(self, lambda: any(s.role == MASTER for s in self.shards))
 
     def request_term(self) -> None:
         self._term_requested.set()

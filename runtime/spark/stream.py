@@ -242,13 +242,9 @@ def hold_stream(query: StreamingQuery, on: bool) -> bool:
     hold = os.path.join(pause_dir, HOLD_FILE)
     if on:
         if not os.path.exists(hold):
-            os.makedirs(pause_dir, exist_ok=True)  # a /tmp cleaner may have removed it
             # A fresh token per hold, echoed in the source's acknowledgement, so
             # an acknowledgement of an earlier hold is never taken for this one.
-            aside = hold + ".tmp"
-            with open(aside, "w") as out:
-                out.write(uuid.uuid4().hex)
-            os.replace(aside, hold)
+            _write_control(query, HOLD_FILE, uuid.uuid4().hex)
     else:
         for path in (hold, hold + ".ack"):
             try:
@@ -261,15 +257,7 @@ def hold_stream(query: StreamingQuery, on: bool) -> bool:
 def hold_shards(query: StreamingQuery, held: set[int]) -> bool:
     """Hold the shards in ``held`` of a ``start_shard_stream`` query (the others read on);
     an empty set releases all. False if the query is not ours."""
-    pause_dir = _pause_dirs.get(query.runId)
-    if pause_dir is None:
-        return False
-    os.makedirs(pause_dir, exist_ok=True)
-    hold = os.path.join(pause_dir, HOLD_FILE)
-    with open(hold + ".tmp", "w") as out:
-        out.write(json.dumps(sorted(held)))
-    os.replace(hold + ".tmp", hold)
-    return True
+    return _write_control(query, HOLD_FILE, json.dumps(sorted(held)))
 
 
 def shard_hold_state(query: StreamingQuery) -> Optional[set[int]]:
@@ -288,14 +276,20 @@ def shard_hold_state(query: StreamingQuery) -> Optional[set[int]]:
 def pace_stream(query: StreamingQuery, interval_ms: int) -> bool:
     """Let ``query``'s source plan a batch at most every ``interval_ms`` (0: as fast as it
     can); False if the query is not ours. Takes effect on the source's next read."""
+    return _write_control(query, PACE_FILE, str(int(interval_ms)))
+
+
+def _write_control(query: StreamingQuery, name: str, text: str) -> bool:
+    """Replace the control file ``name`` the source of ``query`` watches (never seen half
+    written); False if the query is not ours."""
     pause_dir = _pause_dirs.get(query.runId)
     if pause_dir is None:
         return False
-    os.makedirs(pause_dir, exist_ok=True)
-    pace = os.path.join(pause_dir, PACE_FILE)
-    with open(pace + ".tmp", "w") as out:
-        out.write(str(int(interval_ms)))
-    os.replace(pace + ".tmp", pace)
+    os.makedirs(pause_dir, exist_ok=True)  # a /tmp cleaner may have removed it
+    path = os.path.join(pause_dir, name)
+    with open(path + ".tmp", "w") as out:
+        out.write(text)
+    os.replace(path + ".tmp", path)
     return True
 
 
