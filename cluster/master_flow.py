@@ -46,6 +46,7 @@ from typing import Any
 
 from ..runtime.engine import Engine
 from ..runtime.flowgraph import FlowGraph
+from ..runtime.json_text import compact
 from ..runtime.message import Message, position_order
 from ..runtime.nodes.action import ActionNode
 from ..runtime.nodes.base import Emit
@@ -164,13 +165,12 @@ class MasterFlow:
                 fields["position"] = original.position
                 fields["data"] = original.body
             else:
-                fields["data"] = json.dumps(msg.doc, separators=(",", ":"))
+                fields["data"] = compact(msg.doc)
         else:
             ids = [m.id for m in e.msgs]
             fields["id"] = "+".join(ids)
-            fields["ids"] = json.dumps(ids)
-            fields["data"] = json.dumps({"ids": ids, "messages": [dict(m.doc) for m in e.msgs]},
-                                        separators=(",", ":"))
+            fields["ids"] = compact(ids)
+            fields["data"] = compact({"ids": ids, "messages": [dict(m.doc) for m in e.msgs]})
         if e.info:
             fields["info"] = json.dumps(dict(e.info), separators=(",", ":"), default=str)
         self._step.outputs.append((self._streams[(node, e.outlink)], fields))

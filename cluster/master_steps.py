@@ -15,16 +15,27 @@ if the guess was right; a wrong guess (a message re-published with an ID
 the flow processed) writes nothing, and the rest of the batch runs again
 after asking Redis. A COMMIT that fails or is refused ends the loop at that
 step: the messages from there on are returned uncommitted.
+
+Overlap: while one step's COMMIT is in Redis (sent from a writer thread, see
+:func:`write_pool`), the loop builds the next step on the flow. At most one
+write is in flight, and the next is sent only after it succeeded, so steps
+commit in order and a refused one is the last: the step built meanwhile is
+dropped with the flow (it was never sent). Escalations and counts follow a
+step's COMMIT, never its build. A simulator passes :data:`INLINE` (writes
+run in the caller's thread, so virtual time stays deterministic).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Callable, Protocol
 
 from ..runtime.cluster_spec import ClusterSpec
 from ..runtime.message import Message
-from ..runtime.store.flow_store import FlowStore, GuessWrong, RedisUnavailable, chunked
+from ..runtime.store.flow_store import Fenced, FlowStore, GuessWrong, RedisUnavailable, chunked
+from ..runtime.store.step import Step
 from .master_flow import MasterFlow
 
 log = logging.getLogger("twinflow.master")
@@ -33,22 +44,67 @@ log = logging.getLogger("twinflow.master")
 class MasterSide(Protocol):
     """What the loop needs from whoever runs it as master."""
 
+    store: FlowStore
+    spec: ClusterSpec
+    writes: Executor  # where COMMITs are sent from: write_pool(), or INLINE
+
     def still_master(self, epoch: int) -> bool: ...
     def processed(self, msgs: list[Message]) -> list[bool]: ...      # may raise RedisUnavailable
-    def commit(self, epoch: int, make_step: Callable, guess: bool) -> bool: ...  # False: stop; may raise GuessWrong
+    def master_flow(self) -> MasterFlow: ...  # the flow to build on, loaded if need be; may raise RedisUnavailable
+    def refused(self, exc: Fenced | RedisUnavailable) -> None: ...   # drop the flow; step down or report it
+    def drop(self) -> None: ...                                      # drop the flow (it may be ahead of Redis)
     def committed_chunk(self, chunk: list[Message], fresh: list[Message]) -> None: ...
-    def unreachable(self, exc: RedisUnavailable) -> None: ...
 
 
-def commit_step(store: FlowStore, flow: MasterFlow, spec: ClusterSpec, epoch: int, make_step: Callable,
-                guess: bool) -> None:
-    """Build a step on ``flow`` and COMMIT it at ``epoch`` within the write lease (guarded by the
-    mark the flow holds with ``guess``), then record it on the flow. Raises what the store raises
-    (Fenced, GuessWrong, RedisUnavailable); the caller then drops the flow."""
-    step = make_step(flow)
-    store.commit(epoch, step, deadline_s=spec.write_lease, replicas=spec.wait_replicas,
-                 replica_wait_ms=spec.replica_wait_ms, guess=(flow.mark,) if guess else None)
+class _Inline(Executor):
+    """Runs each write in the caller's thread (a simulator's: virtual time stays deterministic)."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        done: Future = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to whoever reads the future, as a thread's would be
+            done.set_exception(exc)
+        return done
+
+
+INLINE = _Inline()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def write_pool() -> Executor:
+    """This process's writer threads (made again in a forked child, where threads do not follow)."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="twinflow-commit"))
+    return _pool[1]
+
+
+def _write(side: MasterSide, epoch: int, flow: MasterFlow, step: Step, guess: bool) -> Future:
+    """Send ``step``'s COMMIT at ``epoch`` within the write lease, guarded by the mark ``flow``
+    holds now when ``guess``; the future raises what the store raises (Fenced, GuessWrong,
+    RedisUnavailable)."""
+    spec = side.spec
+    return side.writes.submit(side.store.commit, epoch, step, deadline_s=spec.write_lease,
+                              replicas=spec.wait_replicas, replica_wait_ms=spec.replica_wait_ms,
+                              guess=(flow.mark,) if guess else None)
+
+
+def commit_one(side: MasterSide, epoch: int, make_step: Callable[[MasterFlow], Step], guess: bool) -> bool:
+    """Build one step on the side's flow and COMMIT it (a timer's firing): False after a refused
+    write (the side dropped the flow and acted on it); GuessWrong raises, the flow dropped."""
+    try:
+        flow = side.master_flow()
+        step = make_step(flow)
+        _write(side, epoch, flow, step, guess).result()
+    except (Fenced, RedisUnavailable) as exc:
+        side.refused(exc)
+        return False
+    except BaseException:
+        side.drop()
+        raise
     flow.committed(step)
+    return True
 
 
 class _GuessedWrong(RuntimeError):
@@ -57,6 +113,51 @@ class _GuessedWrong(RuntimeError):
     def __init__(self, sent: int):
         super().__init__(f"guess refused after {sent} messages")
         self.sent = sent
+
+
+class _InFlight:
+    """The one step of a batch whose COMMIT may be in Redis, and what follows from its answer."""
+
+    def __init__(self, side: MasterSide):
+        self.side = side
+        self.sent = 0  # messages of the batch whose step committed
+        self._step: tuple | None = None
+
+    def send(self, epoch: int, flow: MasterFlow, step: Step, guess: bool, chunk: list[Message],
+             fresh: list[Message]) -> None:
+        self._step = (_write(self.side, epoch, flow, step, guess), flow, step, chunk, fresh)
+
+    def settle(self) -> bool:
+        """Wait for the step in flight, if any: True when it committed (counted, escalated) or
+        there was none; False when it was refused. GuessWrong raises _GuessedWrong."""
+        if self._step is None:
+            return True
+        future, flow, step, chunk, fresh = self._step
+        self._step = None
+        try:
+            future.result()
+        except GuessWrong:
+            self.side.drop()
+            raise _GuessedWrong(self.sent) from None
+        except (Fenced, RedisUnavailable) as exc:
+            self.side.refused(exc)
+            return False
+        except BaseException:
+            self.side.drop()
+            raise
+        flow.committed(step)
+        self.side.committed_chunk(chunk, fresh)
+        self.sent += len(chunk)
+        return True
+
+    def abandon(self) -> None:
+        """The loop is failing: the flow goes, a write in flight is still waited for and,
+        if it committed, counted (what it committed is processed whatever happens next)."""
+        self.side.drop()
+        try:
+            self.settle()
+        except Exception:  # noqa: BLE001 - the loop's own error is the one to raise
+            pass
 
 
 def run_master_batch(side: MasterSide, msgs: list[Message], epoch: int, last: str,
@@ -80,26 +181,40 @@ def _run_steps(side: MasterSide, msgs: list[Message], epoch: int, last: str,
         try:  # already processed (or a repeat inside this batch): never run through the graph again
             done = side.processed(msgs)
         except RedisUnavailable as exc:
-            side.unreachable(exc)
+            side.refused(exc)
             return msgs
     seen: set[str] = set()
     run = []
     for m, d in zip(msgs, done):
         run.append(not d and m.id not in seen)
         seen.add(m.id)
-    sent = 0
+    at = 0  # where the next chunk starts
     chunks = list(chunked(msgs)) or [[]]
-    for i, chunk in enumerate(chunks):
-        if not side.still_master(epoch):
-            return msgs[sent:]
-        fresh = [m for m, r in zip(chunk, run[sent:sent + len(chunk)]) if r]
-        # The last chunk's step moves the mark past the whole batch (bad entries included).
-        mark = last if i == len(chunks) - 1 else chunk[-1].position
-        try:
-            if not side.commit(epoch, lambda flow: flow.run(fresh, now(), epoch, mark), guess):
-                return msgs[sent:]
-        except GuessWrong:
-            raise _GuessedWrong(sent) from None
-        side.committed_chunk(chunk, fresh)
-        sent += len(chunk)
-    return None
+    writing = _InFlight(side)
+    whole = False  # every chunk's step was sent
+    try:
+        for i, chunk in enumerate(chunks):
+            if not side.still_master(epoch):
+                break
+            fresh = [m for m, r in zip(chunk, run[at:at + len(chunk)]) if r]
+            at += len(chunk)
+            # The last chunk's step moves the mark past the whole batch (bad entries included).
+            mark = last if i == len(chunks) - 1 else chunk[-1].position
+            try:
+                flow = side.master_flow()
+            except RedisUnavailable as exc:
+                side.refused(exc)
+                break
+            step = flow.run(fresh, now(), epoch, mark)  # while the step before is in Redis
+            if not writing.settle():
+                break
+            writing.send(epoch, flow, step, guess, chunk, fresh)
+        else:
+            whole = True
+        whole = writing.settle() and whole
+    except _GuessedWrong:
+        raise
+    except BaseException:
+        writing.abandon()
+        raise
+    return None if whole else msgs[writing.sent:]

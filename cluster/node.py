@@ -71,7 +71,7 @@ from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavail
 from .escalation import EscalationSender, StaleEpoch
 from .leadership import Leadership
 from .master_flow import MasterFlow, not_on_cluster
-from .master_steps import commit_step, run_master_batch
+from .master_steps import commit_one, run_master_batch
 from .node_parts import NodeParts, RealParts
 from .uplink_rows import decode_rows, last_position
 
@@ -191,6 +191,7 @@ class FlowNode:
         the wait of a held batch (default: until stopped); a simulator passes its virtual clock."""
         spec = cluster_flow(graph)
         self.parts = parts or RealParts()
+        self.writes = self.parts.writes()  # where the master's COMMITs go from (master_steps)
         self.graph = graph
         self.spec = spec
         self.name = graph.name
@@ -511,7 +512,7 @@ class FlowNode:
         self._update_backpressure()
         self._wake.set()
 
-    def _master_flow(self) -> MasterFlow:
+    def master_flow(self) -> MasterFlow:
         """The master's flow graph; loaded from Redis after a promotion or a failed step."""
         if self.flow is None:
             self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.lease_s)
@@ -534,43 +535,35 @@ class FlowNode:
     def processed(self, msgs: list[Message]) -> list[bool]:
         return self.store.processed(msgs, deadline_s=self.lease_s)
 
-    def unreachable(self, exc: RedisUnavailable) -> None:
-        log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
-        self._step_down("Redis unreachable")
+    def refused(self, exc: Fenced | RedisUnavailable) -> None:
+        self.flow = None
+        if isinstance(exc, Fenced):
+            log.error("%s: %s; stepping down", self.cfg.node_id, exc)
+            with self._lock:
+                self.known_epoch = max(self.known_epoch, exc.newest)
+            self._step_down("fenced")
+        else:
+            log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
+            self._step_down("Redis unreachable")
+
+    def drop(self) -> None:
+        self.flow = None
 
     def committed_chunk(self, chunk: list[Message], fresh: list[Message]) -> None:
         with self._lock:
             self.delivered += len(fresh)
             self.skipped += len(chunk) - len(fresh)
+        self.driver_steps += 1
         if self.spec.pair is not None and chunk:
             self.sender.send([(m.id, str(m.key), m.position) for m in chunk])
 
     def commit(self, epoch: int, make_step, guess: bool = False) -> bool:
-        """Build a step on the master's flow and commit it; False after stepping down.
-
-        Any failure drops the flow: its nodes are ahead of Redis, and the next
-        step starts from the state Redis holds. With ``guess`` the step applies
-        only if the processed mark the flow holds is Redis's and none of its
-        IDs is processed; else GuessWrong, nothing written.
-        """
-        try:
-            commit_step(self.store, self._master_flow(), self.spec, epoch, make_step, guess)
-            self.driver_steps += 1
-        except Fenced as exc:
-            self.flow = None
-            log.error("%s: %s; stepping down", self.cfg.node_id, exc)
-            with self._lock:
-                self.known_epoch = max(self.known_epoch, exc.newest)
-            self._step_down("fenced")
+        """Build one step on the master's flow and commit it (a timer's firing); False after
+        stepping down. Any failure drops the flow: its nodes are ahead of Redis, and the next
+        step starts from the state Redis holds (``master_steps.commit_one``)."""
+        if not commit_one(self, epoch, make_step, guess):
             return False
-        except RedisUnavailable as exc:
-            self.flow = None
-            log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
-            self._step_down("Redis unreachable")
-            return False
-        except BaseException:
-            self.flow = None
-            raise
+        self.driver_steps += 1
         return True
 
     def _step_down(self, reason: str) -> None:

@@ -3,7 +3,7 @@
 :class:`~twinflow.cluster.node.FlowNode` takes a :class:`NodeParts` and asks
 it, in this order, for its Redis store, its ZooKeeper client, its gRPC
 server, its escalation sender, its leadership, its timers and, last, its
-uplink stream.
+uplink stream; and where its master's COMMITs are sent from (``writes``).
 :class:`RealParts` (the default) connects to the servers named in the
 node's config and runs Spark; a test or a failover simulator passes its own
 parts (an in-memory stream that calls ``node.on_batch``, a store on a
@@ -17,6 +17,7 @@ node's ``connect_deadline_s`` and then raises ServiceUnavailable naming it.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..runtime.cluster_spec import ClusterSpec
@@ -25,6 +26,7 @@ from .connect import connect_redis, connect_zookeeper
 from .escalation import EscalationSender, EscalationServicer
 from .grpc_server import AdminServicer, IngestServicer, create_server
 from .leadership import Leadership
+from .master_steps import write_pool
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -51,6 +53,7 @@ class NodeParts(Protocol):
     def hold(self, stream: UplinkStream, held: bool) -> None: ...
     def pace(self, stream: UplinkStream, interval_ms: int) -> None: ...
     def stop_stream(self, stream: UplinkStream) -> None: ...
+    def writes(self) -> Executor: ...
     def close(self) -> None: ...
 
 
@@ -137,6 +140,9 @@ class RealParts:
         from ..runtime.spark.stream import stop_stream
 
         stop_stream(stream, 10.0)
+
+    def writes(self) -> Executor:
+        return write_pool()
 
     def close(self) -> None:
         if self.spark is not None:

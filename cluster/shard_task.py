@@ -42,14 +42,14 @@ import hashlib
 import os
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from ..runtime.flowgraph import FlowGraph, parse_graph
 from ..runtime.message import Message
 from ..runtime.shards import shard_graph
 from ..runtime.store.flow_store import Fenced, FlowStore, GuessWrong, RedisUnavailable
 from .master_flow import MasterFlow
-from .master_steps import commit_step, run_master_batch
+from .master_steps import commit_one, run_master_batch, write_pool
 from .uplink_rows import decode_rows, last_position
 
 MASTER, WORKER = "master", "worker"
@@ -195,6 +195,7 @@ class _ExecutorMaster:
     def __init__(self, graph: FlowGraph, store: FlowStore, result: ShardResult):
         self.graph, self.store, self.r = graph, store, result
         self.spec = graph.cluster
+        self.writes = write_pool()
         self.flow: MasterFlow | None = None
 
     def still_master(self, epoch: int) -> bool:
@@ -203,8 +204,21 @@ class _ExecutorMaster:
     def processed(self, msgs: list[Message]) -> list[bool]:
         return self.store.processed(msgs, deadline_s=self.spec.write_lease)
 
-    def unreachable(self, exc: RedisUnavailable) -> None:
-        self.r.unreachable = str(exc)
+    def master_flow(self) -> MasterFlow:
+        if self.flow is None:
+            self.r.state_loads += 1
+            self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
+        return self.flow
+
+    def refused(self, exc: Fenced | RedisUnavailable) -> None:
+        self.flow = None
+        if isinstance(exc, Fenced):
+            self.r.fenced_by = exc.newest
+        else:
+            self.r.unreachable = str(exc)
+
+    def drop(self) -> None:
+        self.flow = None
 
     def committed_chunk(self, chunk: list[Message], fresh: list[Message]) -> None:
         self.r.delivered += len(fresh)
@@ -212,44 +226,19 @@ class _ExecutorMaster:
         if self.spec.pair is not None:
             self.r.claims.extend((m.id, str(m.key), m.position) for m in chunk)
 
-    def _load(self) -> MasterFlow:
-        self.r.state_loads += 1
-        return MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
-
     def fire_due(self, epoch: int, now: float) -> bool:
         """Load the flow if there is none, fire the deadlines due at ``now`` (before the
         batch, as a driver-side master's timer would have); False when a write was refused."""
         def fire(flow: MasterFlow):
             return flow.fire(now, epoch)
         try:
-            if self.flow is None:
-                self.flow = self._load()
-            due = self.flow.next_deadline()
-            if due is None or due > now:
-                return True
-            try:
-                return self.commit(epoch, fire, guess=True)
-            except GuessWrong:  # a kept flow behind Redis: fire again on a fresh one
-                return self.commit(epoch, fire, guess=False)
+            due = self.master_flow().next_deadline()
         except RedisUnavailable as exc:
-            self.flow = None
-            self.unreachable(exc)
+            self.refused(exc)
             return False
-
-    def commit(self, epoch: int, make_step: Callable, guess: bool) -> bool:
+        if due is None or due > now:
+            return True
         try:
-            if self.flow is None:
-                self.flow = self._load()
-            commit_step(self.store, self.flow, self.spec, epoch, make_step, guess)
-        except Fenced as exc:
-            self.flow = None
-            self.r.fenced_by = exc.newest
-            return False
-        except RedisUnavailable as exc:
-            self.flow = None
-            self.unreachable(exc)
-            return False
-        except BaseException:
-            self.flow = None
-            raise
-        return True
+            return commit_one(self, epoch, fire, guess=True)
+        except GuessWrong:  # a kept flow behind Redis: fire again on a fresh one
+            return commit_one(self, epoch, fire, guess=False)

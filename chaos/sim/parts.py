@@ -11,8 +11,10 @@ simulator steps. No thread is started: the simulator calls the node's
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Callable
 
+from ...cluster.master_steps import INLINE
 from ...runtime.spark.source import WARMUP_POSITION
 from ...runtime.store.flow_store import FlowStore, RedisUnavailable
 from .escalation_model import SimSender
@@ -119,6 +121,9 @@ class SimParts:
 
     def stop_stream(self, stream: SimStream) -> None:
         stream.isActive = False
+
+    def writes(self) -> Executor:
+        return INLINE  # in the caller's thread: the schedule, not a thread, decides what runs when
 
     def close(self) -> None:
         pass

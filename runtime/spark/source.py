@@ -14,6 +14,17 @@ field's bytes, or null when there is none or its body was withheld because
 ``size`` exceeds ``max_body_bytes``. A withheld body stays in Redis: the
 caller learns the entry and its true size, never its bytes.
 
+Packed rows (option ``pack``, N > 0): each row carries up to N consecutive
+entries (and about ``PACK_BYTES`` of bodies) instead of one: ``position`` is
+its last entry's ID, ``size`` how many entries it holds, ``data`` those
+entries' ``(position, data, size)`` triples as above, pickled;
+:func:`unpack_rows` turns a batch back into one triple per entry. Spark's
+per-row work (the rows cross from this reader's Python worker into the JVM
+and back out to the driver) costs about 14 µs of JVM CPU per row here
+(measured, bench/RESULTS.md), so a reader whose caller takes the batch whole
+(``stream.start_stream`` does) pays it per N entries. The pickle travels only
+from this reader to its own query's driver, the path Spark itself pickles on.
+
 Options: ``url``, ``stream`` (required); ``batch_size`` (max entries per
 micro-batch under light load, default 2000); ``max_batch_size`` (default:
 ``batch_size``; see "Admission" below); ``batch_bytes`` (max body bytes per micro-batch,
@@ -24,6 +35,7 @@ reader, that gets ``read_n`` and ``read_id`` once a batch is processed, so
 ``XINFO STREAM``'s entries-added minus ``read_n`` is the exact backlog);
 ``connect_deadline_s`` (default 300); ``block_ms`` (how long one read waits
 in Redis for new entries when there are none, default 100; 0 = poll);
+``pack`` (entries per row, default 0: one row per entry; see above);
 ``pause_file`` (set by ``stream.start_stream``: once the file exists, no new
 batch is planned and ``<pause_file>.ack`` says so); ``hold_file`` (set by
 ``stream.start_stream``: while the file exists no new batch is planned, see
@@ -48,12 +60,15 @@ restarted query resumes right after the last entry of the last planned
 batch. The stream is never trimmed or acknowledged here: entries stay for
 other readers and for replay.
 
-Admission: a batch takes what is there, up to a cap. The cap starts at
-``batch_size``; while batches come back full (a backlog) it doubles, up to
-``max_batch_size``, and once one comes back short it is ``batch_size``
-again. So under a burst each micro-batch's fixed cost (planning, two
-checkpoint files, about 100 ms here) is paid for many more entries, and
-under light load a batch is whatever arrived since the last one. A batch is
+Admission: a batch takes what is there, up to a cap. The cap is
+``batch_size``; once a batch comes back full (a backlog) the next may take
+up to ``max_batch_size``, and once one comes back short the cap is
+``batch_size`` again. So under a burst each micro-batch's fixed cost
+(planning, the collect job, two checkpoint files: 100-200 ms of wall and
+about 70 ms of JVM CPU here) is paid for many more entries, and under light
+load a batch is whatever arrived since the last one. (The cap used to
+double per full batch: a burst of 50,000 then took 6 batches instead of 4,
+measured 13,416 -> 14,278 msg/s for the pair, bench/RESULTS.md.) A batch is
 never larger than ``max_batch_size`` entries or ``batch_bytes`` of bodies.
 
 Hold (backpressure): while ``hold_file`` exists, each read plans nothing: it
@@ -103,6 +118,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import time
 from typing import Any, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
@@ -134,7 +150,47 @@ _MAX_BACKOFF_S = 1.0
 _LOG_EVERY_S = 10.0
 _HOLD_CHECK_S = 0.01
 
+PACK_BYTES = 4 * 1024 * 1024  # body bytes per packed row, about (a row holds at least one entry)
+
 Row = Tuple[str, Optional[bytes], Optional[int]]
+
+
+def pack_rows(rows: List[Row], per_row: int) -> List[Row]:
+    """``rows`` packed ``per_row`` entries (and about PACK_BYTES) to a row; see "Packed rows"."""
+    packed: List[Row] = []
+    start, size = 0, 0
+    for i, (_, data, _) in enumerate(rows):
+        if i > start and (i - start >= per_row or size + len(data or b"") > PACK_BYTES):
+            packed.append(_packed(rows[start:i]))
+            start, size = i, 0
+        size += len(data or b"")
+    if start < len(rows):
+        packed.append(_packed(rows[start:]))
+    return packed
+
+
+def _packed(chunk: List[Row]) -> Row:
+    return chunk[-1][0], pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL), len(chunk)
+
+
+def unpack_rows(positions: List[str], data: List[Optional[bytes]], sizes: List[Optional[int]]) -> List[Row]:
+    """One ``(position, data, size)`` per entry from a batch's columns of packed rows (the
+    warm-up row passes as it is).
+
+    >>> rows = [("1-0", b"{}", 2), ("2-0", None, None), ("3-0", None, 9)]
+    >>> packed = pack_rows(rows, 2)
+    >>> [(p, n) for p, _, n in packed]
+    [('2-0', 2), ('3-0', 1)]
+    >>> unpack_rows(*map(list, zip(*packed))) == rows
+    True
+    """
+    rows: List[Row] = []
+    for position, blob, _ in zip(positions, data, sizes):
+        if position == WARMUP_POSITION:
+            rows.append((position, None, None))
+        else:
+            rows.extend(pickle.loads(blob))
+    return rows
 
 
 
@@ -176,6 +232,7 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         self.max_batch_size = max(self.batch_size, _int_option(options, "max_batch_size", self.batch_size, 1))
         self._take = self.batch_size  # this read's cap (see "Admission")
         self.batch_bytes = _int_option(options, "batch_bytes", DEFAULT_BATCH_BYTES, 1)
+        self.pack = _int_option(options, "pack", 0, 0)
         self.max_body_bytes = _int_option(options, "max_body_bytes", DEFAULT_MAX_BODY_BYTES, 0)
         self.status_key = options.get("status_key") or None
         self.connect_deadline_s = float(
@@ -253,13 +310,13 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         except (_Paused, _Held):
             return iter(()), start
         full = len(rows) >= self._take
-        self._take = min(self.max_batch_size, 2 * self._take) if full else self.batch_size
+        self._take = self.max_batch_size if full else self.batch_size
         if not rows:
             return iter(()), start
         self._last_plan = time.monotonic()
         end = {"id": rows[-1][0], "n": int(start["n"]) + len(rows), "max_body": self.max_body_bytes}
         # A list iterator, not a generator: Spark's wrapper copy.copy()s it.
-        return iter(rows), end
+        return iter(self._rows(rows)), end
 
     def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[Row]:
         if end.get("warmup") and end.get("warmup") != start.get("warmup"):
@@ -282,7 +339,11 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
                 "%s: replay of %s..%s found %d entries, the batch had %d (stream trimmed?)",
                 self.stream, start["id"], end["id"], len(rows), expected,
             )
-        return iter(rows)
+        return iter(self._rows(rows))
+
+    def _rows(self, rows: List[Row]) -> List[Row]:
+        """A batch's rows as Spark gets them: packed when the ``pack`` option asks."""
+        return pack_rows(rows, self.pack) if self.pack else rows
 
     def commit(self, end: dict) -> None:
         self._record_progress(end)

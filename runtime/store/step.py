@@ -17,10 +17,10 @@ processed (``cluster/master_flow.py`` says what that means per node).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..json_text import compact
 from .flow_store import FlowKeys
 
 
@@ -62,5 +62,5 @@ class Step:
                 if value is None:
                     args += ["D", k, name]
                 else:
-                    args += ["H", k, name, json.dumps(value, separators=(",", ":"))]
+                    args += ["H", k, name, compact(value)]
         return script_keys, args

@@ -28,6 +28,7 @@ from twinflow.runtime.spark.source import (
     DEFAULT_MAX_BODY_BYTES,
     WARMUP_POSITION,
     RedisStreamReader,
+    unpack_rows,
 )
 from twinflow.runtime.spark.stream import hold_stream, hold_state, start_stream, stop_stream
 
@@ -480,13 +481,13 @@ def test_held_reader_waits_acknowledges_and_resumes_on_release(r, redis_url, key
 
 
 def test_batches_grow_under_a_backlog_and_shrink_under_light_load(r, redis_url, key):
-    # Admission: the cap doubles while batches come back full, up to max_batch_size,
-    # and is batch_size again once a batch is short.
+    # Admission: after a full batch the next may take up to max_batch_size, and the cap
+    # is batch_size again once a batch is short.
     ids = add(r, key, [b"x"] * 200)
     reader = RedisStreamReader({"url": redis_url, "stream": key, "batch_size": "10", "max_batch_size": "50",
                                 "block_ms": "1"})
     batches = read_all(reader)
-    assert [len(rows) for _, _, rows in batches] == [10, 20, 40, 50, 50, 30]
+    assert [len(rows) for _, _, rows in batches] == [10, 50, 50, 50, 40]
     assert [row[0] for _, _, rows in batches for row in rows] == ids
     more = add(r, key, [b"y"] * 15)
     rows, _ = reader.read(batches[-1][1])  # a short batch reset the cap: light load reads batch_size
@@ -495,6 +496,22 @@ def test_batches_grow_under_a_backlog_and_shrink_under_light_load(r, redis_url, 
     replayer = RedisStreamReader({"url": redis_url, "stream": key, "batch_size": "3"})
     start, end, grown = batches[3]
     assert list(replayer.readBetweenOffsets(start, end)) == grown
+
+
+def test_packed_rows_carry_the_same_entries_and_replay_the_same(r, redis_url, key):
+    ids = add(r, key, [b"p%d" % i for i in range(23)])
+    r.xadd(key, {"other": b"no data field"})
+    plain = RedisStreamReader({"url": redis_url, "stream": key, "batch_size": "100", "block_ms": "1"})
+    packed = RedisStreamReader({"url": redis_url, "stream": key, "batch_size": "100", "block_ms": "1",
+                                "pack": "10"})
+    want, _ = plain.read(plain.initialOffset())
+    want = list(want)
+    rows, end = packed.read(packed.initialOffset())
+    rows = list(rows)
+    assert [(n, position) for position, _, n in rows] == [(10, ids[9]), (10, ids[19]), (4, end["id"])]
+    columns = [list(c) for c in zip(*rows)]
+    assert unpack_rows(*columns) == want and len(want) == 24
+    assert list(packed.readBetweenOffsets(packed.initialOffset(), end)) == rows
 
 
 def test_a_paced_reader_plans_at_most_once_per_interval(r, redis_url, key, tmp_path):

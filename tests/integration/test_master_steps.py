@@ -1,0 +1,119 @@
+"""The master's batch loop against a real redis-server: a step is built while the one before
+is in Redis, steps commit in order, and a refused write ends the batch with nothing after it sent."""
+
+import threading
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+import pytest
+import redis
+
+from twinflow.cluster.master_flow import MasterFlow
+from twinflow.cluster.master_steps import run_master_batch
+from twinflow.runtime.flowgraph import parse_graph
+from twinflow.runtime.message import Message
+from twinflow.runtime.store.flow_store import DELIVER_MAX_MESSAGES, FlowKeys, FlowStore, Fenced
+
+DELIVER = parse_graph("flow: f\nuplink: {stream: uplink}\nnodes:\n  deliver: {type: action, sink: {stream: sink}}\n")
+
+
+class GatedWrites(Executor):
+    """Writer threads whose n-th write starts only once the loop has built the step after it
+    (or it is the last), so a loop that waited for each write before building would hang here."""
+
+    def __init__(self, steps: int, before_write=None):
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.built = [threading.Event() for _ in range(steps + 1)]
+        self.built[steps].set()
+        self.before_write = before_write or (lambda n: None)
+        self.log: list[str] = []
+        self.n = 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.n += 1
+        n = self.n
+        self.log.append(f"send {n}")
+
+        def gated():
+            if not self.built[n].wait(10):
+                raise AssertionError(f"step {n + 1} was not built while step {n} was in Redis")
+            self.before_write(n)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.log.append(f"done {n}")
+        return self.pool.submit(gated)
+
+
+class Side:
+    """A master side on a real store, recording what the loop asked of it."""
+
+    def __init__(self, store: FlowStore, writes: GatedWrites):
+        self.store, self.spec, self.writes = store, DELIVER.cluster, writes
+        self.flow: MasterFlow | None = None
+        self.builds = 0
+        self.claims: list[str] = []
+        self.refusals: list[Exception] = []
+
+    def still_master(self, epoch):
+        return not self.refusals
+
+    def processed(self, msgs):
+        return self.store.processed(msgs)
+
+    def master_flow(self):
+        if self.builds:
+            self.writes.built[self.builds].set()  # the loop builds step builds+1 now
+        self.builds += 1
+        if self.flow is None:
+            self.flow = MasterFlow.load(DELIVER.fresh(), self.store)
+        return self.flow
+
+    def refused(self, exc):
+        self.refusals.append(exc)
+        self.flow = None
+
+    def drop(self):
+        self.flow = None
+
+    def committed_chunk(self, chunk, fresh):
+        self.claims += [m.id for m in chunk]
+
+
+@pytest.fixture
+def store(redis_url, flow_name):
+    return FlowStore(redis.Redis.from_url(redis_url), FlowKeys(flow_name), "n1")
+
+
+def batch(n: int) -> list[Message]:
+    return [Message(id=f"m{i}", key=i, position=f"{i + 1}-0", body=b'{"x":1}', doc={"id": f"m{i}", "x": 1})
+            for i in range(n)]
+
+
+def test_each_step_is_built_while_the_one_before_is_in_redis(store):
+    msgs = batch(2 * DELIVER_MAX_MESSAGES + 5)  # three steps
+    side = Side(store, GatedWrites(3))
+    rest = run_master_batch(side, msgs, 1, msgs[-1].position, None, now=lambda: 0.0)
+    assert rest is None
+    assert side.writes.log == ["send 1", "done 1", "send 2", "done 2", "send 3", "done 3"]
+    assert side.claims == [m.id for m in msgs]  # escalated in uplink order, each after its COMMIT
+    assert store.processed_mark() == msgs[-1].position
+    assert store.r.xlen(store.keys.sink) == len(msgs)
+
+
+def test_a_refused_write_ends_the_batch_and_the_step_built_after_it_is_never_sent(store):
+    msgs = batch(2 * DELIVER_MAX_MESSAGES + 5)
+
+    def newer_master_first(n):
+        if n == 2:
+            store.raise_epoch(2)
+
+    side = Side(store, GatedWrites(3, before_write=newer_master_first))
+    rest = run_master_batch(side, msgs, 1, msgs[-1].position, None, now=lambda: 0.0)
+    first = msgs[:DELIVER_MAX_MESSAGES]
+    assert rest == msgs[len(first):]
+    assert [type(e) for e in side.refusals] == [Fenced]
+    assert side.writes.log == ["send 1", "done 1", "send 2", "done 2"]  # step 3 was built, never sent
+    assert side.claims == [m.id for m in first]
+    assert store.processed_mark() == first[-1].position
+    assert store.r.xlen(store.keys.sink) == len(first)
+    assert side.flow is None  # built ahead of Redis: dropped
