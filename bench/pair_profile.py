@@ -1,0 +1,108 @@
+"""Where the pair's CPU goes in a burst: every process of each node's tree, per burst.
+
+Starts the two-node cluster on the chained flow (as ``twinflow bench
+flow-vs-passthrough`` does), then sends ``--bursts`` bursts of ``--messages``
+and prints, per burst, the wall time until the master's processed mark
+passes the last message and the CPU seconds (user + system, from /proc) of
+each node's Python driver, JVM and reader workers. With ``--py-spy PATH``
+the last burst is also sampled with ``py-spy record --gil`` on both drivers
+(raw stacks in ``--out``). Figures: bench/RESULTS.md, issue 9.
+
+    .venv/bin/python bench/pair_profile.py --messages 50000 --bursts 3
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from twinflow.cluster.demo import CHAINED, Cluster, order_or_payment  # noqa: E402
+from twinflow.cluster.flow_bench import Publisher  # noqa: E402
+from twinflow.cluster.services import LocalServices  # noqa: E402
+from twinflow.runtime.message import position_order  # noqa: E402
+from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
+from twinflow.runtime.waiting import wait_for  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> dict[str, int]:
+    """CPU ticks of each process in ``pid``'s tree, named by what it is (driver, java, worker pid)."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+                kids.setdefault(int(fields[1]), []).append(int(d))
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        todo += kids.get(p, [])
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            argv0 = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0]
+        except (OSError, IndexError):
+            continue
+        name = "driver" if p == pid else "java" if argv0.endswith(b"java") else f"python {p}"
+        out[name] = out.get(name, 0) + sum(int(x) for x in fields[11:15])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=50_000)
+    ap.add_argument("--bursts", type=int, default=3)
+    ap.add_argument("--py-spy", help="path of py-spy: sample both drivers in the last burst")
+    ap.add_argument("--out", default=tempfile.gettempdir())
+    args = ap.parse_args()
+    base = tempfile.mkdtemp(prefix="twinflow-pair-profile-")
+    services = LocalServices.start(base_dir=base, deadline_s=60)
+    os.makedirs(f"{base}/cluster")
+    cluster = Cluster(f"{base}/cluster", flow="benchflow", services=services, text=CHAINED.read_text())
+    store = FlowStore(cluster.redis, FlowKeys("benchflow"), "bench")
+    try:
+        cluster.start_nodes()
+        cluster.wait_ready()
+        master = cluster.master()[0]
+        pids = {n: p.pid for n, p in cluster.nodes.items()}
+        pub = Publisher(cluster.redis, store.keys.uplink, order_or_payment)
+        for burst in range(args.bursts):
+            spies = []
+            if args.py_spy and burst == args.bursts - 1:
+                spies = [subprocess.Popen([args.py_spy, "record", "--gil", "-r", "250", "-f", "raw", "-p", str(pid),
+                                           "-o", f"{args.out}/py-spy-{n}.txt"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         for n, pid in pids.items()]
+                wait_for(lambda: all(Path(f"/proc/{s.pid}").exists() for s in spies), 10, 0.1)
+            before = {n: tree_cpu(pid) for n, pid in pids.items()}
+            t0 = time.monotonic()
+            pub.publish(args.messages)
+            published = time.monotonic() - t0
+            if not wait_for(lambda: position_order(store.processed_mark() or "0-0") >= position_order(pub.last),
+                            600, 0.005):
+                raise RuntimeError("the burst was not processed in 600 s")
+            wall = time.monotonic() - t0
+            after = {n: tree_cpu(pid) for n, pid in pids.items()}
+            for s in spies:
+                s.send_signal(2)  # py-spy writes its file on SIGINT
+                s.wait(30)
+            cpu = {n: {k: round((v - before[n].get(k, 0)) / TICKS, 2) for k, v in after[n].items()
+                       if v - before[n].get(k, 0) > 1} for n in pids}
+            print(json.dumps({"burst": burst, "master": master, "publish_s": round(published, 2),
+                              "wall_s": round(wall, 2), "msgs_per_s": round(args.messages / wall), "cpu_s": cpu}),
+                  flush=True)
+    finally:
+        cluster.stop()
+        services.stop()
+
+
+if __name__ == "__main__":
+    main()
