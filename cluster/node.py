@@ -32,6 +32,17 @@ Promises under failure (DESIGN.md's numbering):
   reads it again: a node stopping with a batch held (ZooKeeper suspended,
   Redis down) never drops it. Each worker batch records how far the node has
   handled the uplink (``handled_id``) before Spark commits it.
+- Batches run ahead (1): a master's batch runs on the node's batch thread
+  while Spark commits it and plans and reads the next (a micro-batch's own
+  cycle, 100-200 ms, no longer waits for the flow). Before ``on_batch``
+  returns, the node records ``handled_id`` past the batch in Redis, so Spark's
+  commit is never ahead of it: if the process dies with the batch half done,
+  whichever node is promoted next delivers every entry after the processed
+  mark up to its own ``handled_id`` (this node's, should it be the one),
+  re-read from the uplink, and the other node reads the batch itself. The
+  next batch waits for the one ahead (one at a time, in order, holding the
+  node's batch lock as before); if it failed, the next batch raises, so
+  Spark commits nothing more, and the node stops with exit code 1.
 - One writer (3): a stale master's delivery is refused (Fenced); it steps
   down and bakes instead. The node lock guards memory only and is never held
   across a Redis call, so handover and status answer while Redis hangs.
@@ -59,6 +70,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -157,6 +169,9 @@ def run_until_stopped(node, is_master) -> int:
             log.error("the uplink stream stopped: %s", node.query.exception())
             node.stop()
             return 1
+        if node.batch_error is not None:  # a batch that ran ahead failed (FlowNode.on_batch)
+            node.stop()
+            return 1
         node._stop.wait(0.1)
     node.stop()
     return 0
@@ -192,6 +207,9 @@ class FlowNode:
         spec = cluster_flow(graph)
         self.parts = parts or RealParts()
         self.writes = self.parts.writes()  # where the master's COMMITs go from (master_steps)
+        self.ahead = self.parts.batches_ahead()  # where a master's batch runs ahead of Spark (or None)
+        self._ahead: Future | None = None     # the batch running ahead, if any
+        self.batch_error: BaseException | None = None  # why a batch that ran ahead failed
         self.graph = graph
         self.spec = spec
         self.name = graph.name
@@ -374,6 +392,10 @@ class FlowNode:
                 self.parts.stop_stream(self.query)
             except Exception:  # a batch refused on purpose (NodeStopping) fails the query
                 log.info("uplink stream stopped with its last batch uncommitted (read again on restart)")
+        try:
+            self._settle_ahead(timeout_s=max(5.0, 2 * self.lease_s))
+        except Exception:  # logged by the batch thread; handled_id covers the batch
+            pass
         if self.leadership is not None:
             self.leadership.stop()
         if self.sender is not None:
@@ -387,10 +409,55 @@ class FlowNode:
 
     # -- batches from the uplink ------------------------------------------
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
-        """Process one batch whole, or raise so that Spark does not commit it."""
+        """Process one batch whole, or raise so that Spark does not commit it; a master's batch
+        may run ahead instead (module doc, "Batches run ahead")."""
         msgs, bad = self._decode(rows)
-        with self._work:
-            self._take_batch(batch_id, msgs, bad, last_position(rows))
+        self._settle_ahead()
+        handed = False
+        self._work.acquire()
+        try:
+            last = last_position(rows)
+            if self._may_run_ahead(last):
+                self._ahead = self.ahead.submit(self._run_ahead, batch_id, msgs, bad, last)
+                handed = True  # the batch thread releases _work
+                return
+            self._take_batch(batch_id, msgs, bad, last)
+        finally:
+            if not handed:
+                self._work.release()
+
+    def _may_run_ahead(self, last: str | None) -> bool:
+        """Whether this batch may run after on_batch returned (caller holds _work): as master,
+        once handled_id in Redis covers it; else it runs here, as before."""
+        if self.ahead is None or last is None or self._stop.is_set():
+            return False
+        with self._lock:
+            if self.role != MASTER:
+                return False
+        try:
+            self.store.record_handled(last, deadline_s=self.lease_s)
+        except RedisUnavailable:
+            return False
+        return True
+
+    def _run_ahead(self, batch_id: int, msgs: list[Message], bad: list[tuple], last: str) -> None:
+        """The batch thread: the batch as on_batch would have run it, then _work released."""
+        try:
+            self._take_batch(batch_id, msgs, bad, last)
+        except NodeStopping as exc:  # handled_id covers it: a promoted node delivers it
+            log.info("%s: %s", self.cfg.node_id, exc)
+        except BaseException as exc:
+            self.batch_error = exc
+            log.exception("%s: batch %d failed after Spark committed it; stopping", self.cfg.node_id, batch_id)
+            raise
+        finally:
+            self._work.release()
+
+    def _settle_ahead(self, timeout_s: float | None = None) -> None:
+        """Wait for the batch running ahead; raise what it raised."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.result(timeout_s)
 
     def _take_batch(self, batch_id: int, msgs: list[Message], bad: list[tuple], last: str | None) -> None:
         """Record the bad entries, then bake or run the batch (caller holds _work)."""

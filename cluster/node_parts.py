@@ -3,7 +3,8 @@
 :class:`~twinflow.cluster.node.FlowNode` takes a :class:`NodeParts` and asks
 it, in this order, for its Redis store, its ZooKeeper client, its gRPC
 server, its escalation sender, its leadership, its timers and, last, its
-uplink stream; and where its master's COMMITs are sent from (``writes``).
+uplink stream; and where its master's COMMITs are sent from (``writes``) and
+where its master's batches run ahead of Spark (``batches_ahead``, or None).
 :class:`RealParts` (the default) connects to the servers named in the
 node's config and runs Spark; a test or a failover simulator passes its own
 parts (an in-memory stream that calls ``node.on_batch``, a store on a
@@ -17,7 +18,7 @@ node's ``connect_deadline_s`` and then raises ServiceUnavailable naming it.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..runtime.cluster_spec import ClusterSpec
@@ -54,6 +55,7 @@ class NodeParts(Protocol):
     def pace(self, stream: UplinkStream, interval_ms: int) -> None: ...
     def stop_stream(self, stream: UplinkStream) -> None: ...
     def writes(self) -> Executor: ...
+    def batches_ahead(self) -> Executor | None: ...
     def close(self) -> None: ...
 
 
@@ -143,6 +145,9 @@ class RealParts:
 
     def writes(self) -> Executor:
         return write_pool()
+
+    def batches_ahead(self) -> Executor | None:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinflow-batch")
 
     def close(self) -> None:
         if self.spark is not None:

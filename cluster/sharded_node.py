@@ -110,6 +110,9 @@ class _ShardParts(RealParts):
     def stop_stream(self, stream: Any) -> None:
         return None
 
+    def batches_ahead(self) -> None:
+        return None  # the shared query's batches come through ShardedNode, never on_batch
+
     def close(self) -> None:
         return None
 
@@ -136,6 +139,7 @@ class ShardedNode:
         self._term_requested = threading.Event()
         self._stopped = False
         self.batches = 0
+        self.batch_error = None  # run_until_stopped's check: shards' batches never run ahead here
 
     # -- life cycle -------------------------------------------------------
     def start(self) -> None:

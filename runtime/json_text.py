@@ -15,7 +15,8 @@ would write something else or refuse:
 The text can differ in bytes from the standard library's (orjson writes
 non-ASCII characters as UTF-8, not ``\\uXXXX``), never in meaning. So it is
 for values only: a name that is looked up by its text (a state entry's
-field in Redis) keeps ``json.dumps``.
+field in Redis) is written by ``key_text``, which is ``json.dumps`` to the
+byte, only faster for the usual keys (strings and integers).
 
 >>> compact({"a": [1, 2.5, "x"], "b": None}) == json.dumps({"a": [1, 2.5, "x"], "b": None}, separators=(",", ":"))
 True
@@ -23,11 +24,14 @@ True
 True
 >>> compact({"big": 2 ** 70})
 '{"big":1180591620717411303424}'
+>>> [key_text(k) == json.dumps(k) for k in ("café", 7, -2 ** 80, True, None, 1.5, ("a", 1))]
+[True, True, True, True, True, True, True]
 """
 
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import orjson
@@ -42,3 +46,13 @@ def compact(obj: Any) -> str:
     if b"null" in out:  # None, or a NaN/infinity orjson turned into null: let the standard library say
         return json.dumps(obj, separators=(",", ":"))
     return out.decode()
+
+
+def key_text(key: Any) -> str:
+    """``json.dumps(key)``, byte for byte (the name of a state entry is looked up by it)."""
+    kind = type(key)
+    if kind is str:
+        return encode_basestring_ascii(key)  # what json.dumps does with a str
+    if kind is int:
+        return int.__repr__(key)
+    return json.dumps(key)

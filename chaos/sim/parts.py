@@ -125,5 +125,8 @@ class SimParts:
     def writes(self) -> Executor:
         return INLINE  # in the caller's thread: the schedule, not a thread, decides what runs when
 
+    def batches_ahead(self) -> None:
+        return None  # each batch runs in on_batch, as the schedule steps it
+
     def close(self) -> None:
         pass

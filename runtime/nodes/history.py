@@ -51,6 +51,7 @@ from functools import partial
 from typing import Callable, NamedTuple, Protocol
 
 from ..fields import BadInput, FieldPath, MissingField
+from ..json_text import key_text
 from ..params import Params
 from .base import Emit, Msg, Node
 
@@ -172,7 +173,7 @@ class MemoryHistoryStore:
         """The entries put or cleared since the last call, as state entries (see base)."""
         changed, self._changed = self._changed, set()
         entries = self._entries
-        return {json.dumps(key): list(entries[key]) if key in entries else None for key in changed}
+        return {key_text(key): list(entries[key]) if key in entries else None for key in changed}
 
     def load(self, entries) -> None:
         for key, (time, processing, completed) in sorted(entries.items(), key=lambda kv: kv[1][0]):

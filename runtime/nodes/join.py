@@ -55,11 +55,11 @@ O(log n) per message and per expiry, whatever the number pending.
 
 from __future__ import annotations
 
-import json
 from abc import abstractmethod
 from typing import Any, Iterable
 
 from ..fields import BadInput, FieldPath
+from ..json_text import key_text
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
 from .deadlines import GroupTimers, Timed, load_order, restore_timer, timed_entry
@@ -175,7 +175,7 @@ class _Timed(_Listed):
     def changed_state(self) -> dict[str, Any]:
         changed, self._changed = self._changed, set()
         # The key keeps the activation's type: 7 and "7" are two activations.
-        return {json.dumps(act): self._entry(self._open[act]) if act in self._open else None for act in changed}
+        return {key_text(act): self._entry(self._open[act]) if act in self._open else None for act in changed}
 
     def load_state(self, entries) -> None:
         for act, value in load_order(entries):

@@ -40,11 +40,11 @@ keeps a small record until its end arrives or ``idle_timeout`` closes it.
 from __future__ import annotations
 
 import heapq
-import json
 from bisect import bisect_right
 from typing import Hashable
 
 from ..fields import BadInput, FieldPath, MissingField
+from ..json_text import key_text
 from ..params import Params
 from .base import Emit, Msg, Node, msg_from_json, msg_json
 from .deadlines import GroupTimers, Timed, load_order, restore_timer, timed_entry
@@ -104,7 +104,7 @@ class Resequence(Node):
     # -- state per group instance (see base) ----------------------------------
     def changed_state(self) -> dict:
         changed, self._changed = self._changed, set()
-        return {json.dumps(key): self._entry(self._open[key]) if key in self._open else None for key in changed}
+        return {key_text(key): self._entry(self._open[key]) if key in self._open else None for key in changed}
 
     @staticmethod
     def _entry(inst: _Instance) -> dict:

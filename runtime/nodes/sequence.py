@@ -35,11 +35,11 @@ end-of-sequence definition, the predicate and the per-group timers.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping
 
 from ..fields import BadInput, FieldPath, MissingField
+from ..json_text import key_text
 from ..params import Params
 from .base import Emit, Msg, Node
 from .deadlines import GroupTimers, Timed, load_order, restore_timer, timed_entry
@@ -210,7 +210,7 @@ class Sequence(Node):
     # -- state per group (see base) -------------------------------------------
     def changed_state(self) -> dict:
         changed, self._changed = self._changed, set()
-        return {json.dumps(key): timed_entry(self._open[key], {"n": self._open[key].next})
+        return {key_text(key): timed_entry(self._open[key], {"n": self._open[key].next})
                 if key in self._open else None for key in changed}
 
     def load_state(self, entries) -> None:

@@ -403,6 +403,11 @@ class FlowStore:
         return [v is not None or (after is not None and position_order(m.position) <= after)
                 for m, v in zip(messages, out[1])]
 
+    def record_handled(self, position: str, deadline_s: float | None = None) -> None:
+        """Record that this node has handled the uplink up to ``position`` (see :meth:`processed`)."""
+        self._call("record handled", lambda: self.r.hset(self.keys.read(self.node_id), "handled_id", position),
+                   deadline_s)
+
     def handled_position(self, node_id: str | None = None) -> str | None:
         """How far ``node_id`` (default: this node) has handled the uplink in any role, or None."""
         return self._read_field(node_id, "handled_id")

@@ -3,11 +3,16 @@
 The store is real (the session's redis-server); the stream, the leadership,
 the escalation sender and the gRPC server are small stand-ins the test
 drives by hand, as a failover simulator would. Two nodes hand a half-complete
-AND join from one master to the next through Redis.
+AND join from one master to the next through Redis; a master's batch runs
+ahead of Spark, and a node that dies with it half done delivers it when
+promoted again.
 """
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import redis
 
 from twinflow.cluster.node import FlowNode, NodeConfig
@@ -109,11 +114,21 @@ class SimulatedParts(RealParts):
     def stop_stream(self, stream):
         pass
 
+    def batches_ahead(self):
+        return None  # each batch runs in on_batch, so a test sees its effect when it returns
 
-def node(graph, node_id, redis_url, clock, tmp_path):
+
+class AheadParts(SimulatedParts):
+    """As SimulatedParts, with a master's batches running ahead as in a real node."""
+
+    def batches_ahead(self):
+        return ThreadPoolExecutor(max_workers=1)
+
+
+def node(graph, node_id, redis_url, clock, tmp_path, parts=SimulatedParts):
     cfg = NodeConfig(node_id=node_id, redis_url=redis_url, zk_hosts="unused", state_dir=str(tmp_path / node_id),
                      start_from="processed")
-    n = FlowNode(graph, cfg, clock=clock, parts=SimulatedParts(redis_url))
+    n = FlowNode(graph, cfg, clock=clock, parts=parts(redis_url))
     n.start()
     n.streaming = True
     return n
@@ -169,3 +184,77 @@ def test_a_repeated_id_in_a_later_chunk_of_the_same_batch_runs_once(redis_url, f
         assert len(ids) == 1000 and ids.count(b"same") == 1
     finally:
         n.stop()
+
+
+def returns_within(call, timeout_s=10.0) -> bool:
+    done = threading.Event()
+
+    def run():
+        call()
+        done.set()
+    threading.Thread(target=run, daemon=True).start()
+    return done.wait(timeout_s)
+
+
+def test_a_node_that_dies_with_a_batch_running_ahead_delivers_it_when_promoted(redis_url, flow_name, tmp_path):
+    graph = parse_graph(FLOW.format(name=flow_name))
+    clock = FakeClock(1000.0)
+    a = node(graph, "a", redis_url, clock, tmp_path, parts=AheadParts)
+    again = None
+    gate = threading.Event()
+    try:
+        r = a.store.r
+        for k in range(3):
+            for kind in ("order", "payment"):
+                r.xadd(a.keys.uplink, {"data": json.dumps({"id": f"{kind[0]}{k}", "type": kind, "order_id": k})})
+        rows = [(eid.decode(), f[b"data"], None) for eid, f in r.xrange(a.keys.uplink)]
+        a.parts.leader.is_master = True
+        a.on_promoted(1)
+        commit = a.store.commit
+
+        def stuck_commit(*args, **kwargs):  # the process "dies" with its COMMIT not yet sent
+            gate.wait(30)
+            return commit(*args, **kwargs)
+        a.store.commit = stuck_commit
+        # on_batch returns with the batch still running: Spark would now commit it ...
+        assert returns_within(lambda: a.on_batch(0, rows))
+        # ... which is safe because this node's handled_id already covers it.
+        assert a.store.handled_position() == rows[-1][0] and a.store.processed_mark() is None
+
+        # The same node comes back (a new process, same state) and is promoted at a newer epoch.
+        again = node(graph, "a", redis_url, clock, tmp_path, parts=AheadParts)
+        again.parts.leader.is_master = True
+        again.on_promoted(2)
+        assert sorted(f[b"id"] for _, f in r.xrange(a.keys.sink)) == [b"o0+p0", b"o1+p1", b"o2+p2"]
+        assert again.status()["rolled_back"] == 6
+
+        # The stuck COMMIT of the dead incarnation is fenced: nothing is written twice.
+        gate.set()
+        a._settle_ahead(timeout_s=30)
+        assert a.parts.leader.steps_down == ["fenced"] and r.xlen(a.keys.sink) == 3
+    finally:
+        gate.set()
+        a.stop()
+        if again is not None:
+            again.stop()
+
+
+def test_a_batch_that_fails_running_ahead_fails_the_next_and_stops_the_node(redis_url, flow_name, tmp_path):
+    graph = parse_graph(FLOW.format(name=flow_name))
+    a = node(graph, "a", redis_url, FakeClock(1000.0), tmp_path, parts=AheadParts)
+    try:
+        r = a.store.r
+        r.xadd(a.keys.uplink, {"data": json.dumps({"id": "o1", "type": "order", "order_id": 1})})
+        rows = [(eid.decode(), f[b"data"], None) for eid, f in r.xrange(a.keys.uplink)]
+        a.parts.leader.is_master = True
+        a.on_promoted(1)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("a bug in the step")
+        a.store.commit = broken
+        a.on_batch(0, rows)
+        with pytest.raises(RuntimeError, match="a bug in the step"):
+            a.on_batch(1, rows)  # Spark fails this batch: it commits nothing more
+        assert isinstance(a.batch_error, RuntimeError)  # run_until_stopped stops the node on it
+    finally:
+        a.stop()
