@@ -4,14 +4,14 @@ The node is the real :class:`twinflow.cluster.node.FlowNode`, started with
 its real ``start()``; only what it talks to is simulated: its store is the
 real :class:`FlowStore` on a :class:`SimRedis` (the real Lua scripts), its
 leadership is :class:`SimLeadership` on the :class:`ZkModel`, its sender a
-:class:`SimSender`, and its uplink reader a :class:`SimStream` that the
-simulator steps. No thread is started: the simulator calls the node's
-``timer_round`` itself.
+:class:`SimSender`, its uplink reader a :class:`SimStream` and its batch
+thread an :class:`AheadBatch`, both stepped by the simulator. No thread is
+started: the simulator calls the node's ``timer_round`` itself.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...cluster.master_steps import INLINE
@@ -78,6 +78,50 @@ class SimStream:
         return f"batch of {len(rows)} up to {rows[-1][0]}"
 
 
+class _Pending(Future):
+    """A batch that ran ahead: it runs when the schedule gives it a turn, or when someone
+    waits for it (the node's next batch), whichever comes first."""
+
+    def __init__(self, call: Callable[[], Any]):
+        super().__init__()
+        self._call: Callable[[], Any] | None = call
+
+    def run(self) -> None:
+        call, self._call = self._call, None
+        if call is None:
+            return
+        try:
+            self.set_result(call())
+        except BaseException as exc:  # handed to whoever waits for it, as a thread's would be
+            self.set_exception(exc)
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.run()
+        return super().result(timeout)
+
+
+class AheadBatch(Executor):
+    """A node's batch thread, stepped by the schedule (``cluster.node``, "Batches run
+    ahead"): the batch runs at its own step, so the process can be killed after Spark
+    committed it and before it ran, the window a real master has."""
+
+    def __init__(self) -> None:
+        self.pending: _Pending | None = None
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        self.pending = _Pending(lambda: fn(*args, **kwargs))
+        return self.pending
+
+    def run(self) -> str:
+        """Run the batch waiting for its turn, if any; says what happened (for the trace)."""
+        pending, self.pending = self.pending, None
+        if pending is None or pending.done():
+            return "nothing ahead"
+        pending.run()
+        exc = pending.exception()
+        return "ran" if exc is None else f"failed ({type(exc).__name__}: {exc})"
+
+
 class SimParts:
     """``connected`` says whether this incarnation is heard from by ZooKeeper."""
 
@@ -125,8 +169,9 @@ class SimParts:
     def writes(self) -> Executor:
         return INLINE  # in the caller's thread: the schedule, not a thread, decides what runs when
 
-    def batches_ahead(self) -> None:
-        return None  # each batch runs in on_batch, as the schedule steps it
+    def batches_ahead(self) -> "AheadBatch":
+        self.sim.ahead = AheadBatch()  # this incarnation's batch thread; a kill drops it unrun
+        return self.sim.ahead
 
     def close(self) -> None:
         pass

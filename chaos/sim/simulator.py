@@ -62,6 +62,7 @@ class RunResult:
     trace: list[str] = field(default_factory=list)
     faults: int = 0
     promotions: int = 0
+    killed_ahead: int = 0           # kills of a node whose batch ran ahead of its checkpoint, unfinished
 
     @property
     def passed(self) -> bool:
@@ -70,7 +71,7 @@ class RunResult:
     def summary(self) -> dict:
         return {"seed": self.seed, "steps": self.steps, "sent": self.sent, "left": self.left, "lost": self.lost,
                 "duplicated": self.duplicated, "faults": self.faults, "promotions": self.promotions,
-                "passed": self.passed, "problems": self.problems[:5]}
+                "killed_ahead": self.killed_ahead, "passed": self.passed, "problems": self.problems[:5]}
 
 
 class Checker:
@@ -123,6 +124,7 @@ class Schedule:
         self.sent: list[str] = []
         self.faults = 0
         self.promotions = 0
+        self.killed_ahead = 0
         self.timeout = world.graph.cluster.session_timeout
 
     # -- what can happen now ----------------------------------------------
@@ -134,6 +136,8 @@ class Schedule:
             n = sim.node_id
             if sim.running() and sim.stream is not None and not sim.stream.held:
                 out.append((4, f"read {n}", lambda sim=sim: sim.stream.step()))
+            if sim.running() and sim.ahead is not None and sim.ahead.pending is not None:
+                out.append((4, f"batch {n}", lambda sim=sim: sim.ahead.run()))
             if sim.running() and sim.node is not None:
                 out.append((2, f"timers {n}", lambda sim=sim: self.timers(sim)))
                 if sim.node.leadership is not None and sim.node.leadership.pending():
@@ -181,6 +185,9 @@ class Schedule:
         return f"next round in {wait:.3f} s" if wait is not None else "stopped"
 
     def react(self, sim: SimNode) -> str:
+        # A promotion waits for the node's batch lock, which a batch running ahead holds
+        # until it ends: that batch runs first (a real one finishes on its own thread).
+        sim.ahead.run()
         before = self.world.zk.epoch
         sim.node.leadership.react()
         if self.world.zk.epoch != before:
@@ -221,8 +228,11 @@ class Schedule:
                                            "escalation"])
         self.faults += 1
         if kind == "kill":
+            ahead = sim.ahead is not None and sim.ahead.pending is not None
+            self.killed_ahead += ahead
             w.kill(sim)
-            return f"killed {n} ({'master' if w.zk.leader() == n else 'worker'})"
+            return (f"killed {n} ({'master' if w.zk.leader() == n else 'worker'})"
+                    + (" with a batch running ahead of its checkpoint" if ahead else ""))
         duration = rng.uniform(0.2, 3 * self.timeout)
         if kind == "pause":
             sim.paused_until = w.clock.now() + duration
@@ -291,6 +301,7 @@ def run_once(seed: int, steps: int = 200, messages: int = 40, flow_text: str | N
         if unexpected:
             result.problems.append(f"messages that were never sent left the flow: {', '.join(unexpected[:10])}")
         result.faults, result.promotions = schedule.faults, schedule.promotions
+        result.killed_ahead = schedule.killed_ahead
         return result
     finally:
         quiet.setLevel(level)
@@ -323,7 +334,7 @@ def _chunk(seeds: range, steps: int, messages: int, flow_text: str | None) -> tu
     for seed in seeds:
         r = run_once(seed, steps, messages, flow_text)
         totals.update(runs=1, sent=r.sent, faults=r.faults, promotions=r.promotions, lost=r.lost,
-                      duplicated=r.duplicated)
+                      duplicated=r.duplicated, killed_ahead=r.killed_ahead)
         if not r.passed:
             failures.append(r)
     return totals, failures
@@ -357,4 +368,4 @@ def simulate(seed: int = 1, runs: int = 1000, steps: int = 200, messages: int = 
     failures.sort(key=lambda r: r.seed)
     return {"runs": totals["runs"], "seconds": round(time.monotonic() - began, 1), "failed": len(failures),
             "sent": totals["sent"], "faults": totals["faults"], "promotions": totals["promotions"],
-            "lost": totals["lost"], "duplicated": totals["duplicated"], "failures": failures}
+            "killed_ahead": totals["killed_ahead"], "lost": totals["lost"], "duplicated": totals["duplicated"], "failures": failures}

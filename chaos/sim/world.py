@@ -19,7 +19,7 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import fakeredis
 
@@ -61,6 +61,7 @@ class SimNode:
     alive: bool = False
     paused_until: float = float("-inf")
     zk_cut: bool = False
+    ahead: Any = None                           # the incarnation's batch thread (parts.AheadBatch)
 
     def running(self) -> bool:
         """Alive and not paused: the process can act."""
@@ -170,5 +171,5 @@ class World:
 
     def kill(self, sim: SimNode) -> None:
         sim.alive = False
-        sim.node, sim.stream = None, None
+        sim.node, sim.stream, sim.ahead = None, None, None  # a batch running ahead dies with it
         self.net.drop_to(sim.node_id)
