@@ -21,8 +21,9 @@ Overlap: while one step's COMMIT is in Redis (sent from a writer thread, see
 write is in flight, and the next is sent only after it succeeded, so steps
 commit in order and a refused one is the last: the step built meanwhile is
 dropped with the flow (it was never sent). Escalations and counts follow a
-step's COMMIT, never its build. A simulator passes :data:`INLINE` (writes
-run in the caller's thread, so virtual time stays deterministic).
+step's COMMIT, never its build. The failover simulator passes an executor
+that runs each write in the caller's thread (``chaos/sim/parts.py``), so
+virtual time stays deterministic.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class MasterSide(Protocol):
 
     store: FlowStore
     spec: ClusterSpec
-    writes: Executor  # where COMMITs are sent from: write_pool(), or INLINE
+    writes: Executor  # where COMMITs are sent from: write_pool(), or a simulator's inline one
 
     def still_master(self, epoch: int) -> bool: ...
     def processed(self, msgs: list[Message]) -> list[bool]: ...      # may raise RedisUnavailable
@@ -56,19 +57,6 @@ class MasterSide(Protocol):
     def committed_chunk(self, chunk: list[Message], fresh: list[Message]) -> None: ...
 
 
-class _Inline(Executor):
-    """Runs each write in the caller's thread (a simulator's: virtual time stays deterministic)."""
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        done: Future = Future()
-        try:
-            done.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # handed to whoever reads the future, as a thread's would be
-            done.set_exception(exc)
-        return done
-
-
-INLINE = _Inline()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 

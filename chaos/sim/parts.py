@@ -14,7 +14,6 @@ from __future__ import annotations
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...cluster.master_steps import INLINE
 from ...runtime.spark.source import WARMUP_POSITION
 from ...runtime.store.flow_store import FlowStore, RedisUnavailable
 from .escalation_model import SimSender
@@ -79,8 +78,8 @@ class SimStream:
 
 
 class _Pending(Future):
-    """A batch that ran ahead: it runs when the schedule gives it a turn, or when someone
-    waits for it (the node's next batch), whichever comes first."""
+    """A call whose thread is the schedule's: it runs when given a turn (:meth:`run`) or
+    when someone waits for it, whichever comes first."""
 
     def __init__(self, call: Callable[[], Any]):
         super().__init__()
@@ -98,6 +97,16 @@ class _Pending(Future):
     def result(self, timeout: float | None = None) -> Any:
         self.run()
         return super().result(timeout)
+
+
+class _Inline(Executor):
+    """The master's writer threads (``cluster.master_steps``): each write runs at once, in the
+    caller's thread, so virtual time stays deterministic."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        done = _Pending(lambda: fn(*args, **kwargs))
+        done.run()
+        return done
 
 
 class AheadBatch(Executor):
@@ -167,7 +176,7 @@ class SimParts:
         stream.isActive = False
 
     def writes(self) -> Executor:
-        return INLINE  # in the caller's thread: the schedule, not a thread, decides what runs when
+        return _Inline()  # the schedule, not a thread, decides what runs when
 
     def batches_ahead(self) -> "AheadBatch":
         self.sim.ahead = AheadBatch()  # this incarnation's batch thread; a kill drops it unrun
