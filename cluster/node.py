@@ -411,16 +411,16 @@ class FlowNode:
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
         """Process one batch whole, or raise so that Spark does not commit it; a master's batch
         may run ahead instead (module doc, "Batches run ahead")."""
-        msgs, bad = self._decode(rows)
         self._settle_ahead()
         handed = False
         self._work.acquire()
         try:
             last = last_position(rows)
             if self._may_run_ahead(last):
-                self._ahead = self.ahead.submit(self._run_ahead, batch_id, msgs, bad, last)
+                self._ahead = self.ahead.submit(self._run_ahead, batch_id, rows, last)
                 handed = True  # the batch thread releases _work
                 return
+            msgs, bad = self._decode(rows)
             self._take_batch(batch_id, msgs, bad, last)
         finally:
             if not handed:
@@ -440,9 +440,11 @@ class FlowNode:
             return False
         return True
 
-    def _run_ahead(self, batch_id: int, msgs: list[Message], bad: list[tuple], last: str) -> None:
-        """The batch thread: the batch as on_batch would have run it, then _work released."""
+    def _run_ahead(self, batch_id: int, rows: list[tuple], last: str) -> None:
+        """The batch thread: the batch as on_batch would have run it (decoding too: Spark's
+        thread goes back to Spark sooner), then _work released."""
         try:
+            msgs, bad = self._decode(rows)
             self._take_batch(batch_id, msgs, bad, last)
         except NodeStopping as exc:  # handled_id covers it: a promoted node delivers it
             log.info("%s: %s", self.cfg.node_id, exc)
