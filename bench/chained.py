@@ -21,7 +21,6 @@ with the claim pair), on a fresh two-node cluster:
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import save  # noqa: E402
+from common import TICKS, cpu_ticks, save  # noqa: E402
 
 from twinflow.chaos.invariants import check_outputs  # noqa: E402
 from twinflow.cluster.demo import Cluster  # noqa: E402
@@ -39,7 +38,6 @@ from twinflow.runtime.message import position_order  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def pair_doc(seq: int) -> dict:
@@ -52,31 +50,6 @@ def chained_doc(seq: int, lone_every: int = 20) -> dict:
         return {"id": f"x{k}", "type": "order", "order_id": -k - 1, "seq": seq}
     kind = "payment" if second else "order"
     return {"id": f"{kind[0]}{k}", "type": kind, "order_id": k, "seq": seq}
-
-
-def cpu_ticks(pid: int, reaped: bool = False) -> int:
-    """utime + stime of a process and its descendants; with ``reaped``, also the CPU of
-    the children each has waited for (short-lived workers that are gone)."""
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-                kids.setdefault(int(fields[1]), []).append(int(d))
-            except (OSError, IndexError, ValueError):
-                continue
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += kids.get(p, [])
-        try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(x) for x in f[11:15 if reaped else 13])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
 
 
 class Run:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from common import TICKS, process_ticks, process_tree  # noqa: E402
 from twinflow.cluster.demo import CHAINED, Cluster, order_or_payment  # noqa: E402
 from twinflow.cluster.flow_bench import Publisher  # noqa: E402
 from twinflow.cluster.services import LocalServices  # noqa: E402
@@ -29,30 +30,16 @@ from twinflow.runtime.message import position_order  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
 def tree_cpu(pid: int) -> dict[str, int]:
     """CPU ticks of each process in ``pid``'s tree, named by what it is (driver, java, worker pid)."""
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-                kids.setdefault(int(fields[1]), []).append(int(d))
-            except (OSError, IndexError, ValueError):
-                continue
-    out, todo = {}, [pid]
-    while todo:
-        p = todo.pop()
-        todo += kids.get(p, [])
+    out: dict[str, int] = {}
+    for p in process_tree(pid):
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             argv0 = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0]
-        except (OSError, IndexError):
+        except OSError:
             continue
         name = "driver" if p == pid else "java" if argv0.endswith(b"java") else f"python {p}"
-        out[name] = out.get(name, 0) + sum(int(x) for x in fields[11:15])
+        out[name] = out.get(name, 0) + process_ticks(p, reaped=True)
     return out
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from chained import TICKS, cpu_ticks  # noqa: E402
+from common import TICKS, cpu_ticks  # noqa: E402
 from common import save  # noqa: E402
 
 import redis  # noqa: E402

@@ -515,13 +515,9 @@ class FlowNode:
         if r.claims and self.spec.pair is not None:
             self.sender.send(r.claims)
         if r.fenced_by:
-            with self._lock:
-                self.known_epoch = max(self.known_epoch, r.fenced_by)
-            log.error("%s: epoch %d is stale (newest %d); stepping down", self.cfg.node_id, r.epoch, r.fenced_by)
-            self._step_down("fenced")
+            self.refused(Fenced(r.epoch, r.fenced_by))
         elif r.unreachable:
-            log.error("%s: %s; stepping down", self.cfg.node_id, r.unreachable)
-            self._step_down("Redis unreachable")
+            self._lost_redis(r.unreachable)
         if r.msgs:  # not committed: a worker's now
             self._bake(r.msgs, r.last)
         else:
@@ -605,15 +601,18 @@ class FlowNode:
         return self.store.processed(msgs, deadline_s=self.lease_s)
 
     def refused(self, exc: Fenced | RedisUnavailable) -> None:
-        self.flow = None
-        if isinstance(exc, Fenced):
-            log.error("%s: %s; stepping down", self.cfg.node_id, exc)
-            with self._lock:
-                self.known_epoch = max(self.known_epoch, exc.newest)
-            self._step_down("fenced")
-        else:
-            log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, exc, self.lease_s)
-            self._step_down("Redis unreachable")
+        """A write of this master (here or on an executor) was refused or never got through."""
+        if not isinstance(exc, Fenced):
+            self._lost_redis(str(exc))
+            return
+        log.error("%s: %s; stepping down", self.cfg.node_id, exc)
+        with self._lock:
+            self.known_epoch = max(self.known_epoch, exc.newest)
+        self._step_down("fenced")
+
+    def _lost_redis(self, why: str) -> None:
+        log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, why, self.lease_s)
+        self._step_down("Redis unreachable")
 
     def drop(self) -> None:
         self.flow = None
