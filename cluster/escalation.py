@@ -55,6 +55,7 @@ from typing import Callable
 
 import grpc
 
+from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
@@ -94,19 +95,25 @@ class StaleEpoch(Exception):
 class EscalationServicer(pb_grpc.EscalationServicer):
     """Receives escalation batches for one flow and acknowledges each one.
 
-    ``on_claims(epoch, claims)`` returns how many baked messages the claims
-    released. A refused batch (wrong flow, :class:`StaleEpoch`, any other
-    error in ``on_claims``) is acknowledged with ``accepted=False`` and the
-    reason; the stream stays open for the batches that follow.
+    ``admit(from_node, epoch)``, when given, says why a batch is refused
+    (not from the master ZooKeeper names, not at its epoch) or None to take
+    it. ``on_claims(epoch, claims)`` returns how many baked messages the
+    claims released. A refused batch (wrong flow, not admitted,
+    :class:`StaleEpoch`, any other error in ``on_claims``) is acknowledged
+    with ``accepted=False`` and the reason, and counted in ``refused``; the
+    stream stays open for the batches that follow.
     """
 
-    def __init__(self, flow: str, on_claims: Callable[[int, list[Claim]], int]):
+    def __init__(self, flow: str, on_claims: Callable[[int, list[Claim]], int],
+                 admit: Callable[[str, int], str | None] | None = None):
         self.flow = flow
-        self._handlers = {flow: on_claims}
+        self._handlers = {flow: (on_claims, admit)}
+        self.refused = 0
 
     @classmethod
-    def for_flows(cls, handlers: dict[str, Callable[[int, list[Claim]], int]]) -> "EscalationServicer":
-        """One servicer for several flows (a sharded node's shards), each batch to its flow's handler."""
+    def for_flows(cls, handlers: dict[str, tuple[Callable[[int, list[Claim]], int],
+                                                 Callable[[str, int], str | None] | None]]) -> "EscalationServicer":
+        """One servicer for several flows (a sharded node's shards): flow -> (on_claims, admit)."""
         servicer = cls(", ".join(handlers), lambda epoch, claims: 0)
         servicer._handlers = dict(handlers)
         return servicer
@@ -115,15 +122,22 @@ class EscalationServicer(pb_grpc.EscalationServicer):
         # Headers now, before any batch, tell the sender the stream is open.
         context.send_initial_metadata(())
         for batch in request_iterator:
-            yield self._ack(batch)
+            ack = self._ack(batch)
+            if not ack.accepted:
+                self.refused += 1
+            yield ack
 
     def _ack(self, batch: pb.EscalationBatch) -> pb.EscalationAck:
-        on_claims = self._handlers.get(batch.flow)
+        on_claims, admit = self._handlers.get(batch.flow, (None, None))
         if on_claims is None:
             reason = f"wrong flow {batch.flow!r}, expected {self.flow!r}"
             return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
         claims = [(e.id, e.key, e.position) for e in batch.claims]
         try:
+            why = admit(batch.from_node, batch.epoch) if admit is not None else None
+            if why is not None:
+                log.warning("refused an escalation batch of %s from %s: %s", batch.flow, batch.from_node, why)
+                return pb.EscalationAck(seq=batch.seq, accepted=False, reason=why)
             claimed = on_claims(batch.epoch, claims)
         except StaleEpoch as exc:
             return pb.EscalationAck(seq=batch.seq, accepted=False, reason=f"stale epoch {batch.epoch}: {exc}")
@@ -198,8 +212,10 @@ class EscalationSender:
         linger_s: float = 0.005,
         max_buffer: int = 200_000,
         reconnect_backoff_s: float = 0.2,
+        security: GrpcSecurity = NO_SECURITY,
     ):
         self.flow, self.node_id = flow, node_id
+        self.security = security  # TLS and the escalation token the targets check
         self._epoch, self._targets_fn = epoch, targets
         self.batch_max, self.linger_s, self.max_buffer = batch_max, linger_s, max_buffer
         self.reconnect_backoff_s = reconnect_backoff_s
@@ -348,7 +364,7 @@ class EscalationSender:
                 # Everything unacked goes again on this stream, first and in order.
                 for b in t.unacked:
                     b.seq = None
-            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = self.security.channel(address, "escalation", CHANNEL_OPTIONS)
             try:
                 call = pb_grpc.EscalationStub(channel).Escalate(self._requests(t, stream))
                 with t.cond:

@@ -3,7 +3,10 @@
 Layout under ``/twinflow/<flow>``: ``election`` (kazoo's Election recipe),
 ``epoch`` (its data version is the epoch: every promotion sets it once, so
 epochs grow by one per promotion and never repeat), and ``members/<node>``
-(ephemeral, the node's gRPC address).
+(ephemeral, the node's gRPC address). With ZooKeeper credentials
+(``cluster/zk_auth.py``) the flow's znodes carry an ACL for that identity
+only; ``start()`` gives the ACL to ones created without it, and raises
+``ZkAccessDenied`` naming the path when ZooKeeper refuses this node.
 
 What happens on each connection state (kazoo ``KazooState``):
 
@@ -57,7 +60,10 @@ import time
 from typing import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, ConnectionLoss, KazooException, NoNodeError, NodeExistsError
+from kazoo.exceptions import (BadVersionError, ConnectionLoss, KazooException, NoAuthError, NoNodeError,
+                              NodeExistsError)
+
+from .zk_auth import FLOW_PARENT, PARENT_ACL, ZkAccessDenied, describe_acl, identity_of
 
 log = logging.getLogger("twinflow.leadership")
 
@@ -101,15 +107,21 @@ class Leadership:
         self._failed = False                   # the last round ended in an exception
         self._gate_logged_at = float("-inf")
         self._election = None
+        self._master_seen: tuple[str | None, int] = (None, 0)  # (node, epoch) of the epoch znode
+        self._master_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=f"election-{node_id}", daemon=True)
         self._keeper = threading.Thread(target=self._keep_member, name=f"member-{node_id}", daemon=True)
 
     # -- public -----------------------------------------------------------
     def start(self) -> None:
-        for sub in ("election", "members", "epoch"):
-            self.zk.ensure_path(f"{self.root}/{sub}")
+        self._prepare_znodes()
         self.zk.add_listener(self._on_state)
-        self._register()
+        # kazoo re-arms the watch after every change and reconnect.
+        self.zk.DataWatch(f"{self.root}/epoch", self._note_master)
+        try:
+            self._register()
+        except NoAuthError:
+            raise ZkAccessDenied(self._member_path, identity_of(self.zk)) from None
         self._member_check.set()  # sets the watch on the znode just created
         self._keeper.start()
         self._thread.start()
@@ -126,6 +138,29 @@ class Leadership:
     def may_write(self) -> bool:
         """True while this node is master and its ZooKeeper connection is up."""
         return self._master.is_set() and not self._suspended.is_set()
+
+    def current_master(self, fresh: bool = False) -> tuple[str | None, int]:
+        """(node ID, epoch) of the master ZooKeeper names: the epoch znode's writer and version.
+
+        Kept current by a data watch; ``fresh`` reads the znode itself (unless the
+        connection is down, when a read would wait for it). A worker admits an
+        escalation batch only from this node at this epoch.
+        """
+        if fresh and not self.suspended:
+            try:
+                data, stat = self.zk.get(f"{self.root}/epoch")
+                self._note_master(data, stat)
+            except KazooException:
+                pass
+        return self._master_seen
+
+    def _note_master(self, data: bytes | None, stat) -> None:
+        if stat is None:
+            return
+        seen = ((data or b"").decode() or None, stat.version)
+        with self._master_lock:  # a watch and a fresh read may race: keep the newest
+            if seen[1] >= self._master_seen[1]:
+                self._master_seen = seen
 
     def leader(self) -> str | None:
         """The node ID that holds the election now, or None."""
@@ -198,6 +233,49 @@ class Leadership:
         self._demote.set()
 
     # -- internals --------------------------------------------------------
+    def _prepare_znodes(self) -> None:
+        """Make the flow's znodes exist; with credentials, protected by the client's ACL.
+
+        Raises ZkAccessDenied, naming the path, when ZooKeeper refuses this node
+        (no credentials, or other ones, on a protected flow), so that a node
+        fails at start with the reason instead of in its election thread.
+        """
+        acl = self.zk.default_acl
+        path = FLOW_PARENT
+        try:
+            # Explicitly: kazoo's ensure_path would give /twinflow the client's
+            # default ACL, locking every other flow out of the shared parent.
+            self.zk.ensure_path(FLOW_PARENT, acl=PARENT_ACL)
+            for path in (self.root, *(f"{self.root}/{sub}" for sub in ("election", "members", "epoch"))):
+                self.zk.ensure_path(path)
+                if acl:
+                    self._protect(path, acl)
+            # ZooKeeper checks no ACL on exists(), so ensure_path passes on a
+            # protected flow: listing the members tells whether this node may use it.
+            for path in (f"{self.root}/members", f"{self.root}/election"):
+                for child in self.zk.get_children(path):
+                    if acl:
+                        self._protect(f"{path}/{child}", acl, missing_ok=True)
+        except NoAuthError:
+            raise ZkAccessDenied(path, identity_of(self.zk)) from None
+
+    def _protect(self, path: str, acl: list, missing_ok: bool = False) -> None:
+        """Give ``path`` the node's ACL if it has another one: a flow whose znodes were created
+        before credentials were turned on (open to anyone) is protected by its first node that
+        has them, ephemeral znodes of nodes still running without credentials included (those
+        nodes lose access to the flow from then on)."""
+        try:
+            current, _ = self.zk.get_acls(path)
+            if sorted(current) == sorted(acl):
+                return
+            self.zk.set_acls(path, acl)
+        except NoNodeError:
+            if missing_ok:  # an ephemeral znode whose session just ended
+                return
+            raise
+        log.warning("%s: %s had ACL %s; now %s (ZooKeeper credentials are set)", self.node_id, path,
+                    describe_acl(current), describe_acl(acl))
+
     def _master_epoch_moved(self) -> bool:
         try:
             _, stat = self.zk.get(f"{self.root}/epoch")

@@ -80,7 +80,9 @@ from ..runtime.flowgraph import FlowGraph
 from ..runtime.message import Message, position_order
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable
+from ..grpc_security import NO_SECURITY, GrpcSecurity
 from .escalation import EscalationSender, StaleEpoch
+from .health import NodeHealth
 from .leadership import Leadership
 from .master_flow import MasterFlow, not_on_cluster
 from .master_steps import commit_one, run_master_batch
@@ -122,6 +124,11 @@ class NoPair:
     def claim(self, msg_id, key, position):
         return []
 
+    def take_claims(self, claims):
+        return []
+
+    claimed_messages = settle_claims = staticmethod(lambda *args: [])
+
     def tick(self, now):
         return []
 
@@ -151,6 +158,7 @@ class NodeConfig:
     trim_interval_s: float = 10.0     # how often the master trims the uplink (uplink.retention)
     worker_pace_ms: int = 250         # a worker plans a batch at most this often (the master: at once)
     start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
+    security: GrpcSecurity = NO_SECURITY  # gRPC TLS and tokens, served and used to escalate
 
 
 def run_until_stopped(node, is_master) -> int:
@@ -240,6 +248,8 @@ class FlowNode:
         self.skipped = 0          # already processed when the master got them
         self.failed = 0
         self.rolled_back = 0      # delivered by promotion catch-up
+        self.claims_unproven = 0  # claimed messages Redis did not show processed: they bake on
+        self.escalations_refused = 0  # batches not from the master at its epoch (admit_escalation)
         self.held = False         # backpressure: the reader plans no batch
         self._paced_ms: int | None = None  # the reader's pace as last set
         self.holding = False      # a master batch waits for ZooKeeper to come back
@@ -259,6 +269,7 @@ class FlowNode:
         self.leadership: Leadership | None = None
         self.sender: EscalationSender | None = None
         self.server = None
+        self.health = NodeHealth()
         self.address = ""
         self.query = None
 
@@ -277,6 +288,7 @@ class FlowNode:
         self._check_retention(resuming)
         parts.prepare_stream(self)
         self.server, port = parts.server(self)
+        self.cfg.security.warn_if_insecure(self.cfg.listen, self._stop)
         host = self.cfg.listen.rsplit(":", 1)[0]
         self.address = self.cfg.advertise or f"{host}:{port}"
         self.sender = parts.sender(self)
@@ -384,6 +396,7 @@ class FlowNode:
         self._stopped = True
         self._stop.set()
         self._wake.set()
+        self.health.stopping()
         if self.store is not None:
             # A batch waiting for Redis raises now and is not committed.
             self.store.close()
@@ -557,6 +570,7 @@ class FlowNode:
         if not self.streaming:
             self.streaming_since = time.time()
             self.streaming = True
+            self.health.streaming(True)
             log.info("%s is streaming", self.cfg.node_id)
 
     def _handled(self, position: str) -> None:
@@ -641,7 +655,30 @@ class FlowNode:
         self.leadership.step_down(reason)
 
     # -- escalations from the master --------------------------------------
+    def admit_escalation(self, from_node: str, epoch: int) -> str | None:
+        """Why a batch from ``from_node`` at ``epoch`` is refused, or None to take it: only the
+        node ZooKeeper names as master (the epoch znode's writer), at that master's epoch."""
+        why = None
+        if epoch < self.known_epoch:
+            why = f"stale epoch {epoch}: epoch {self.known_epoch} exists"
+        else:
+            master, master_epoch = self.leadership.current_master()
+            if epoch > master_epoch:  # promoted since our watch last fired? ask ZooKeeper itself
+                master, master_epoch = self.leadership.current_master(fresh=True)
+            if epoch != master_epoch:
+                why = f"epoch {epoch} is not the master's ({master_epoch})"
+            elif from_node != master:
+                why = f"{from_node!r} is not the master ({master!r} is, at epoch {master_epoch})"
+        if why is not None:
+            with self._lock:
+                self.escalations_refused += 1
+        return why
+
     def on_claims(self, epoch: int, claims: list[tuple[str, str, str]]) -> int:
+        """Release the baked messages an escalation claims, once Redis proves them processed
+        (ID cache or processed mark, one round trip): a claim is a hint, the ID cache the
+        record, so no escalation, forged or buggy, releases a message nobody processed.
+        Returns how many were released."""
         if epoch < self.known_epoch:
             raise StaleEpoch(f"epoch {epoch} is older than {self.known_epoch}")
         parse = self.spec.message.parse_key
@@ -649,7 +686,15 @@ class FlowNode:
             self.known_epoch = max(self.known_epoch, epoch)
             if self.role == MASTER:
                 return 0  # a newer master is us: nothing of ours is baked
-            released = sum(len(self.sort.claim(mid, parse(key), pos)) for mid, key, pos in claims)
+            taken = self.sort.take_claims([(mid, parse(key), pos) for mid, key, pos in claims])
+        proven = [False] * len(taken)
+        try:
+            if taken:
+                proven = self.store.processed(self.sort.claimed_messages(taken), deadline_s=self.lease_s)
+        finally:  # also when Redis failed: what was not proven bakes on
+            with self._lock:
+                released = len(self.sort.settle_claims(taken, proven))
+                self.claims_unproven += len(taken) - released
         self._update_backpressure()
         return released
 
@@ -888,6 +933,8 @@ class FlowNode:
                 "baked": self.sort.pending,
                 "claimed": self.sort.claimed,
                 "rolled_back": self.rolled_back,
+                "claims_unproven": self.claims_unproven,
+                "escalations_refused": self.escalations_refused,
                 "delivered": self.delivered,
                 "failed": self.failed,
                 "unclaimed": self.sort.unclaimed,

@@ -95,14 +95,16 @@ class RealParts:
     def server(self, node: "FlowNode") -> tuple[Any, int]:
         return create_server(
             node.cfg.listen,
-            escalation=EscalationServicer(node.name, node.on_claims),
+            escalation=EscalationServicer(node.name, node.on_claims, node.admit_escalation),
             ingest=IngestServicer(node.name, node.store.publish),
             admin=AdminServicer(node.status, node.handover),
+            security=node.cfg.security,
+            health=node.health.servicer,
         )
 
     def sender(self, node: "FlowNode") -> EscalationSender:
         return EscalationSender(node.name, node.cfg.node_id, lambda: node.epoch, node.escalation_targets,
-                                batch_max=node.spec.escalation_batch)
+                                batch_max=node.spec.escalation_batch, security=node.cfg.security)
 
     def leadership(self, node: "FlowNode") -> Leadership:
         return Leadership(node.zk, node.name, node.cfg.node_id, node.address, node.on_promoted,

@@ -43,6 +43,7 @@ from .connect import connect_zookeeper
 from .escalation import EscalationServicer
 from .grpc_server import AdminServicer, IngestServicer, create_server
 from .node import MASTER, FlowNode, NodeConfig, NodeStopping, cluster_flow, run_until_stopped
+from .health import NodeHealth
 from .node_parts import RealParts
 from .shard_task import RESULT_SCHEMA, ShardPlan, run_partition
 
@@ -127,6 +128,10 @@ class ShardedNode:
         self.router = ShardRouter(spec.shards, spec.shard_key)
         self.shards = [FlowNode(shard_graph(graph, k), config, parts=_ShardParts(self, k))
                        for k in range(spec.shards)]
+        # One health service for the one server: it serves once the first shard streams.
+        self.health = NodeHealth()
+        for shard in self.shards:
+            shard.health = self.health
         self.starts: dict[int, dict] = {}
         self.spark = None
         self.zk = None
@@ -151,10 +156,14 @@ class ShardedNode:
         self.zk = connect_zookeeper(cfg.zk_hosts, cfg.connect_deadline_s, self.spec.session_timeout)
         self.server, self.port = create_server(
             cfg.listen,
-            escalation=EscalationServicer.for_flows({s.name: s.on_claims for s in self.shards}),
+            escalation=EscalationServicer.for_flows({s.name: (s.on_claims, s.admit_escalation)
+                                                     for s in self.shards}),
             ingest=IngestServicer(self.name, self.publish),
             admin=AdminServicer(self.status, self.handover),
+            security=cfg.security,
+            health=self.health.servicer,
         )
+        cfg.security.warn_if_insecure(cfg.listen, self._stop)
         for shard in self.shards:
             shard.start()
         self._start_query()
@@ -191,6 +200,7 @@ class ShardedNode:
             return
         self._stopped = True
         self._stop.set()
+        self.health.stopping()
         for shard in self.shards:
             shard.stop()  # closes its store, so a batch waiting for Redis here gives up
         if self.query is not None:

@@ -16,6 +16,9 @@ and ``twinflow replay`` ignores them; ``twinflow run`` needs ``uplink``::
         bake_time: 5.0
     cluster: {session_timeout: 2.0}
     failure: {max_entries: 100000}
+    security:                      # gRPC between nodes and clients (README "Security")
+      tls: {cert: certs/node.pem, key: certs/node-key.pem, ca: certs/ca.pem, mutual: true}
+      tokens: {ingest: "env:TF_INGEST", escalation: "file:/etc/twinflow/escalation", admin: "file:/etc/twinflow/admin"}
 
 The claim pair is optional. With it, the worker bakes every uplink message in
 the paired sort until the master's escalation claims it; without it, the
@@ -30,12 +33,15 @@ A bad section raises FlowFileError naming the file, line, field and reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .keys import KEY_TYPES
 from .message import MessageSpec
 from .params import Params
 
-__all__ = ["ClusterSpec", "ClaimPair", "parse_cluster"]
+__all__ = ["ClusterSpec", "ClaimPair", "SecuritySpec", "parse_cluster"]
+
+TOKEN_SCOPES = ("ingest", "escalation", "admin")
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,23 @@ class ClaimPair:
     bake_time: float
     unclaimed_outlink: str
     max_pending: int
+
+
+@dataclass(frozen=True)
+class SecuritySpec:
+    """The flow file's ``security`` section: TLS file paths and token references, unread.
+
+    Paths are resolved against the flow file's folder; tokens are secret
+    references (``file:PATH`` or ``env:NAME``), read only when a node or a
+    client starts (``twinflow.grpc_security``), never values.
+    """
+
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_mutual: bool = False
+    tls_server_name: str | None = None
+    tokens: tuple[tuple[str, str], ...] = ()   # (scope, secret reference)
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,7 @@ class ClusterSpec:
     failure_max_entries: int = 100_000
     shards: int = 1                    # uplink shards (runtime/shards.py), each a pair of its own
     shard_key: str | None = None       # the template that assigns a message to a shard
+    security: SecuritySpec = SecuritySpec()
 
     @property
     def max_pending(self) -> int:
@@ -106,7 +130,7 @@ def read_pair(sort: Params, kinds: dict[str, str]) -> tuple[ClaimPair, str, str]
 
 def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str, str] | None) -> ClusterSpec | None:
     """The cluster sections of a flow file, or None when it has no ``uplink`` (replay only)."""
-    for section in ("cluster", "failure"):
+    for section in ("cluster", "failure", "security"):
         if top.has(section) and not top.has("uplink"):
             raise top.error(section, "only with an uplink section (the flow runs on the cluster)")
     if not top.has("uplink"):
@@ -158,4 +182,38 @@ def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str,
         replica_wait_ms=cl.integer("replica_wait_ms", 1000, minimum=1),
         redis_checks=cl.choice("redis_checks", ["refuse", "warn"], "refuse"),
         failure_max_entries=failure.integer("max_entries", 100_000, minimum=100),
+        security=read_security(top),
     )
+
+
+def read_security(top: Params) -> SecuritySpec:
+    """The ``security`` section (TLS files relative to the flow file, token references)."""
+    sec = top.section("security", default={}).only("tls", "tokens")
+    tls = sec.section("tls", default={}).only("cert", "key", "ca", "mutual", "server_name")
+    base = Path(top.doc.file).parent if top.doc.file and not top.doc.file.startswith("<") else Path(".")
+
+    def path(name: str) -> str | None:
+        value = tls.get(name, str, None, check=bool, why="must be a file path")
+        return None if value is None else str(base / value)
+
+    cert, key = path("cert"), path("key")
+    if (cert is None) != (key is None):
+        raise tls.error("key" if key is None else "cert", "is required with tls.cert and tls.key together")
+    mutual = tls.get("mutual", bool, False)
+    ca = path("ca")
+    if mutual and ca is None:
+        raise tls.error("ca", "is required with mutual: true (it signs the other nodes' certificates)")
+    tokens = sec.section("tokens", default={}).only(*TOKEN_SCOPES)
+    refs = []
+    for scope in TOKEN_SCOPES:
+        if tokens.has(scope):
+            ref = tokens.value[scope]
+            kind, _, where = ref.partition(":") if isinstance(ref, str) else ("", "", "")
+            if kind not in ("file", "env") or not where:
+                # The error never repeats the value: it may be the token itself.
+                raise tokens.error(scope, "must name the secret as file:PATH or env:NAME, never hold it")
+            if kind == "file" and not Path(where).is_absolute():
+                ref = f"file:{base / where}"  # like the TLS files: relative to the flow file
+            refs.append((scope, ref))
+    return SecuritySpec(tls_cert=cert, tls_key=key, tls_ca=ca, tls_mutual=mutual,
+                        tls_server_name=tls.get("server_name", str, None), tokens=tuple(refs))

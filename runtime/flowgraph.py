@@ -58,7 +58,8 @@ class FlowGraph:
 
 def parse_graph(text: str, file: str = "<string>") -> FlowGraph:
     doc = Doc(text, file)
-    top = Params(doc, "", doc.value).only("flow", "input", "message", "nodes", "uplink", "cluster", "failure")
+    top = Params(doc, "", doc.value).only("flow", "input", "message", "nodes", "uplink", "cluster", "failure",
+                                        "security")
     name = top.name("flow")
     message = read_message(top)
     id_path = top.section("message", default={}).field_path("id", FieldPath("id"))

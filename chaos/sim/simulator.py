@@ -206,6 +206,10 @@ class Schedule:
             w.net.put(batch)  # it arrives again later
         target = w.nodes[batch.target].node
         try:
+            # As the node's EscalationServicer does: admitted from the master, then claimed.
+            why = target.admit_escalation(batch.source, batch.epoch)
+            if why is not None:
+                return f"{batch.source}->{batch.target} epoch {batch.epoch}: refused ({why})"
             released = target.on_claims(batch.epoch, batch.claims)
         except Exception as exc:
             return f"{batch.source}->{batch.target} epoch {batch.epoch}: refused ({exc})"

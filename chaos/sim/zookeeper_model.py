@@ -53,6 +53,7 @@ class ZkModel:
         self.members: dict[str, tuple[str, int]] = {}    # node_id -> (address, session)
         self.queue: list[tuple[str, int]] = []             # (node_id, session), lock holder first
         self.epoch = 0
+        self.epoch_owner: str | None = None  # the node that wrote the epoch znode last
         self._sids = itertools.count(1)
 
     def open_session(self, node_id: str, heard: Callable[[], bool]) -> Session:
@@ -89,8 +90,10 @@ class ZkModel:
         s = self.sessions.get(sid)
         return s is not None and not s.expired
 
-    def next_epoch(self) -> int:
+    def next_epoch(self, node_id: str = "") -> int:
+        """Write the epoch znode as ``node_id``: its version is the new epoch."""
         self.epoch += 1
+        self.epoch_owner = node_id or None
         return self.epoch
 
     def leader(self) -> str | None:
@@ -151,6 +154,10 @@ class SimLeadership:
         # As in the real class: from what the client has noticed so far, which may be stale
         # (a resumed or cut-off master writes until it notices; fencing must refuse it).
         return self._master and not self._seen_down
+
+    def current_master(self, fresh: bool = False) -> tuple[str | None, int]:
+        # The real class's watch may lag; the model's answer is always the znode as it is.
+        return self.model.epoch_owner, self.model.epoch
 
     def members(self) -> dict[str, str]:
         if not self._connected():
@@ -214,7 +221,7 @@ class SimLeadership:
                 self._say(f"{self.node_id} queues for the election")
             return
         if self.model.queue[0] == me and not self._master:
-            epoch = self.model.next_epoch()
+            epoch = self.model.next_epoch(self.node_id)
             self.epoch, self._master, self._demote = epoch, True, None
             self._say(f"{self.node_id} promoted, epoch {epoch}")
             try:

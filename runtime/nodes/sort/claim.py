@@ -95,6 +95,13 @@ class ClaimCache:
 
         Returns their items in uplink order.
         """
+        taken = self.take(ident, key, upto)
+        return self.settle(taken, [True] * len(taken))
+
+    def take(self, ident: str, key: Any, upto: Any) -> list[tuple[_Held, bool]]:
+        """What :meth:`claim` would release, still held: a claim taken as a hint, to be proven
+        (say, against the ID cache) and then passed to :meth:`settle`. Until then no other claim
+        takes them again; :meth:`release_upto` and :meth:`rollback` still may."""
         taken = []
         queue = self._by_key
         for entry in queue.pop_upto(key):
@@ -104,13 +111,25 @@ class ClaimCache:
             if held.order > upto:
                 queue.push(entry)  # later in the uplink than the claim: not proven processed
             else:
-                taken.append(held)
+                taken.append((held, True))
         for held in self._by_id.get(ident, ()):
             if held.key > key or held.order > upto:  # not taken above: its ID proves it processed
-                taken.append(held)
-        released = sorted(taken, key=_ORDER)
-        for held in released:
-            self._drop(held)
+                taken.append((held, False))
+        return taken
+
+    def settle(self, taken: list[tuple[_Held, bool]], proven: list[bool]) -> list:
+        """Release the taken messages whose claim was ``proven``; keep the rest baking, as if
+        the claim had never come. Returns the released items in uplink order."""
+        released = []
+        for (held, from_key_queue), ok in zip(taken, proven):
+            if not held.live or self._held.get(held.order) is not held:
+                continue  # left meanwhile (the mark, a rollback, another claim)
+            if ok:
+                self._drop(held)
+                released.append(held)
+            elif from_key_queue:
+                self._by_key.push((held.key, held.serial, held))
+        released.sort(key=_ORDER)
         self.claimed += len(released)
         self._compact()
         return [h.item for h in released]
@@ -276,6 +295,21 @@ class ClaimSortNode:
         """Release (to bypass) the message ``msg_id`` and every message at or
         below ``key`` that sits at or before ``position`` in the uplink."""
         return self._cache.claim(msg_id, key, position_order(position))
+
+    def take_claims(self, claims: list[tuple[str, Any, str]]) -> list:
+        """What the claims (id, key, position) would release, still held: prove each
+        message processed, then :meth:`settle_claims` (a claim is a hint, not the record)."""
+        take = self._cache.take
+        return [t for mid, key, pos in claims for t in take(mid, key, position_order(pos))]
+
+    @staticmethod
+    def claimed_messages(taken: list) -> list[Message]:
+        """The messages :meth:`take_claims` took, in the same order."""
+        return [held.item for held, _ in taken]
+
+    def settle_claims(self, taken: list, proven: list[bool]) -> list[Message]:
+        """Release to bypass the taken messages proven processed; the others bake on."""
+        return self._cache.settle(taken, proven)
 
     def tick(self, now: float) -> list[Message]:
         """Route every fully baked message to the unclaimed outlink; they stay recoverable."""

@@ -1,0 +1,318 @@
+"""Who may call a node over gRPC: TLS on the wire and a bearer token per service.
+
+Every node serves three services, each with its own *scope* and token:
+``ingest`` (Publish into the uplink), ``escalation`` (the master's claims to
+a worker) and ``admin`` (Status, Handover). A call carries its token as
+``authorization: Bearer <token>`` metadata; :class:`TokenCheck`, a server
+interceptor, checks it before the call takes any of its service's threads.
+The standard health and reflection services stay open (a load balancer
+probes health without a token; reflection tells only the schema, which the
+proto file in this repository tells anyway).
+
+:class:`GrpcSecurity` holds what a node or a client needs: the TLS files
+(a server certificate and key; the CA that signed the peers'; ``mutual``
+for client certificates between nodes) and the tokens, read from secret
+references (``file:PATH`` or ``env:NAME``, :mod:`twinflow.secrets`) so that
+no token is ever on a command line.
+
+Under failure:
+
+- A token that is missing or wrong is refused with ``UNAUTHENTICATED``; a
+  valid token of another scope (an ingest client calling Handover) with
+  ``PERMISSION_DENIED``. Tokens are compared in constant time and never
+  logged. Each refusal is counted (:attr:`TokenCheck.refused`).
+- :meth:`GrpcSecurity.check_bind` refuses to serve a non-loopback address
+  unless TLS and every scope's token are set, or the operator said
+  ``insecure`` (then :func:`warn_insecure` logs a warning at start and
+  every minute). Loopback stays open by default, as before.
+- A TLS file that cannot be read raises :class:`SecurityConfigError`
+  naming the file; nothing starts.
+
+>>> sec = GrpcSecurity(tokens={"ingest": "i-tok", "escalation": "e-tok", "admin": "a-tok"})
+>>> sec.check_bind("127.0.0.1:0")
+>>> sec.check_bind("0.0.0.0:7070")
+Traceback (most recent call last):
+...
+twinflow.grpc_security.SecurityConfigError: refusing to serve gRPC on 0.0.0.0:7070 without TLS: \
+anyone who reaches the port could read and forge escalations; set a certificate and key \
+(flow file security.tls or --tls-cert/--tls-key), or pass --insecure
+>>> scope_of("/twinflow.wire.Admin/Handover")
+'admin'
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import grpc
+
+from .secrets import read_secret
+
+log = logging.getLogger("twinflow.security")
+
+SCOPES = ("ingest", "escalation", "admin")
+_SERVICE_SCOPES = {
+    "twinflow.wire.Ingest": "ingest",
+    "twinflow.wire.Escalation": "escalation",
+    "twinflow.wire.Admin": "admin",
+}
+# Served without a token (see the module doc).
+OPEN_SERVICES = frozenset({
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "grpc.reflection.v1.ServerReflection",
+})
+INSECURE_WARNING_EVERY_S = 60.0
+
+
+class SecurityConfigError(ValueError):
+    """The gRPC security settings cannot be used; the message names the file or setting."""
+
+
+def scope_of(method: str) -> str | None:
+    """The scope of a full method name ("/package.Service/Method"), or None for an open service."""
+    return _SERVICE_SCOPES.get(method.lstrip("/").split("/", 1)[0])
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files: this side's certificate and key, and the CA that signed the other side's."""
+
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    mutual: bool = False          # servers ask for, and check, client certificates (node to node)
+    server_name: str | None = None  # the name a client checks in the server's certificate, if not the host
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        if not (self.cert and self.key):
+            raise SecurityConfigError("TLS needs both a certificate and its key (tls.cert, tls.key)")
+        if self.mutual and not self.ca:
+            raise SecurityConfigError("mutual TLS needs the CA that signs the clients' certificates (tls.ca)")
+        return grpc.ssl_server_credentials(
+            [(_read(self.key, "tls.key"), _read(self.cert, "tls.cert"))],
+            root_certificates=_read(self.ca, "tls.ca") if self.ca else None,
+            require_client_auth=self.mutual,
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        # Without a CA file the system's roots verify the server (a public CA).
+        # The client certificate goes along when there is one (mutual TLS between nodes).
+        pair = (_read(self.key, "tls.key"), _read(self.cert, "tls.cert")) if self.cert and self.key else (None, None)
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca, "tls.ca") if self.ca else None,
+            private_key=pair[0], certificate_chain=pair[1])
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SecurityConfigError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+
+
+@dataclass(frozen=True)
+class GrpcSecurity:
+    """TLS files and per-scope tokens for a node (serving and escalating) or a client."""
+
+    tls: TlsFiles | None = None
+    tokens: Mapping[str, str] = field(default_factory=dict)  # scope -> token (the values)
+    insecure: bool = False        # the operator allowed a non-loopback bind without TLS and tokens
+
+    @classmethod
+    def from_refs(cls, tls: TlsFiles | None = None, token_refs: Mapping[str, str] | None = None,
+                  insecure: bool = False) -> "GrpcSecurity":
+        """Read each scope's token from its secret reference (``file:PATH`` or ``env:NAME``)."""
+        tokens = {}
+        for scope, ref in (token_refs or {}).items():
+            if scope not in SCOPES:
+                raise SecurityConfigError(f"unknown token scope {scope!r}; the scopes are {', '.join(SCOPES)}")
+            tokens[scope] = read_secret(ref)
+        return cls(tls=tls, tokens=tokens, insecure=insecure)
+
+    @property
+    def uses_tokens(self) -> bool:
+        return bool(self.tokens)
+
+    def check_bind(self, address: str) -> None:
+        """Raise :class:`SecurityConfigError` when serving ``address`` like this is not allowed."""
+        if is_loopback(address) or self.insecure:
+            return
+        if self.tls is None or not (self.tls.cert and self.tls.key):
+            raise SecurityConfigError(
+                f"refusing to serve gRPC on {address} without TLS: anyone who reaches the port could read "
+                f"and forge escalations; set a certificate and key (flow file security.tls or "
+                f"--tls-cert/--tls-key), or pass --insecure")
+        missing = [s for s in SCOPES if s not in self.tokens]
+        if missing:
+            raise SecurityConfigError(
+                f"refusing to serve gRPC on {address} without a token for {', '.join(missing)}: anyone who "
+                f"reaches the port could call those services; set security.tokens in the flow file "
+                f"(or --token SCOPE=file:PATH), or pass --insecure")
+
+    def warn_if_insecure(self, address: str, stop: threading.Event) -> None:
+        """With ``insecure`` on a non-loopback ``address``: :func:`warn_insecure` until ``stop``."""
+        if self.insecure and not is_loopback(address):
+            warn_insecure(address, stop)
+
+    def server_interceptor(self) -> "TokenCheck | None":
+        return TokenCheck(self.tokens) if self.tokens else None
+
+    def add_port(self, server: grpc.Server, address: str) -> int:
+        """Bind ``address`` on ``server``, with TLS when this has a certificate."""
+        if self.tls is not None and self.tls.cert:
+            return server.add_secure_port(address, self.tls.server_credentials())
+        return server.add_insecure_port(address)
+
+    def channel(self, address: str, scope: str, options: list | None = None) -> grpc.Channel:
+        """A channel to ``address`` that sends this side's token for ``scope`` with every call."""
+        options = list(options or [])
+        if self.tls is not None:
+            if self.tls.server_name:
+                options.append(("grpc.ssl_target_name_override", self.tls.server_name))
+            channel = grpc.secure_channel(address, self.tls.channel_credentials(), options=options)
+        else:
+            channel = grpc.insecure_channel(address, options=options)
+        token = self.tokens.get(scope)
+        return grpc.intercept_channel(channel, _BearerToken(token)) if token else channel
+
+
+NO_SECURITY = GrpcSecurity()
+
+
+def security_from(spec, *, cert: str | None = None, key: str | None = None, ca: str | None = None,
+                  mutual: bool = False, server_name: str | None = None,
+                  token_refs: Mapping[str, str] | None = None, insecure: bool = False) -> GrpcSecurity:
+    """The flow file's ``security`` section (a ``SecuritySpec``, or None) with the command line's
+    settings over it, the tokens read now. TLS is on when there is a certificate or a CA."""
+    cert = cert or (spec.tls_cert if spec else None)
+    key = key or (spec.tls_key if spec else None)
+    ca = ca or (spec.tls_ca if spec else None)
+    if (cert is None) != (key is None):
+        raise SecurityConfigError("a TLS certificate needs its key, and a key its certificate")
+    tls = None
+    if cert or ca:
+        tls = TlsFiles(cert=cert, key=key, ca=ca, mutual=mutual or bool(spec and spec.tls_mutual),
+                       server_name=server_name or (spec.tls_server_name if spec else None))
+        if tls.mutual and not ca:
+            raise SecurityConfigError("mutual TLS needs the CA that signs the clients' certificates (tls.ca)")
+    refs = dict(spec.tokens) if spec else {}
+    refs.update(token_refs or {})
+    return GrpcSecurity.from_refs(tls, refs, insecure=insecure)
+
+
+def is_loopback(address: str) -> bool:
+    """True for a bind or dial address on this host only (127.0.0.0/8, ::1, localhost, unix:)."""
+    if address.startswith("unix:"):
+        return True
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_insecure(address: str, stop: threading.Event, every_s: float = INSECURE_WARNING_EVERY_S,
+                  wait: Callable[[float], bool] | None = None) -> threading.Thread:
+    """Log that ``address`` is served without TLS and tokens now and every ``every_s`` until ``stop``."""
+    wait = wait or stop.wait
+
+    def loop() -> None:
+        while True:
+            log.warning("--insecure: gRPC on %s is served without TLS or tokens; anyone who reaches it can "
+                        "publish, hand over and forge escalations", address)
+            if wait(every_s):
+                return
+
+    thread = threading.Thread(target=loop, name="insecure-warning", daemon=True)
+    thread.start()
+    return thread
+
+
+class TokenCheck(grpc.ServerInterceptor):
+    """Refuses a call whose bearer token does not match its service's scope (see module doc)."""
+
+    def __init__(self, tokens: Mapping[str, str]):
+        self._tokens = {scope: token.encode() for scope, token in tokens.items()}
+        self._lock = threading.Lock()
+        self.refused = {"unauthenticated": 0, "permission_denied": 0}
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        scope = scope_of(handler_call_details.method)
+        if handler is None or scope is None:
+            return handler
+        presented = _bearer(handler_call_details.invocation_metadata)
+        expected = self._tokens.get(scope)
+        if presented is not None and expected is not None and hmac.compare_digest(presented, expected):
+            return handler
+        if presented is not None and any(hmac.compare_digest(presented, t) for t in self._tokens.values()):
+            return self._refuse(handler, "permission_denied", grpc.StatusCode.PERMISSION_DENIED,
+                                f"this token may not call {scope} services")
+        why = "no bearer token" if presented is None else "the bearer token is not valid"
+        return self._refuse(handler, "unauthenticated", grpc.StatusCode.UNAUTHENTICATED,
+                            f"{why} for {scope} (send 'authorization: Bearer <token>')")
+
+    def _refuse(self, handler, kind: str, code: grpc.StatusCode, reason: str):
+        with self._lock:
+            self.refused[kind] += 1
+
+        def abort(request, context):
+            context.abort(code, reason)
+
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(abort)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(abort)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(abort)
+        return grpc.stream_stream_rpc_method_handler(abort)
+
+
+def _bearer(metadata) -> bytes | None:
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            if text.startswith("Bearer "):
+                return text[len("Bearer "):].encode()
+    return None
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call of a channel (TLS or not)."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details):
+        metadata = list(details.metadata or ()) + [self._header]
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression

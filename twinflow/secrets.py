@@ -1,0 +1,76 @@
+"""Secrets from files or the environment, never from the command line, and never printed.
+
+A secret is named by a reference, never given as its value, so that a flow
+file can be committed and ``ps`` shows nothing worth stealing:
+
+- ``file:PATH``: the file's content, stripped of surrounding whitespace
+  (a trailing newline from ``echo`` is not part of the secret);
+- ``env:NAME``: the environment variable ``NAME``.
+
+Under failure: a reference of another form, a missing or empty file, or an
+unset or empty variable raises :class:`SecretError` naming the reference,
+never the value. :func:`redact_url` takes the password out of a URL before
+it reaches a log line, a status table or an error message.
+
+>>> import os
+>>> os.environ["TF_DOCTEST_TOKEN"] = "s3cret"
+>>> read_secret("env:TF_DOCTEST_TOKEN")
+'s3cret'
+>>> read_secret("s3cret")
+Traceback (most recent call last):
+...
+twinflow.secrets.SecretError: a secret must be named as file:PATH or env:NAME, not given as its value (got one starting 's3')
+>>> redact_url("redis://app:hunter2@10.0.0.5:6379/0")
+'redis://app:***@10.0.0.5:6379/0'
+>>> redact_url("rediss://:hunter2@redis.example:6380")
+'rediss://:***@redis.example:6380'
+>>> redact_url("redis://127.0.0.1:6379/0")
+'redis://127.0.0.1:6379/0'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+
+class SecretError(ValueError):
+    """A secret reference that cannot be read; the message never holds the secret."""
+
+
+def read_secret(ref: str) -> str:
+    """The secret ``ref`` names (``file:PATH`` or ``env:NAME``), non-empty."""
+    kind, _, where = ref.partition(":")
+    if kind == "file" and where:
+        try:
+            value = Path(where).read_text().strip()
+        except OSError as exc:
+            raise SecretError(f"secret file {where}: {exc.strerror or exc}") from None
+        if not value:
+            raise SecretError(f"secret file {where} is empty")
+        return value
+    if kind == "env" and where:
+        value = os.environ.get(where, "").strip()
+        if not value:
+            raise SecretError(f"environment variable {where} (a secret) is not set or empty")
+        return value
+    # Show only the start of what was given: enough to find it, too little to use it.
+    raise SecretError(f"a secret must be named as file:PATH or env:NAME, not given as its value "
+                      f"(got one starting {ref[:2]!r})")
+
+
+_USERINFO = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/]*):(?P<password>[^@/]*)@")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``."""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url, count=1)
+
+
+def redact_text(text: str, *secrets: str | None) -> str:
+    """``text`` with every URL password and each of ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return re.sub(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:@/\s]*):([^@/\s]*)@", r"\1:***@", text)
