@@ -221,11 +221,12 @@ def redis_restart(d: Drill) -> None:
 def kill_during_rollback(d: Drill) -> None:
     """The master killed; the worker killed the moment it takes the new epoch, when it starts
     delivering what the old master left (its catch-up); the first node, restarted, finishes."""
-    from kazoo.client import KazooClient
+    from ..cluster.connect import connect_zookeeper
 
     a, b = d.master, d.worker
-    zk = KazooClient(hosts=d.cluster.zk_hosts)  # directly, not through a node's proxy
-    zk.start(timeout=10)
+    # Directly, not through a node's proxy; with the nodes' credentials
+    # (TWINFLOW_ZK_AUTH), without which a protected flow's epoch cannot be read.
+    zk = connect_zookeeper(d.cluster.zk_hosts, 10, session_timeout_s=10.0)
     try:
         epoch_path = f"/twinflow/{d.cluster.flow}/epoch"
         epoch = zk.exists(epoch_path).version

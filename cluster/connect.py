@@ -56,25 +56,53 @@ def connect_redis(url: str, deadline_s: float, socket_timeout_s: float = 10.0, s
     ``socket_timeout_s`` bounds each call (and each connect): a master keeps
     it below its write lease so that a link that drops packets is noticed in time.
     With ``slot_key`` and a Redis Cluster, the client is on the primary that owns its slot.
+    The password and TLS files may come from the environment (``store/redis_auth.py``);
+    no log line or error shows a password, from the URL or from there.
     """
+    from ..runtime.store.redis_auth import client_options, connect_error
+    from ..secrets import redact_url
     from ..runtime.store.redis_slot import client_from_url
 
+    # Settings that cannot work (an unreadable password file, TLS files with a
+    # redis:// URL) raise now: waiting until the deadline would not fix them.
+    options = client_options(url)
+
     def ping():
-        # On a Redis Cluster, the primary that owns ``slot_key``'s slot (see store/redis_slot.py).
-        client = client_from_url(url, socket_connect_timeout=min(2.0, socket_timeout_s),
-                                 socket_timeout=socket_timeout_s, slot_key=slot_key)
-        client.ping()
-        return client
+        try:
+            # On a Redis Cluster, the primary that owns ``slot_key``'s slot (see store/redis_slot.py).
+            client = client_from_url(url, socket_connect_timeout=min(2.0, socket_timeout_s),
+                                     socket_timeout=socket_timeout_s, slot_key=slot_key)
+            client.ping()
+            return client
+        except Exception as exc:
+            # Logged on every retry and kept as ServiceUnavailable.last_error: take
+            # out any password a redis-py or URL-parsing error might echo.
+            raise connect_error(exc, url, options) from None
 
-    return wait_for_service("Redis", url, ping, deadline_s, **kw)
+    return wait_for_service("Redis", redact_url(url), ping, deadline_s, **kw)
 
 
-def connect_zookeeper(hosts: str, deadline_s: float, session_timeout_s: float = 2.0, **kw):
-    """A started kazoo client for ``hosts`` (a connect string, several hosts allowed)."""
+def connect_zookeeper(hosts: str, deadline_s: float, session_timeout_s: float = 2.0,
+                      auth_ref: str | None = None, **kw):
+    """A started kazoo client for ``hosts`` (a connect string, several hosts allowed).
+
+    Credentials come from ``auth_ref``, else from ``TWINFLOW_ZK_AUTH`` (a secret
+    reference, ``file:PATH`` or ``env:NAME``, holding ``user:password``); with
+    them the client authenticates (digest) and creates every znode readable and
+    writable by that identity only (``cluster/zk_auth.py``). Logs and errors
+    show ``user:***``.
+    """
     from kazoo.client import KazooClient
 
+    from .zk_auth import credentials_from
+
+    # A secret that cannot be read raises now: waiting until the deadline would not fix it.
+    creds = credentials_from(auth_ref)
+    options = creds.client_kwargs() if creds else {}
+    where = f"{hosts} as {creds.redacted}" if creds else hosts
+
     def start():
-        client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        client = KazooClient(hosts=hosts, timeout=session_timeout_s, **options)
         try:
             client.start(timeout=min(5.0, max(1.0, deadline_s)))
         except Exception:
@@ -82,4 +110,4 @@ def connect_zookeeper(hosts: str, deadline_s: float, session_timeout_s: float = 
             raise
         return client
 
-    return wait_for_service("ZooKeeper", hosts, start, deadline_s, **kw)
+    return wait_for_service("ZooKeeper", where, start, deadline_s, **kw)

@@ -52,8 +52,12 @@ from concurrent import futures
 from typing import Callable
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import HealthServicer
+from grpc_reflection.v1alpha import reflection
 
 from twinflow.cluster.escalation import EscalationServicer
+from twinflow.grpc_security import NO_SECURITY, GrpcSecurity, SecurityConfigError
 from twinflow.runtime.store.flow_store import RedisUnavailable, StoreClosed
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
@@ -78,6 +82,8 @@ REFUSAL_THREADS = 2
 PUBLISH_ANSWER_MARGIN_S = 0.25
 # The most a Publish waits for the uplink, whatever (or whether) the client's deadline.
 PUBLISH_MAX_WAIT_S = 10.0
+# The largest request a node takes (a Publish batch or an escalation batch); gRPC refuses more.
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 
 class BindError(RuntimeError):
@@ -93,6 +99,9 @@ def create_server(
     ingest_limit: int = DEFAULT_INGEST_LIMIT,
     admin_limit: int = DEFAULT_ADMIN_LIMIT,
     escalation_streams: int = DEFAULT_ESCALATION_STREAMS,
+    security: GrpcSecurity = NO_SECURITY,
+    health: HealthServicer | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> tuple[grpc.Server, int]:
     """Start a server on ``address`` ("127.0.0.1:0" picks a free port); return it and its port.
 
@@ -105,7 +114,15 @@ def create_server(
     thread pool has ``ingest_limit + admin_limit + escalation_streams +
     REFUSAL_THREADS`` threads, and gRPC refuses (``RESOURCE_EXHAUSTED``) any
     call beyond that many, so no accepted call ever waits for a thread.
+
+    ``security`` says whether the port has TLS and which bearer tokens each
+    service needs (``twinflow.grpc_security``); a non-loopback ``address``
+    without them is refused (``SecurityConfigError``) unless it says
+    ``insecure``. ``health`` (the standard health service, whose statuses the
+    caller sets) and server reflection are served without a token. A request
+    over ``max_message_bytes`` is refused by gRPC with ``RESOURCE_EXHAUSTED``.
     """
+    security.check_bind(address)
     for name, value in (("ingest_limit", ingest_limit), ("admin_limit", admin_limit),
                         ("escalation_streams", escalation_streams)):
         if value < 1:
@@ -116,10 +133,12 @@ def create_server(
         _service("Escalation"): _Limit(escalation_streams, f"{escalation_streams} escalation streams open; retry"),
     })
     workers = ingest_limit + admin_limit + escalation_streams + REFUSAL_THREADS
+    # The token check comes first, so that a refused call never takes a slot of its service.
+    interceptors = [i for i in (security.server_interceptor(), limits) if i is not None]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server"),
-        interceptors=[limits],
-        options=SERVER_OPTIONS,
+        interceptors=interceptors,
+        options=SERVER_OPTIONS + [("grpc.max_receive_message_length", max_message_bytes)],
         maximum_concurrent_rpcs=workers,
     )
     if escalation is not None:
@@ -128,8 +147,18 @@ def create_server(
         pb_grpc.add_IngestServicer_to_server(ingest, server)
     if admin is not None:
         pb_grpc.add_AdminServicer_to_server(admin, server)
+    if health is not None:
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    served = [pb.DESCRIPTOR.services_by_name[n].full_name for n, s in
+              (("Escalation", escalation), ("Ingest", ingest), ("Admin", admin)) if s is not None]
+    reflection.enable_server_reflection(
+        served + ([health_pb2.DESCRIPTOR.services_by_name["Health"].full_name] if health is not None else [])
+        + [reflection.SERVICE_NAME], server)
     try:
-        port = server.add_insecure_port(address)
+        port = security.add_port(server, address)
+    except SecurityConfigError:  # a TLS file that cannot be read: nothing may be left half built
+        server.stop(None)
+        raise
     except RuntimeError as exc:  # grpcio raises here when the bind fails
         raise BindError(f"cannot listen on {address}: {exc}") from exc
     if not port:  # older grpcio returned 0 instead of raising
@@ -267,32 +296,27 @@ def _from_dict(message_type, values: dict):
     return message_type(**{k: v for k, v in values.items() if k in fields and v is not None})
 
 
-def _to_dict(message) -> dict:
-    return {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
+# The clients moved to twinflow.client (with TLS and tokens, batching and retries in its Client);
+# these keep the old names working for the callers that import them from here.
 
 
-def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.0) -> list[str]:
-    """Publish ``bodies`` to ``flow`` through the node at ``address``; return their uplink positions.
+def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.0, *,
+            security: GrpcSecurity = NO_SECURITY) -> list[str]:
+    """One Publish call; see :func:`twinflow.client.publish`, which this calls."""
+    from twinflow import client
 
-    Raises ``grpc.RpcError``; its ``code()`` is ``UNAVAILABLE`` when the node or
-    its uplink is down (safe to retry, at the risk of a duplicate entry) and
-    ``RESOURCE_EXHAUSTED`` when the node already runs its limit of publishes
-    (nothing was written; retry after a pause).
-    """
-    request = pb.PublishRequest(flow=flow, messages=[pb.Envelope(body=b) for b in bodies])
-    with grpc.insecure_channel(address) as channel:
-        return list(pb_grpc.IngestStub(channel).Publish(request, timeout=timeout_s).positions)
+    return client.publish(address, flow, bodies, timeout_s, security=security)
 
 
-def node_status(address: str, timeout_s: float = 5.0) -> dict:
-    """The NodeStatus of the node at ``address`` as a dict with every field."""
-    with grpc.insecure_channel(address) as channel:
-        return _to_dict(pb_grpc.AdminStub(channel).Status(pb.StatusRequest(), timeout=timeout_s))
+def node_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
+    """The node's status as a dict; see :func:`twinflow.client.node_status`, which this calls."""
+    from twinflow import client
+
+    return client.node_status(address, timeout_s, security=security)
 
 
-def request_handover(address: str, timeout_s: float = 5.0) -> dict:
-    """Ask the node at ``address`` to hand mastership over within ``timeout_s``; the reply as a dict."""
-    # The node may use all of timeout_s before it answers; the RPC deadline leaves room for the reply.
-    with grpc.insecure_channel(address) as channel:
-        reply = pb_grpc.AdminStub(channel).Handover(pb.HandoverRequest(timeout_s=timeout_s), timeout=timeout_s + 5.0)
-        return _to_dict(reply)
+def request_handover(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
+    """Ask for a handover; see :func:`twinflow.client.request_handover`, which this calls."""
+    from twinflow import client
+
+    return client.request_handover(address, timeout_s, security=security)

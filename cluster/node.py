@@ -81,6 +81,7 @@ from ..runtime.message import Message, position_order
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable
 from ..grpc_security import NO_SECURITY, GrpcSecurity
+from ..secrets import redact_url
 from .escalation import EscalationSender, StaleEpoch
 from .health import NodeHealth
 from .leadership import Leadership
@@ -309,7 +310,7 @@ class FlowNode:
             return
         text = "; ".join(problems)
         if self.spec.redis_checks == "refuse":
-            raise StartRefused(f"Redis at {self.cfg.redis_url.split('@')[-1]} cannot keep the flow's promises: "
+            raise StartRefused(f"Redis at {redact_url(self.cfg.redis_url)} cannot keep the flow's promises: "
                                f"{text} (see README 'Redis configuration'; cluster.redis_checks: warn runs anyway)")
         log.warning("RUNNING ON A REDIS THAT CANNOT KEEP THE PROMISES: %s", text)
 

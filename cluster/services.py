@@ -18,6 +18,16 @@ already gone.
 >>> svc.redis_url, svc.zk_hosts           # doctest: +SKIP
 ('redis://127.0.0.1:40211/0', '127.0.0.1:40213')
 >>> svc.stop()                            # doctest: +SKIP
+
+:class:`LocalRedis` runs one ``redis-server`` that asks for a password
+(``requirepass``), for an ACL user's (the ``default`` user then off), and/or
+speaks TLS only, for the tests of Redis credentials and TLS:
+
+>>> r = LocalRedis.start(tmp, password="pw", user="app",
+...                      tls=RedisTls(cert, key, ca))   # doctest: +SKIP
+>>> r.url                                                # doctest: +SKIP
+'rediss://app@127.0.0.1:40215/0'
+>>> r.stop()                                             # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -89,12 +100,14 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _answers(port: int, request: bytes, reply_prefix: bytes, timeout: float) -> bool:
+def _answers(port: int, request: bytes, reply_prefix: bytes | tuple[bytes, ...], timeout: float,
+             tls: ssl.SSLContext | None = None) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(request)
-            return s.recv(16).startswith(reply_prefix)
-    except OSError:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+            with tls.wrap_socket(raw, server_hostname="127.0.0.1") if tls else raw as s:
+                s.sendall(request)
+                return s.recv(16).startswith(reply_prefix)
+    except OSError:  # ssl.SSLError too: a server still starting may cut the handshake
         return False
 
 
@@ -110,16 +123,34 @@ def zk_answers(port: int, timeout: float = 0.5) -> bool:
 
 @dataclass
 class Server:
-    """One started server: what it is, where it listens, its PID and its log."""
+    """One started server: what it is, where it listens, its PID and its log.
+
+    A Redis that asks for a password (``secured``) answers PING with NOAUTH,
+    which is enough to know it serves; one that speaks TLS only (``tls_ca``:
+    the CA of its certificate, ``tls_cert``/``tls_key``: a client certificate
+    when it checks clients) is probed over TLS.
+    """
 
     name: str
     port: int
     pid: int
     log: str
+    secured: bool = False
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
 
     def answers(self) -> bool:
-        probe = redis_answers if self.name == "redis" else zk_answers
-        return probe(self.port)
+        if self.name != "redis":
+            return zk_answers(self.port)
+        if not (self.secured or self.tls_ca):
+            return redis_answers(self.port)
+        tls = None
+        if self.tls_ca:
+            tls = ssl.create_default_context(cafile=self.tls_ca)
+            if self.tls_cert:
+                tls.load_cert_chain(self.tls_cert, self.tls_key)
+        return _answers(self.port, b"*1\r\n$4\r\nPING\r\n", (b"+PONG", b"-NOAUTH"), 0.5, tls)
 
 
 @dataclass
@@ -220,21 +251,125 @@ def _spawn(argv: list[str], log_path: Path) -> int:
     return proc.pid
 
 
-def _start_redis(directory: Path, *extra: str, port: int | None = None) -> Server:
+def _start_redis(directory: Path, *extra: str, port: int | None = None, config: Path | None = None,
+                 tls: bool = False) -> Server:
+    """A redis-server in ``directory``; ``config``: a file read first (redis-server wants it as its first
+    argument); ``tls``: the port speaks TLS only (no plain port at all)."""
     if shutil.which("redis-server") is None:
         raise ServiceError("redis-server is not installed (apt-get install redis-server, or run `make test`)")
     directory.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log = directory / "redis.log"
+    listen = ["--port", "0", "--tls-port", str(port)] if tls else ["--port", str(port)]
     pid = _spawn(
         # What the promises need (README "Redis configuration"): nothing evicted,
         # the epoch, ID cache and processed mark kept across a restart.
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-         "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
+        ["redis-server", *([str(config)] if config else []), *listen, "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
          "--dir", str(directory), "--protected-mode", "yes", *extra],
         log,
     )
     return Server("redis", port, pid, str(log))
+
+
+@dataclass
+class RedisTls:
+    """TLS files for a :class:`LocalRedis`: its certificate and key, the CA it trusts for clients,
+    and whether it asks clients for a certificate (``tls-auth-clients``). ``client_cert`` /
+    ``client_key`` are a client certificate for the start-up probe, needed when it asks."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+    auth_clients: bool = False
+    client_cert: str = ""
+    client_key: str = ""
+
+
+@dataclass
+class LocalRedis:
+    """One ``redis-server`` on loopback with a password, an ACL user and/or TLS, owned by this object.
+
+    ``password`` alone: ``requirepass``. With ``user``: an ACL user with all
+    rights and that password, and the ``default`` user off, so only that user
+    gets in. ``tls``: the port speaks TLS only. The password goes in a
+    configuration file (mode 0600) rather than on the command line, where
+    ``ps`` shows it. :attr:`url` names no password, as a node is given it.
+    ``stop()`` ends the server by PID.
+    """
+
+    base_dir: str
+    server: Server | None = None
+    password: str = ""
+    user: str = ""
+    tls: RedisTls | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        return f"{'rediss' if self.tls else 'redis'}://{user}127.0.0.1:{self.port}/0"
+
+    @classmethod
+    def start(cls, base_dir: str, password: str = "", user: str = "", tls: RedisTls | None = None,
+              deadline_s: float = 30.0) -> "LocalRedis":
+        """Start the server and wait until it answers, or raise ServiceError."""
+        if user and not password:
+            raise ValueError("an ACL user needs a password here")
+        if tls and tls.auth_clients and not tls.client_cert:
+            raise ValueError("tls-auth-clients yes: give a client certificate for the start-up probe")
+        local = cls(base_dir, password=password, user=user, tls=tls)
+        directory = Path(base_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = directory / "secure.conf"
+        config.touch(mode=0o600)
+        config.write_text(local._config())
+
+        def start(d: Path) -> Server:
+            server = _start_redis(d, config=config, tls=tls is not None)
+            server.secured = bool(password)
+            if tls:
+                server.tls_ca, server.tls_cert, server.tls_key = tls.ca_file, tls.client_cert, tls.client_key
+            return server
+
+        try:
+            local.server = _start_answering(start, directory, deadline_s)
+        except BaseException:
+            local.stop()
+            raise
+        return local
+
+    def _config(self) -> str:
+        lines = []
+        if self.user:
+            # Only the ACL user gets in: a client without a user name is refused.
+            lines += ["user default off", f"user {self.user} on {_conf_quote('>' + self.password)} ~* &* +@all"]
+        elif self.password:
+            lines.append(f"requirepass {_conf_quote(self.password)}")
+        if self.tls:
+            lines += [f"tls-cert-file {_conf_quote(self.tls.cert_file)}",
+                      f"tls-key-file {_conf_quote(self.tls.key_file)}",
+                      f"tls-ca-cert-file {_conf_quote(self.tls.ca_file)}",
+                      f"tls-auth-clients {'yes' if self.tls.auth_clients else 'no'}"]
+        return "".join(f"{line}\n" for line in lines)
+
+    def stop(self, deadline_s: float = 10.0) -> None:
+        """Stop the server by PID (TERM, then KILL after the deadline); never raises for one that is gone."""
+        if self.server is not None:
+            _stop_pid(self.server.pid, deadline_s)
+
+    def logs(self) -> str:
+        return "" if self.server is None else f"--- redis ({self.server.log}) ---\n{_log_tail(self.server.log)}"
+
+
+def _conf_quote(value: str) -> str:
+    """``value`` as one argument of a redis.conf line (a double-quoted string, escapes as redis reads them)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return f'"{escaped}"'
 
 
 @dataclass

@@ -74,12 +74,55 @@ def _spark_conf(pairs: list[str]) -> dict:
     return conf
 
 
+def _grpc_security(args, graph):
+    """The flow file's ``security`` section with the command line's TLS and token settings over it;
+    exits EXIT_BAD_FLOW naming the file or setting that cannot be used (never a secret's value)."""
+    from twinflow.grpc_security import SecurityConfigError, security_from
+    from twinflow.secrets import SecretError
+
+    refs = {}
+    for pair in getattr(args, "token", None) or []:
+        scope, eq, ref = pair.partition("=")
+        if not eq:
+            raise SystemExit(f"twinflow: --token {scope[:12]}...: expected SCOPE=file:PATH or SCOPE=env:NAME")
+        refs[scope] = ref
+    try:
+        return security_from(graph.cluster.security if graph.cluster else None, cert=getattr(args, "tls_cert", None),
+                             key=getattr(args, "tls_key", None), ca=args.tls_ca, mutual=getattr(args, "tls_mutual", False),
+                             server_name=args.tls_server_name, token_refs=refs,
+                             insecure=getattr(args, "insecure", False))
+    except (SecurityConfigError, SecretError) as exc:
+        print(f"twinflow: gRPC security settings refused: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_FLOW) from None
+
+
+def _security_flags(parser, serving: bool) -> None:
+    g = parser.add_argument_group("gRPC security (over the flow file's security section)")
+    if serving:
+        g.add_argument("--tls-cert", metavar="PEM", help="this node's certificate (its gRPC server; and its "
+                                                          "client certificate with --tls-mutual)")
+        g.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+        g.add_argument("--tls-mutual", action="store_true", help="ask for and check client certificates "
+                                                                 "signed by --tls-ca (node to node)")
+        g.add_argument("--insecure", action="store_true",
+                       help="serve a non-loopback --listen without TLS and tokens (warned at start and "
+                            "every minute)")
+    g.add_argument("--tls-ca", metavar="PEM", help="the CA that signed the nodes' certificates")
+    g.add_argument("--tls-server-name", metavar="NAME", help="the name to check in a node's certificate "
+                                                             "when it is not the host dialled")
+    g.add_argument("--token", action="append", metavar="SCOPE=REF",
+                   help="a token for ingest, escalation or admin, named as file:PATH or env:NAME (never "
+                        "the token itself); repeatable")
+
+
 def cmd_run(args) -> int:
     # The node's only fork is Spark's JVM launch, an immediate exec: gRPC's
     # fork handlers have nothing to protect there and can break it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from twinflow.cluster.connect import ServiceUnavailable
     from twinflow.cluster.node import FlowNode, NodeConfig, StartRefused
+    from twinflow.grpc_security import SecurityConfigError
+    from twinflow.runtime.store.redis_auth import RedisSettingsError
 
     graph = _load_flow(args.flow)
     cfg = NodeConfig(
@@ -94,7 +137,13 @@ def cmd_run(args) -> int:
         connect_deadline_s=args.connect_timeout,
         start_from=args.start_from,
         worker_pace_ms=args.worker_pace_ms,
+        security=_grpc_security(args, graph),
     )
+    try:  # before anything starts: a refused bind must not wait for Spark to come up first
+        cfg.security.check_bind(cfg.listen)
+    except SecurityConfigError as exc:
+        print(f"twinflow: refused to start: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     if graph.cluster is not None and (graph.cluster.shards > 1 or not cfg.spark_master.startswith("local")):
         # On a Spark cluster, or with shards, the flow's work runs on the executors.
         from twinflow.cluster.sharded_node import ShardedNode
@@ -109,7 +158,7 @@ def cmd_run(args) -> int:
         print(f"twinflow: {exc}", file=sys.stderr)
         node.stop()
         return EXIT_UNAVAILABLE
-    except StartRefused as exc:
+    except (StartRefused, SecurityConfigError, RedisSettingsError) as exc:
         print(f"twinflow: refused to start: {exc}", file=sys.stderr)
         node.stop()
         return EXIT_REFUSED
@@ -142,7 +191,7 @@ def _flow_stores(args):
         try:
             client = client_from_url(url, socket_connect_timeout=3, slot_key=keys.uplink)
         except redis.RedisError:  # down: the command's first call reports it
-            client = redis.Redis.from_url(url, socket_connect_timeout=3)
+            client = client_from_url(url, socket_connect_timeout=3)  # no round trip: cannot fail
         stores.append(FlowStore(client, keys, "cli"))
     return graph, stores
 
@@ -151,6 +200,7 @@ def cmd_status(args) -> int:
     import redis
 
     from twinflow.runtime.store.flow_store import RedisUnavailable
+    from twinflow.secrets import redact_text, redact_url
 
     graph, stores = _flow_stores(args)
     store = stores[0]
@@ -165,8 +215,10 @@ def cmd_status(args) -> int:
         seen.write_text(json.dumps(sorted({r["grpc_address"] for r in rows if r.get("grpc_address")})))
     except (redis.RedisError, RedisUnavailable) as exc:
         # Redis is down: ask the nodes themselves (they report it, and whether they read).
-        print(f"twinflow: Redis at {store.r} did not answer: {exc}", file=sys.stderr)
-        rows = _statuses_over_grpc(args.node or (json.loads(seen.read_text()) if seen.exists() else []))
+        print(f"twinflow: Redis at {redact_url(_address(args.redis, 'TWINFLOW_REDIS', 'redis'))} did not answer: "
+              f"{redact_text(str(exc))}", file=sys.stderr)
+        rows = _statuses_over_grpc(args.node or (json.loads(seen.read_text()) if seen.exists() else []),
+                                   _grpc_security(args, graph))
         if not rows:
             print("twinflow: no node answered over gRPC either (pass --node HOST:PORT)", file=sys.stderr)
             return EXIT_UNAVAILABLE
@@ -181,29 +233,30 @@ def cmd_status(args) -> int:
     return 0
 
 
-def _statuses_over_grpc(addresses: list[str]) -> list[dict]:
-    from twinflow.cluster.grpc_server import node_status
+def _statuses_over_grpc(addresses: list[str], security) -> list[dict]:
+    from twinflow.client import node_status
 
     rows = []
     for address in addresses:
         try:
-            rows.append(node_status(address, timeout_s=3.0))
+            rows.append(node_status(address, timeout_s=3.0, security=security))
         except Exception as exc:  # a node that is gone: say so, ask the next
             print(f"twinflow: node at {address} did not answer: {exc}", file=sys.stderr)
     return rows
 
 
 def cmd_handover(args) -> int:
-    from twinflow.cluster.grpc_server import request_handover
+    from twinflow.client import request_handover
 
-    _, stores = _flow_stores(args)
+    graph, stores = _flow_stores(args)
+    security = _grpc_security(args, graph)
     # One master per shard; a node hands over every shard it is master of.
     masters = sorted({r["grpc_address"] for store in stores for r in store.read_statuses()
                       if r.get("role") == "master"})
     if not masters:
         print("twinflow: no live master found", file=sys.stderr)
         return 1
-    results = [request_handover(address, timeout_s=args.timeout) for address in masters]
+    results = [request_handover(address, timeout_s=args.timeout, security=security) for address in masters]
     for result in results:
         print(json.dumps(result))
     return 0 if all(r.get("ok") for r in results) else 1
@@ -452,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "master); fewer, larger worker batches leave the cores to the master")
     r.add_argument("--connect-timeout", type=float, default=60.0,
                    help="seconds to wait for Redis and ZooKeeper at start (default 60)")
+    _security_flags(r, serving=True)
     r.set_defaults(fn=cmd_run)
 
     for name, fn, helptext in (("status", cmd_status, "each node's role, epoch, lag and counts"),
@@ -466,6 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(default: the nodes the last status found)")
         else:
             s.add_argument("--timeout", type=float, default=5.0)
+        _security_flags(s, serving=False)
         s.set_defaults(fn=fn)
 
     rp = sub.add_parser("replay", help="run a flow over recorded events on a virtual clock")

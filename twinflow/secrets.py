@@ -73,4 +73,5 @@ def redact_text(text: str, *secrets: str | None) -> str:
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
-    return re.sub(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:@/\s]*):([^@/\s]*)@", r"\1:***@", text)
+    # Up to the last "@" before the host, so that an unencoded "@" or "/" in a password is hidden too.
+    return re.sub(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:@/\s]*):(\S*)@", r"\1:***@", text)

@@ -12,6 +12,11 @@ Under failure: when the slot moves (a failover promoted a replica, or an
 operator resharded), the old primary answers ``MOVED <slot> <host:port>``;
 :func:`follow_moved` gives the caller a connection to the new owner, and the
 store retries the call there (a call that got MOVED did not run).
+
+Credentials and TLS: every client is built by :func:`client_from_url`, which
+adds the password and TLS files the environment names (``redis_auth``), and
+a client that follows MOVED keeps them (user, password, TLS files and the
+connection class), so every node of a cluster must accept the same ones.
 """
 
 from __future__ import annotations
@@ -20,11 +25,17 @@ from typing import Any
 
 import redis
 
+from .redis_auth import client_options
+
 
 def client_from_url(url: str, **options: Any) -> redis.Redis:
-    """A client for ``url``; to a cluster node, one for the owner of ``slot_key``'s slot (see module)."""
+    """A client for ``url``; to a cluster node, one for the owner of ``slot_key``'s slot (see module).
+
+    The environment's password and TLS files (``redis_auth``) come first, so that
+    a caller's explicit ``options`` override them; a password in ``url`` overrides both.
+    """
     slot_key = options.pop("slot_key", None)
-    client = redis.Redis.from_url(url, **options)
+    client = redis.Redis.from_url(url, **{**client_options(url), **options})
     if slot_key is None:
         return client
     owner = slot_owner(client, slot_key)
@@ -55,7 +66,7 @@ def follow_moved(client: redis.Redis, moved: redis.exceptions.MovedError) -> red
 
 
 def _to(client: redis.Redis, host: str, port: int) -> redis.Redis:
-    """A client with ``client``'s settings (timeouts, password, database) on another node."""
+    """A client with ``client``'s settings (timeouts, user, password, TLS, database) on another node."""
     pool = client.connection_pool
     if (pool.connection_kwargs.get("host"), pool.connection_kwargs.get("port")) == (host, port):
         return client

@@ -1,0 +1,276 @@
+"""gRPC security on real sockets: TLS, mutual TLS, per-scope tokens, the bind guard, health,
+reflection, size limits, and random input that must leave a node up and its uplink clean.
+
+Certificates come from a throw-away CA made by ``trustme``; every server binds
+127.0.0.1 (TLS on loopback), except the bind-guard checks, which only try to
+bind 0.0.0.0 and are refused before listening, or bind it for a moment
+with ``insecure``.
+"""
+
+import json
+import threading
+
+import grpc
+import pytest
+import redis
+import trustme
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from twinflow.cluster.escalation import EscalationServicer
+from twinflow.cluster.grpc_server import AdminServicer, IngestServicer, create_server
+from twinflow.cluster.health import NodeHealth
+from twinflow.grpc_security import GrpcSecurity, SecurityConfigError, TlsFiles, warn_insecure
+from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
+from twinflow.wire import twinflow_pb2 as pb
+from twinflow.wire import twinflow_pb2_grpc as pb_grpc
+
+TOKENS = {"ingest": "ingest-token", "escalation": "escalation-token", "admin": "admin-token"}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1 and localhost, and a client certificate."""
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.private_key_pem.write_to_path(str(d / "server-key.pem"))
+    server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
+    client = ca.issue_cert("node-b.example")
+    client.private_key_pem.write_to_path(str(d / "client-key.pem"))
+    client.cert_chain_pems[0].write_to_path(str(d / "client.pem"))
+    return d
+
+
+def serve(security, health=None, **servicers):
+    admin = servicers.pop("admin", AdminServicer(status=lambda: {"flow": "f", "role": "worker"},
+                                                  handover=lambda t: {"ok": False, "reason": "not master"}))
+    server, port = create_server("127.0.0.1:0", admin=admin, security=security, health=health, **servicers)
+    return server, f"127.0.0.1:{port}"
+
+
+def status_code(call):
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code()
+
+
+def test_tls_and_tokens_per_scope(pki):
+    server_side = GrpcSecurity(tls=TlsFiles(cert=str(pki / "server.pem"), key=str(pki / "server-key.pem")),
+                               tokens=TOKENS)
+    server, address = serve(server_side, ingest=IngestServicer("f", lambda bodies, d: ["1-0"] * len(bodies)))
+    try:
+        def client(token_scope_value: dict) -> GrpcSecurity:
+            return GrpcSecurity(tls=TlsFiles(ca=str(pki / "ca.pem")), tokens=token_scope_value)
+
+        def status(security):
+            with security.channel(address, "admin") as ch:
+                return pb_grpc.AdminStub(ch).Status(pb.StatusRequest(), timeout=5)
+
+        assert status(client({"admin": "admin-token"})).role == "worker"
+        assert status_code(lambda: status(client({}))) == grpc.StatusCode.UNAUTHENTICATED
+        assert status_code(lambda: status(client({"admin": "guess"}))) == grpc.StatusCode.UNAUTHENTICATED
+        # A valid token of another scope: known, but not allowed here.
+        assert status_code(lambda: status(client({"admin": "ingest-token"}))) == grpc.StatusCode.PERMISSION_DENIED
+        # Plain text to the TLS port never reaches a service.
+        assert status_code(lambda: status(GrpcSecurity(tokens={"admin": "admin-token"}))) == \
+            grpc.StatusCode.UNAVAILABLE
+        with client({"ingest": "ingest-token"}).channel(address, "ingest") as ch:
+            reply = pb_grpc.IngestStub(ch).Publish(pb.PublishRequest(flow="f", messages=[pb.Envelope(body=b"{}")]),
+                                                   timeout=5)
+        assert list(reply.positions) == ["1-0"]
+    finally:
+        server.stop(None).wait()
+
+
+def test_mutual_tls_refuses_a_client_without_a_certificate(pki):
+    tls = TlsFiles(cert=str(pki / "server.pem"), key=str(pki / "server-key.pem"), ca=str(pki / "ca.pem"),
+                   mutual=True)
+    server, address = serve(GrpcSecurity(tls=tls))
+    try:
+        def status(client_tls):
+            with GrpcSecurity(tls=client_tls).channel(address, "admin") as ch:
+                return pb_grpc.AdminStub(ch).Status(pb.StatusRequest(), timeout=5)
+
+        with_cert = TlsFiles(cert=str(pki / "client.pem"), key=str(pki / "client-key.pem"), ca=str(pki / "ca.pem"))
+        assert status(with_cert).role == "worker"
+        assert status_code(lambda: status(TlsFiles(ca=str(pki / "ca.pem")))) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(None).wait()
+
+
+def test_a_non_loopback_bind_needs_tls_and_tokens_or_insecure(pki, caplog):
+    tls = TlsFiles(cert=str(pki / "server.pem"), key=str(pki / "server-key.pem"))
+    with pytest.raises(SecurityConfigError, match="without TLS"):
+        create_server("0.0.0.0:0", security=GrpcSecurity(tokens=TOKENS))
+    with pytest.raises(SecurityConfigError, match="without a token for escalation, admin"):
+        create_server("0.0.0.0:0", security=GrpcSecurity(tls=tls, tokens={"ingest": "x"}))
+    with pytest.raises(SecurityConfigError, match="tls.key: cannot read /k.pem"):
+        create_server("127.0.0.1:0", security=GrpcSecurity(tls=TlsFiles(cert="/nonexistent.pem", key="/k.pem")))
+    server, _ = create_server("0.0.0.0:0", security=GrpcSecurity(insecure=True))
+    server.stop(None).wait()
+    # The warning: at start and then once per interval (the wait is the test's, not a clock's).
+    stop, rounds = threading.Event(), []
+    with caplog.at_level("WARNING", logger="twinflow.security"):
+        warn_insecure("0.0.0.0:7070", stop, every_s=60.0,
+                      wait=lambda s: rounds.append(s) or len(rounds) == 3).join(timeout=5)
+    warnings = [r for r in caplog.records if "--insecure" in r.getMessage()]
+    assert len(warnings) == 3 and rounds == [60.0, 60.0, 60.0]
+
+
+def test_health_per_service_and_reflection_without_a_token():
+    health = NodeHealth()
+    server, address = serve(GrpcSecurity(tokens=TOKENS), health=health.servicer,
+                            escalation=EscalationServicer("f", lambda e, c: 0))
+    try:
+        with grpc.insecure_channel(address) as ch:
+            check = health_pb2_grpc.HealthStub(ch).Check
+
+            def status_of(service):
+                return check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+            serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+            assert status_of("twinflow.wire.Admin") == serving
+            assert status_of("twinflow.wire.Ingest") == not_serving
+            health.streaming(True)
+            assert status_of("twinflow.wire.Ingest") == serving and status_of("") == serving
+            health.stopping()
+            assert status_of("twinflow.wire.Escalation") == not_serving
+
+            reflect = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo
+            replies = list(reflect(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+            names = {s.name for s in replies[0].list_services_response.service}
+            assert {"twinflow.wire.Admin", "twinflow.wire.Escalation", "grpc.health.v1.Health"} <= names
+    finally:
+        server.stop(None).wait()
+
+
+@pytest.fixture
+def ingest_node(redis_url, flow_name):
+    """A node's server over a real uplink: Ingest writes into Redis, with tokens."""
+    client = redis.Redis.from_url(redis_url)
+    store = FlowStore(client, FlowKeys(flow_name, "uplink", "sink"), "n1")
+    server, port = create_server(
+        "127.0.0.1:0", ingest=IngestServicer(flow_name, store.publish, max_batch=100),
+        escalation=EscalationServicer(flow_name, lambda e, c: len(c), admit=lambda node, epoch: "not the master"),
+        admin=AdminServicer(lambda: {"flow": flow_name}, lambda t: {"ok": False}),
+        security=GrpcSecurity(tokens=TOKENS), max_message_bytes=64 * 1024)
+    try:
+        yield f"127.0.0.1:{port}", client, store.keys.uplink
+    finally:
+        server.stop(None).wait()
+        client.close()
+
+
+def test_refusals_have_their_status_codes(ingest_node, flow_name):
+    address, r, uplink = ingest_node
+    sec = GrpcSecurity(tokens=TOKENS)
+    with sec.channel(address, "ingest") as ch:
+        publish = pb_grpc.IngestStub(ch).Publish
+
+        def send(flow, bodies):
+            return publish(pb.PublishRequest(flow=flow, messages=[pb.Envelope(body=b) for b in bodies]), timeout=5)
+
+        assert status_code(lambda: send("other", [b"{}"])) == grpc.StatusCode.INVALID_ARGUMENT
+        assert status_code(lambda: send(flow_name, [b"{}"] * 101)) == grpc.StatusCode.INVALID_ARGUMENT
+        assert status_code(lambda: send(flow_name, [b"x" * 70_000])) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert r.xlen(uplink) == 0
+        assert len(send(flow_name, [b'{"id": "ok"}']).positions) == 1
+    with sec.channel(address, "escalation") as ch:
+        acks = list(pb_grpc.EscalationStub(ch).Escalate(iter([pb.EscalationBatch(
+            flow=flow_name, from_node="x", epoch=99, seq=1, claims=[pb.Envelope(id="a", key="1", position="1-0")])]),
+            timeout=5))
+    assert not acks[0].accepted and acks[0].reason == "not the master"
+
+
+METHODS = ("/twinflow.wire.Ingest/Publish", "/twinflow.wire.Admin/Status", "/twinflow.wire.Admin/Handover",
+           "/twinflow.wire.Escalation/Escalate")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(method=st.sampled_from(METHODS),
+       shape=st.one_of(st.binary(max_size=2048),
+                       st.tuples(st.sampled_from(["this flow", "other", ""]), st.lists(st.binary(max_size=64),
+                                                                                      max_size=5))),
+       token=st.sampled_from([None, "ingest-token", "admin-token", "escalation-token", "wrong"]))
+def test_random_input_to_every_rpc_leaves_the_node_up_and_the_uplink_clean(ingest_node, flow_name, method,
+                                                                           shape, token):
+    """Random bytes (most not a valid message at all) or random envelopes, with any token:
+    every call ends with a status, the node answers Status afterwards, and the uplink gains
+    entries only for a Publish that carried the ingest token and named this flow."""
+    address, r, uplink = ingest_node
+    if isinstance(shape, bytes):
+        payload = shape
+    else:
+        flow = flow_name if shape[0] == "this flow" else shape[0]
+        envelopes = [pb.Envelope(id=f"e{i}", key=str(i), position="1-0", body=b) for i, b in enumerate(shape[1])]
+        message = (pb.EscalationBatch(flow=flow, from_node="x", epoch=1, seq=1, claims=envelopes)
+                   if method.endswith("Escalate") else pb.PublishRequest(flow=flow, messages=envelopes))
+        payload = message.SerializeToString()
+    before = r.xlen(uplink)
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    with grpc.insecure_channel(address) as ch:
+        if method.endswith("Escalate"):
+            call = ch.stream_stream(method, request_serializer=None, response_deserializer=None)
+            try:
+                list(call(iter([payload]), metadata=metadata, timeout=5))
+            except grpc.RpcError as exc:
+                assert exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+        else:
+            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+            try:
+                call(payload, metadata=metadata, timeout=5)
+            except grpc.RpcError as exc:
+                assert exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+        status = pb_grpc.AdminStub(ch).Status(pb.StatusRequest(), timeout=5,
+                                              metadata=[("authorization", "Bearer admin-token")])
+        assert status.flow == flow_name
+    added = r.xlen(uplink) - before
+    if not (method.endswith("Publish") and token == "ingest-token"):
+        assert added == 0
+    else:
+        try:
+            request = pb.PublishRequest.FromString(payload)
+        except Exception:
+            request = None
+        expected = len(request.messages) if request is not None and request.flow == flow_name else 0
+        assert added == expected
+        if added:
+            got = [e[1][b"data"] for e in r.xrange(uplink, count=before + added)[before:]]
+            assert got == [m.body for m in request.messages]
+
+
+def test_flow_file_tokens_are_references_never_values(tmp_path):
+    from twinflow.runtime.flowgraph import FlowFileError, parse_graph
+
+    text = ("flow: f\nuplink: {stream: u}\ninput: d\nnodes:\n  d: {type: action, sink: {stream: s}}\n"
+            "security:\n  tokens: {admin: %s}\n")
+    with pytest.raises(FlowFileError) as info:
+        parse_graph(text % "hunter2-the-token", str(tmp_path / "f.yaml"))
+    assert "file:PATH or env:NAME" in str(info.value) and "hunter2" not in str(info.value)
+    (tmp_path / "admin.token").write_text("s3cret\n")
+    graph = parse_graph(text % "file:admin.token", str(tmp_path / "f.yaml"))
+    assert dict(graph.cluster.security.tokens) == {"admin": f"file:{tmp_path / 'admin.token'}"}
+    sec = GrpcSecurity.from_refs(token_refs=dict(graph.cluster.security.tokens))
+    assert sec.tokens == {"admin": "s3cret"}
+    assert json.dumps(dict(graph.cluster.security.tokens)).count("s3cret") == 0
+
+
+def test_twinflow_run_refuses_a_public_bind_without_tls_before_starting(tmp_path):
+    """The guard runs before Spark, Redis or ZooKeeper are touched (their addresses here lead nowhere)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "twinflow.cli", "run", "examples/cluster.yaml", "--node-id", "x",
+            "--redis", "redis://127.0.0.1:1/0", "--zk", "127.0.0.1:1", "--listen", "0.0.0.0:0",
+            "--state-dir", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 4, done.stderr
+    assert "refusing to serve gRPC on 0.0.0.0:0 without TLS" in done.stderr
+    bad_ref = subprocess.run(argv[:-4] + ["--token", "admin=hunter2", "--state-dir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=60)
+    assert bad_ref.returncode == 2 and "hunter2" not in bad_ref.stderr
+    assert "file:PATH or env:NAME" in bad_ref.stderr

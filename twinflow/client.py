@@ -1,0 +1,535 @@
+"""A Python client for services that talk to a twinflow cluster over gRPC.
+
+:class:`Client` publishes message bodies into a flow's uplink through the
+Ingest service of any of the flow's nodes, and asks nodes for their status
+and for a graceful handover (the Admin service). :class:`EscalationClient`
+reports processed messages to a flow's worker over the Escalation stream,
+one acknowledged batch at a time. Both take a :class:`~twinflow.grpc_security.GrpcSecurity`
+(TLS files and the bearer token of each scope: ``ingest`` for publishing,
+``admin`` for status and handover, ``escalation`` for claims); the default,
+``NO_SECURITY``, is plain gRPC, as a node on loopback serves by default.
+
+What :meth:`Client.publish` promises under failure (at-least-once):
+
+- It returns only when every body is written, with the bodies' uplink
+  positions in order; otherwise it raises :class:`PublishError`, which says
+  which leading bodies were written (``positions``) and how many were not
+  confirmed (``unconfirmed``: some of them may have been written).
+- ``RESOURCE_EXHAUSTED`` (the node is at its limit of concurrent publishes
+  and refused before writing anything) is always retried after a back-off.
+- ``UNAVAILABLE`` (the node, or its Redis, is down) is retried too, on the
+  next address when there are several, unless ``retry_unavailable=False``.
+  A node may answer ``UNAVAILABLE`` after Redis wrote some of the batch, so a
+  retry can write those entries twice. The flow delivers each message ID
+  once (the ID cache and the processed mark skip a repeated ID), so a
+  duplicate *uplink entry* is never a duplicate *delivery*, provided every
+  body carries the flow's message ID field. Pass ``retry_unavailable=False``
+  where a duplicate uplink entry is not acceptable; then decide yourself.
+- Nothing else is retried: ``INVALID_ARGUMENT`` (wrong flow, a batch over the
+  node's ``max_batch``, a request over its message size limit),
+  ``UNAUTHENTICATED``, ``PERMISSION_DENIED``, ``FAILED_PRECONDITION``,
+  ``DEADLINE_EXCEEDED`` and any other code fail at once, because another try
+  would fail the same way or might write twice without the caller knowing.
+- Every call together, retries and pauses included, ends within
+  ``deadline_s``; each RPC gets what is left of it as its gRPC deadline.
+
+Back-off: pauses start at ``initial_backoff_s`` and double up to
+``max_backoff_s``, each drawn between half and all of the current value (so
+that clients refused together do not come back together); a batch that
+succeeds resets it. With several addresses, ``UNAVAILABLE`` moves to the next
+address at once, and pauses only once every address failed in a row.
+
+>>> from twinflow.cluster.grpc_server import AdminServicer, IngestServicer, create_server
+>>> written = []
+>>> def uplink(bodies, deadline_s):
+...     written.extend(bodies)
+...     return [f"1700000000000-{len(written) - len(bodies) + i}" for i in range(len(bodies))]
+>>> server, port = create_server("127.0.0.1:0", ingest=IngestServicer("orders", uplink),
+...     admin=AdminServicer(status=lambda: {"flow": "orders", "node_id": "a", "role": "master"},
+...                         handover=lambda timeout_s: {"ok": True, "new_master": "b"}))
+>>> with Client(f"127.0.0.1:{port}", "orders") as client:
+...     client.publish([{"id": "o1", "type": "order"}, b'{"id": "p1", "type": "payment"}'], batch_size=1)
+...     client.status()["role"]
+...     client.handover(timeout_s=2.0)["new_master"]
+['1700000000000-0', '1700000000000-1']
+'master'
+'b'
+>>> written[0]
+b'{"id":"o1","type":"order"}'
+>>> with Client(f"127.0.0.1:{port}", "payments") as client:
+...     client.publish([b"{}"])
+Traceback (most recent call last):
+...
+twinflow.client.PublishError: publish to flow 'payments' failed: INVALID_ARGUMENT: \
+wrong flow 'payments': this node serves 'orders' (0 written, 1 not confirmed)
+>>> _ = server.stop(None).wait()
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+import grpc
+
+from twinflow.cluster.escalation import CHANNEL_OPTIONS as ESCALATION_CHANNEL_OPTIONS
+from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
+from twinflow.wire import twinflow_pb2 as pb
+from twinflow.wire import twinflow_pb2_grpc as pb_grpc
+
+__all__ = [
+    "Ack",
+    "Client",
+    "EscalationClient",
+    "PublishError",
+    "node_status",
+    "publish",
+    "request_handover",
+]
+
+DEFAULT_BATCH_SIZE = 1000
+# A node refuses a request over 64 MiB (grpc_server.DEFAULT_MAX_MESSAGE_BYTES); batches are cut
+# well below that so that a batch of large bodies is split, not refused.
+DEFAULT_MAX_BATCH_BYTES = 16 << 20
+# The node may use all of the handover's timeout_s before it answers; the RPC leaves room for the reply.
+HANDOVER_REPLY_MARGIN_S = 5.0
+
+CHANNEL_OPTIONS = [
+    # gRPC's default reconnect back-off starts at 1 s and grows to 120 s, during which calls on
+    # the channel fail at once; a node that restarts must be reachable again within the
+    # client's own retries, which do the backing off.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+# The gRPC library's refusal of a request over the peer's size limit is RESOURCE_EXHAUSTED
+# too, but a retry of the same request can never succeed.
+_TOO_LARGE = "larger than max"
+
+
+class PublishError(grpc.RpcError):
+    """:meth:`Client.publish` gave up; nothing after ``positions`` is known to be written.
+
+    Like the ``grpc.RpcError`` it stands for, ``code()`` and ``details()``
+    give the status of the last attempt, also when the overall deadline ended
+    the retries (``DEADLINE_EXCEEDED`` when it passed before a batch's first
+    attempt, or an RPC ran out of time). ``positions`` are the uplink
+    positions of the bodies written, a prefix of what was given, in order;
+    ``unconfirmed`` bodies follow them, of which some may have been written
+    when the code was ``UNAVAILABLE`` or ``DEADLINE_EXCEEDED`` (see the module
+    doc). ``attempts`` counts the Publish calls made for the batch that failed.
+    """
+
+    def __init__(self, flow: str, code: grpc.StatusCode, details: str, positions: list[str],
+                 unconfirmed: int, attempts: int, address: str):
+        self._code, self._details = code, details
+        self.flow, self.positions, self.unconfirmed = flow, positions, unconfirmed
+        self.attempts, self.address = attempts, address
+        super().__init__(f"publish to flow {flow!r} failed: {code.name}: {details} "
+                         f"({len(positions)} written, {unconfirmed} not confirmed)")
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class Client:
+    """Publishes to one flow and asks its nodes for status and handover; keeps its channels open.
+
+    ``address`` is one node's gRPC address ("host:port") or a list of them;
+    publishes start at the first and move on when a node is unavailable (see
+    the module doc for retries). ``security`` gives TLS and the tokens (the
+    ``ingest`` scope for :meth:`publish`, ``admin`` for :meth:`status` and
+    :meth:`handover`). ``sleep``, ``monotonic`` and ``jitter`` (a number in
+    [0, 1)) are the clock and randomness of the retries, for tests.
+
+    Use it as a context manager, or call :meth:`close`: channels (and their
+    connections) are opened on first use and kept for the next calls. A
+    client may be shared between threads.
+    """
+
+    def __init__(
+        self,
+        address: str | list[str],
+        flow: str,
+        security: GrpcSecurity = NO_SECURITY,
+        *,
+        retry_unavailable: bool = True,
+        initial_backoff_s: float = 0.05,
+        max_backoff_s: float = 1.0,
+        channel_options: list[tuple[str, object]] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
+    ):
+        self.addresses = [address] if isinstance(address, str) else list(address)
+        if not self.addresses:
+            raise ValueError("a client needs at least one node address")
+        if initial_backoff_s <= 0 or max_backoff_s < initial_backoff_s:
+            raise ValueError("back-off needs 0 < initial_backoff_s <= max_backoff_s")
+        self.flow, self.security = flow, security
+        self.retry_unavailable = retry_unavailable
+        self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
+        self._options = CHANNEL_OPTIONS + list(channel_options or [])
+        self._sleep, self._monotonic, self._jitter = sleep, monotonic, jitter
+        self._lock = threading.Lock()
+        self._channels: dict[tuple[str, str], grpc.Channel] = {}
+        self._current = 0  # the address publishes go to first: the last one that answered
+        self._closed = False
+
+    # ---- publishing --------------------------------------------------------
+
+    def publish(
+        self,
+        bodies: Iterable[bytes | dict],
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        deadline_s: float = 10.0,
+    ) -> list[str]:
+        """Write ``bodies`` to the flow's uplink; return their uplink positions, in order.
+
+        A dict is sent as its JSON text, bytes as they are. The bodies go in
+        Publish calls of at most ``batch_size`` bodies and ``max_batch_bytes``
+        bytes (a larger single body goes alone), one after another; a node
+        refuses a batch over its ``max_batch`` (10,000 by default). All of it,
+        retries included, ends within ``deadline_s``. Raises
+        :class:`PublishError` when it gives up (see the module doc).
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        encoded = [_encode(b, i) for i, b in enumerate(bodies)]
+        end = self._monotonic() + deadline_s
+        positions: list[str] = []
+        for batch in _batches(encoded, batch_size, max_batch_bytes):
+            positions.extend(self._publish_batch(batch, end, positions, len(encoded)))
+        return positions
+
+    def _publish_batch(self, batch: list[bytes], end: float, written: list[str], total: int) -> list[str]:
+        backoff = self.initial_backoff_s
+        attempts = failed_in_row = 0
+        code, details, address = grpc.StatusCode.OK, "", self.addresses[self._current]
+
+        def give_up(code: grpc.StatusCode, details: str) -> PublishError:
+            return PublishError(self.flow, code, details, list(written), total - len(written), attempts, address)
+
+        while True:
+            remaining = end - self._monotonic()
+            if remaining <= 0:
+                if not attempts:
+                    raise give_up(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before the batch was sent")
+                raise give_up(code, f"{details} (gave up: the deadline passed, after {attempts} attempts)")
+            current = self._current
+            address = self.addresses[current]
+            attempts += 1
+            try:
+                positions = _publish_once(self._channel(address, "ingest"), self.flow, batch, remaining)
+            except grpc.RpcError as exc:
+                code, details = exc.code(), exc.details() or ""
+                if not self._retryable(code, details):
+                    raise give_up(code, details) from None
+                if code == grpc.StatusCode.UNAVAILABLE and len(self.addresses) > 1:
+                    with self._lock:
+                        if self._current == current:  # another thread may have moved on already
+                            self._current = (current + 1) % len(self.addresses)
+                    failed_in_row += 1
+                    if failed_in_row % len(self.addresses):
+                        continue  # another node may be up: try it at once
+                pause = backoff * (0.5 + 0.5 * self._jitter())
+                if self._monotonic() + pause >= end:
+                    raise give_up(code, f"{details} (gave up: the deadline would pass during the next "
+                                        f"back-off, after {attempts} attempts)") from None
+                self._sleep(pause)
+                backoff = min(backoff * 2, self.max_backoff_s)
+                continue
+            if len(positions) != len(batch):
+                # A node always answers one position per body; anything else is not twinflow's Ingest.
+                raise give_up(grpc.StatusCode.INTERNAL,
+                              f"{address} answered {len(positions)} positions for {len(batch)} bodies")
+            return positions
+
+    def _retryable(self, code: grpc.StatusCode, details: str) -> bool:
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return _TOO_LARGE not in details
+        return code == grpc.StatusCode.UNAVAILABLE and self.retry_unavailable
+
+    # ---- admin -------------------------------------------------------------
+
+    def status(self, address: str | None = None, timeout_s: float = 5.0) -> dict:
+        """The NodeStatus of the node at ``address`` as a dict with every field.
+
+        Without ``address``: of the first of the client's nodes that answers,
+        starting with the one publishes go to (its ``node_id`` and
+        ``grpc_address`` say which). Raises ``grpc.RpcError`` (the last
+        node's) when none answers.
+        """
+        if address is not None:
+            return _status(self._channel(address, "admin"), timeout_s)
+        last: grpc.RpcError | None = None
+        for a in self._in_order():
+            try:
+                return _status(self._channel(a, "admin"), timeout_s)
+            except grpc.RpcError as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    def statuses(self, timeout_s: float = 5.0) -> dict[str, dict | grpc.RpcError]:
+        """Every address's status dict, or the ``grpc.RpcError`` its node answered with."""
+        out: dict[str, dict | grpc.RpcError] = {}
+        for a in self.addresses:
+            try:
+                out[a] = _status(self._channel(a, "admin"), timeout_s)
+            except grpc.RpcError as exc:
+                out[a] = exc
+        return out
+
+    def handover(self, timeout_s: float = 5.0, address: str | None = None) -> dict:
+        """Ask the master to hand mastership over within ``timeout_s``; the HandoverReply as a dict.
+
+        The node asked is ``address``, else the only address, else the first
+        address whose status says ``master``; when none does, the reply is
+        ``ok: False`` with the reason, and no node was asked. A node that is
+        not master answers ``ok: False`` itself. Raises ``grpc.RpcError``.
+        """
+        if address is None and len(self.addresses) == 1:
+            address = self.addresses[0]
+        if address is None:
+            roles = {a: s for a, s in self.statuses(timeout_s=min(timeout_s, 5.0)).items() if isinstance(s, dict)}
+            address = next((a for a, s in roles.items() if s.get("role") == "master"), None)
+            if address is None:
+                return {"ok": False, "new_master": "", "seconds": 0.0,
+                        "reason": f"no master among {', '.join(self.addresses)}"}
+        return _handover(self._channel(address, "admin"), timeout_s)
+
+    # ---- channels ----------------------------------------------------------
+
+    def _in_order(self) -> list[str]:
+        n = self._current
+        return self.addresses[n:] + self.addresses[:n]
+
+    def _channel(self, address: str, scope: str) -> grpc.Channel:
+        with self._lock:
+            if self._closed:
+                raise ValueError("the client is closed")
+            channel = self._channels.get((address, scope))
+            if channel is None:
+                channel = self._channels[(address, scope)] = self.security.channel(address, scope, self._options)
+            return channel
+
+    def close(self) -> None:
+        """Close every channel; a call after this raises ``ValueError``."""
+        with self._lock:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A worker's answer to one escalation batch (the wire's EscalationAck)."""
+
+    seq: int
+    accepted: bool   # False: refused (stale epoch, wrong flow, an error in its claim logic); see reason
+    claimed: int     # how many baked messages the batch released
+    reason: str
+
+
+_END = object()  # ends a request stream, or marks the end of an ack stream
+
+
+class _Stream:
+    """One Escalate call: its channel, the requests queue, and the acks a thread reads from it."""
+
+    def __init__(self, channel: grpc.Channel):
+        self.channel = channel
+        self.requests: queue.Queue = queue.Queue()
+        self.acks: queue.Queue = queue.Queue()
+        self.next_seq = 1
+        self.call = pb_grpc.EscalationStub(channel).Escalate(iter(self.requests.get, _END))
+        self.reader = threading.Thread(target=self._read, name="escalation-client-acks", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            for ack in self.call:
+                self.acks.put(ack)
+        except grpc.RpcError as exc:
+            self.acks.put(exc)
+        self.acks.put(_END)
+
+    def close(self) -> None:
+        self.requests.put(_END)
+        self.call.cancel()
+        self.channel.close()
+        self.reader.join(2.0)
+
+
+class EscalationClient:
+    """Reports processed messages to one node of a flow over an Escalate stream, a batch at a time.
+
+    :meth:`send` puts one batch of claims (message id, key as text, uplink
+    position) on the stream and waits for its ack. The stream is opened on
+    the first send and kept; a stream that failed or a send that timed out
+    closes it, and the next send opens a new one (its batches are numbered
+    from 1 again). After an error or a time-out the batch may or may not have
+    been processed; claiming is idempotent on the worker, so send it again.
+    Unlike the node's ``EscalationSender`` it does not buffer, batch or
+    reconnect by itself. ``security`` needs the ``escalation`` scope's token
+    where the node asks for tokens.
+
+    >>> from twinflow.cluster.escalation import EscalationServicer
+    >>> from twinflow.cluster.grpc_server import create_server
+    >>> got = []
+    >>> server, port = create_server("127.0.0.1:0", escalation=EscalationServicer(
+    ...     "orders", lambda epoch, claims: got.extend(claims) or len(claims)))
+    >>> with EscalationClient(f"127.0.0.1:{port}", "orders", "billing") as esc:
+    ...     esc.send(7, [("o1", "1700000000000", "1700000000000-0")])
+    Ack(seq=1, accepted=True, claimed=1, reason='')
+    >>> got
+    [('o1', '1700000000000', '1700000000000-0')]
+    >>> _ = server.stop(None).wait()
+    """
+
+    def __init__(self, address: str, flow: str, from_node: str, security: GrpcSecurity = NO_SECURITY):
+        self.address, self.flow, self.from_node, self.security = address, flow, from_node, security
+        self._lock = threading.Lock()  # one batch at a time
+        self._stream: _Stream | None = None
+        self._closed = False
+
+    def send(self, epoch: int, claims: list[tuple[str, str, str]], timeout_s: float = 5.0) -> Ack:
+        """Send one batch of ``claims`` at ``epoch``; return its ack.
+
+        Raises ``grpc.RpcError`` when the stream fails (``UNAVAILABLE``: the
+        node is down; ``UNAUTHENTICATED``/``PERMISSION_DENIED``: the token)
+        and ``TimeoutError`` when no ack arrives within ``timeout_s``.
+        """
+        with self._lock:
+            if self._closed:
+                raise ValueError("the escalation client is closed")
+            if self._stream is None:
+                self._stream = _Stream(self.security.channel(self.address, "escalation", ESCALATION_CHANNEL_OPTIONS))
+            stream = self._stream
+            seq = stream.next_seq
+            stream.next_seq += 1
+            batch = pb.EscalationBatch(flow=self.flow, from_node=self.from_node, epoch=epoch, seq=seq)
+            for message_id, key, position in claims:
+                batch.claims.add(id=message_id, key=key, position=position)
+            stream.requests.put(batch)
+            try:
+                ack = stream.acks.get(timeout=timeout_s)
+            except queue.Empty:
+                self._drop_stream()
+                raise TimeoutError(f"no ack for escalation batch {seq} from {self.address} "
+                                   f"within {timeout_s} s; it may or may not have been processed") from None
+            if isinstance(ack, pb.EscalationAck) and ack.seq == seq:
+                return Ack(seq=ack.seq, accepted=ack.accepted, claimed=ack.claimed, reason=ack.reason)
+            self._drop_stream()
+            if isinstance(ack, grpc.RpcError):
+                raise ack
+            if ack is _END:
+                raise ConnectionError(f"{self.address} ended the escalation stream before acking batch {seq}")
+            raise ConnectionError(f"{self.address} acked batch {ack.seq}, expected {seq}")
+
+    def _drop_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+    def close(self) -> None:
+        """Close the stream, if one is open; a send after this raises ``ValueError``."""
+        with self._lock:
+            self._closed = True
+            self._drop_stream()
+
+    def __enter__(self) -> "EscalationClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---- single calls, shared by the client and the compatibility functions -------
+
+
+def _encode(body: bytes | dict, index: int) -> bytes:
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)
+    if isinstance(body, Mapping):
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    raise TypeError(f"body {index} is a {type(body).__name__}; give bytes (a JSON document) or a dict")
+
+
+def _batches(bodies: list[bytes], batch_size: int, max_bytes: int) -> Iterable[list[bytes]]:
+    batch: list[bytes] = []
+    size = 0
+    for body in bodies:
+        if batch and (len(batch) == batch_size or size + len(body) > max_bytes):
+            yield batch
+            batch, size = [], 0
+        batch.append(body)
+        size += len(body)
+    if batch:
+        yield batch
+
+
+def _publish_once(channel: grpc.Channel, flow: str, bodies: list[bytes], timeout_s: float) -> list[str]:
+    request = pb.PublishRequest(flow=flow, messages=[pb.Envelope(body=b) for b in bodies])
+    return list(pb_grpc.IngestStub(channel).Publish(request, timeout=timeout_s).positions)
+
+
+def _status(channel: grpc.Channel, timeout_s: float) -> dict:
+    return _to_dict(pb_grpc.AdminStub(channel).Status(pb.StatusRequest(), timeout=timeout_s))
+
+
+def _handover(channel: grpc.Channel, timeout_s: float) -> dict:
+    request = pb.HandoverRequest(timeout_s=timeout_s)
+    return _to_dict(pb_grpc.AdminStub(channel).Handover(request, timeout=timeout_s + HANDOVER_REPLY_MARGIN_S))
+
+
+def _to_dict(message) -> dict:
+    return {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
+
+
+# ---- the one-call functions that were in twinflow.cluster.grpc_server ----------
+
+
+def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.0, *,
+            security: GrpcSecurity = NO_SECURITY) -> list[str]:
+    """One Publish call of ``bodies`` to ``flow`` at ``address``; their uplink positions.
+
+    No batching and no retry (use :class:`Client` for those). Raises
+    ``grpc.RpcError``; its ``code()`` is ``UNAVAILABLE`` when the node or its
+    uplink is down (safe to retry, at the risk of a duplicate entry) and
+    ``RESOURCE_EXHAUSTED`` when the node already runs its limit of publishes
+    (nothing was written; retry after a pause).
+    """
+    with security.channel(address, "ingest") as channel:
+        return _publish_once(channel, flow, list(bodies), timeout_s)
+
+
+def node_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
+    """The NodeStatus of the node at ``address`` as a dict with every field."""
+    with security.channel(address, "admin") as channel:
+        return _status(channel, timeout_s)
+
+
+def request_handover(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
+    """Ask the node at ``address`` to hand mastership over within ``timeout_s``; the reply as a dict."""
+    with security.channel(address, "admin") as channel:
+        return _handover(channel, timeout_s)
