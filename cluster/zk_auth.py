@@ -26,7 +26,7 @@ ZkCredentials(user='flow-a:***')
 >>> credentials_from("env:TF_DOCTEST_ZK")
 Traceback (most recent call last):
 ...
-twinflow.secrets.SecretError: env:TF_DOCTEST_ZK must hold user:password for ZooKeeper (a non-empty user, a colon, a non-empty password)
+twinflow.secrets.SecretError: env:TF_DOCTEST_ZK must hold user:password for ZooKeeper
 >>> credentials_from(None, environ={}) is None
 True
 """
@@ -106,8 +106,7 @@ def credentials_from(ref: str | None, environ: Mapping[str, str] = os.environ) -
         return None
     name, colon, password = read_secret(ref).partition(":")
     if not (colon and name and password):
-        raise SecretError(f"{ref} must hold user:password for ZooKeeper "
-                          f"(a non-empty user, a colon, a non-empty password)")
+        raise SecretError(f"{ref} must hold user:password for ZooKeeper")
     return ZkCredentials(name, password)
 
 
