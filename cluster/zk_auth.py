@@ -3,17 +3,17 @@
 A node given credentials (``TWINFLOW_ZK_AUTH``, a secret reference as in
 :mod:`twinflow.secrets` whose value is ``user:password``) authenticates with
 ZooKeeper's ``digest`` scheme and creates every znode of its flow
-(``/twinflow/<flow>`` and below) with :func:`flow_acl`: all permissions for
-that identity, none for anyone else. ``/twinflow`` itself, shared by every
+(``/twinflow/<flow>`` and below) with :attr:`ZkCredentials.acl`: all
+permissions for that identity, none for anyone else. ``/twinflow`` itself, shared by every
 flow whatever its credentials, gets :data:`PARENT_ACL`.
 
 Under failure: a reference that cannot be read, or a value that is not
 ``user:password``, raises :class:`~twinflow.secrets.SecretError` naming the
 reference, never the value. A ZooKeeper call refused for want of the right
 credentials is reported as :class:`ZkAccessDenied`, naming the path and
-what to set. The password never reaches a log line: :meth:`ZkCredentials.client_kwargs`
-gives the client a logger that takes it out of kazoo's own debug
-lines, and ``repr`` shows ``user:***``.
+what to set. The password never reaches a log line: the client gets a
+logger that takes it out of kazoo's own debug lines
+(:meth:`ZkCredentials.client_kwargs`), and ``repr`` shows ``user:***``.
 
 >>> import os
 >>> os.environ["TF_DOCTEST_ZK"] = "flow-a:hunter2"

@@ -122,7 +122,9 @@ def cmd_run(args) -> int:
     from twinflow.cluster.connect import ServiceUnavailable
     from twinflow.cluster.node import FlowNode, NodeConfig, StartRefused
     from twinflow.grpc_security import SecurityConfigError
+    from twinflow.cluster.zk_auth import ZkAccessDenied
     from twinflow.runtime.store.redis_auth import RedisSettingsError
+    from twinflow.secrets import SecretError
 
     graph = _load_flow(args.flow)
     cfg = NodeConfig(
@@ -158,7 +160,7 @@ def cmd_run(args) -> int:
         print(f"twinflow: {exc}", file=sys.stderr)
         node.stop()
         return EXIT_UNAVAILABLE
-    except (StartRefused, SecurityConfigError, RedisSettingsError) as exc:
+    except (StartRefused, SecurityConfigError, RedisSettingsError, SecretError, ZkAccessDenied) as exc:
         print(f"twinflow: refused to start: {exc}", file=sys.stderr)
         node.stop()
         return EXIT_REFUSED
