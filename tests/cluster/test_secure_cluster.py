@@ -1,0 +1,114 @@
+"""A secured deployment end to end: two real nodes with every protection on, through a master kill.
+
+gRPC between the nodes and to clients runs over TLS with client
+certificates (mutual) and a token per scope, all named in the flow file's
+``security`` section; Redis asks for a password, given to the nodes through
+``TWINFLOW_REDIS_PASSWORD`` (not on their command line); ZooKeeper keeps the
+flow's znodes behind digest credentials from ``TWINFLOW_ZK_AUTH``. A client
+publishes with the ingest token; the master's escalations reach the worker
+(so the worker's claims count them); a client without the token or without a
+certificate gets nowhere; the master is killed and the other node delivers
+the rest, each message exactly once; ``twinflow status`` reads the nodes with
+the same settings.
+"""
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import grpc
+import pytest
+import trustme
+
+from tests.cluster.harness import Flow
+from tests.conftest import wait_until
+from twinflow.client import Client
+from twinflow.cluster.services import LocalRedis
+from twinflow.grpc_security import GrpcSecurity, TlsFiles
+
+pytestmark = pytest.mark.cluster
+
+FLOW = """\
+flow: secure
+uplink: {stream: uplink, batch_size: 500}
+message: {id: id, id_ttl: 86400}
+input: deliver
+nodes:
+  deliver: {type: action, sink: {stream: sink}}
+  sort: {type: sort, pairs_with: deliver, key: seq, key_type: int, bake_time: 30}
+cluster: {session_timeout: 2.0}
+security:
+  tls: {cert: node.pem, key: node-key.pem, ca: ca.pem, mutual: true}
+  tokens: {ingest: file:ingest.token, escalation: file:escalation.token, admin: "env:TF_TEST_ADMIN_TOKEN"}
+"""
+
+
+@pytest.fixture
+def secured(tmp_path, services, flow_name, monkeypatch):
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    node = ca.issue_cert("127.0.0.1", "localhost")  # both nodes dial each other on loopback
+    node.private_key_pem.write_to_path(str(tmp_path / "node-key.pem"))
+    node.cert_chain_pems[0].write_to_path(str(tmp_path / "node.pem"))
+    for scope in ("ingest", "escalation"):
+        (tmp_path / f"{scope}.token").write_text(f"{scope}-{flow_name}\n")
+    (tmp_path / "redis.pw").write_text("redis-pw-of-the-test\n")
+    monkeypatch.setenv("TF_TEST_ADMIN_TOKEN", f"admin-{flow_name}")
+    monkeypatch.setenv("TWINFLOW_REDIS_PASSWORD", f"file:{tmp_path / 'redis.pw'}")
+    (tmp_path / "zk.auth").write_text("flowuser:zk-pw-of-the-test\n")
+    monkeypatch.setenv("TWINFLOW_ZK_AUTH", f"file:{tmp_path / 'zk.auth'}")
+    redis_server = LocalRedis.start(str(tmp_path / "redis"), password="redis-pw-of-the-test")
+    # The harness reads statuses and the sink with the password in its own URL.
+    local = SimpleNamespace(redis_url=redis_server.url.replace("redis://", "redis://:redis-pw-of-the-test@"),
+                            zk_hosts=services.zk_hosts)
+    flow = Flow(tmp_path, flow_name, local, text=FLOW)
+    try:
+        for node_id in ("a", "b"):
+            flow.node(node_id, redis_url=redis_server.url)  # no password on the command line
+        yield flow, tmp_path
+    finally:
+        flow.stop_all()
+        redis_server.stop()
+
+
+def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
+    flow, d = secured
+    flow.wait_status("a", streaming=1)
+    flow.wait_status("b", streaming=1)
+    master = wait_until(lambda: next((n for n in "ab" if flow.status(n).get("role") == "master"), None), 60,
+                        what="a master")
+    worker = "b" if master == "a" else "a"
+    address = {n: flow.status(n)["grpc_address"] for n in "ab"}
+    tls = TlsFiles(cert=str(d / "node.pem"), key=str(d / "node-key.pem"), ca=str(d / "ca.pem"))
+    ingest = GrpcSecurity(tls=tls, tokens={"ingest": f"ingest-{flow_name}"})
+
+    docs = [{"id": f"m{i:05d}", "seq": i} for i in range(2000)]
+    with Client(address[master], flow_name, ingest) as client:
+        client.publish(docs[:1000])
+    flow.sent.extend(d["id"] for d in docs)
+    # The worker's claims come only through the escalation stream: TLS, its client
+    # certificate and the escalation token all had to work for this count to move.
+    wait_until(lambda: int(flow.status(worker).get("claimed", 0)) >= 1000, 60, what="the worker's claims")
+
+    with pytest.raises(grpc.RpcError) as no_token:
+        Client(address[master], flow_name, GrpcSecurity(tls=tls), retry_unavailable=False).publish(docs[:1])
+    assert no_token.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    no_cert = GrpcSecurity(tls=TlsFiles(ca=str(d / "ca.pem")), tokens={"ingest": f"ingest-{flow_name}"})
+    with pytest.raises(grpc.RpcError) as refused:
+        Client(address[master], flow_name, no_cert, retry_unavailable=False).publish(docs[:1], deadline_s=3)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    flow.nodes[master].kill()
+    with Client(address[worker], flow_name, ingest) as client:
+        client.publish(docs[1000:], deadline_s=60)  # the survivor takes the rest
+    report = flow.wait_delivered(timeout_s=90)
+    assert report.exactly_once, report
+    assert flow.status(worker)["role"] == "master"
+
+    done = subprocess.run([sys.executable, "-m", "twinflow.cli", "status", str(flow.path), "--json",
+                           "--redis", flow.nodes[worker].redis_url], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = {r["node_id"]: r for r in json.loads(done.stdout)["nodes"]}
+    assert rows[worker]["role"] == "master"
+    assert "redis-pw-of-the-test" not in done.stdout + done.stderr + flow.logs()
