@@ -140,6 +140,7 @@ def cmd_run(args) -> int:
         start_from=args.start_from,
         worker_pace_ms=args.worker_pace_ms,
         security=_grpc_security(args, graph),
+        metrics_listen=args.metrics_listen,
     )
     try:  # before anything starts: a refused bind must not wait for Spark to come up first
         cfg.security.check_bind(cfg.listen)
@@ -472,6 +473,17 @@ def cmd_bench(args) -> int:
 
 
 # -- demo --------------------------------------------------------------------
+def cmd_certs(args) -> int:
+    from twinflow.certs import make_certs
+
+    made = make_certs(args.dir, args.node, args.name or [args.node])
+    for path in made:
+        print(path)
+    print(f"twinflow: {len(made)} files made in {args.dir}; name them in the flow file's security section "
+          f"(README 'Security')", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from twinflow.cluster.demo import run_demo
 
@@ -507,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "master); fewer, larger worker batches leave the cores to the master")
     r.add_argument("--connect-timeout", type=float, default=60.0,
                    help="seconds to wait for Redis and ZooKeeper at start (default 60)")
+    r.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus metrics over HTTP here (e.g. 127.0.0.1:9464; default: none)")
     _security_flags(r, serving=True)
     r.set_defaults(fn=cmd_run)
 
@@ -583,6 +597,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--flow", choices=("chained", "claim-pair"), default="chained",
                    help="chained: history -> AND join -> action (default); claim-pair: the action alone")
     d.set_defaults(fn=cmd_demo)
+
+    c = sub.add_parser("certs", help="a development CA, a node certificate and tokens (README 'Security')")
+    c.add_argument("dir", help="where to write them (the CA and tokens there are reused)")
+    c.add_argument("--node", required=True, help="the node's name: <node>.pem and <node>-key.pem")
+    c.add_argument("--name", action="append", metavar="HOST_OR_IP",
+                   help="a DNS name or IP address others dial the node by (repeatable; default: --node)")
+    c.set_defaults(fn=cmd_certs)
     return p
 
 

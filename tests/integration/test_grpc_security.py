@@ -274,3 +274,39 @@ def test_twinflow_run_refuses_a_public_bind_without_tls_before_starting(tmp_path
                              capture_output=True, text=True, timeout=60)
     assert bad_ref.returncode == 2 and "hunter2" not in bad_ref.stderr
     assert "file:PATH or env:NAME" in bad_ref.stderr
+
+
+def test_twinflow_certs_makes_what_a_mutual_tls_pair_needs(tmp_path):
+    """`twinflow certs` twice (two nodes, one CA): node a serves with its files, node b's client
+    certificate and the admin token it wrote get in; the key and token files are private."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    for node in ("node-a", "node-b"):
+        done = subprocess.run([sys.executable, "-m", "twinflow.cli", "certs", str(tmp_path), "--node", node,
+                               "--name", "127.0.0.1", "--name", "localhost"], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(os.stat(tmp_path / "node-a-key.pem").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "admin.token").st_mode) == 0o600
+    refs = {s: f"file:{tmp_path / f'{s}.token'}" for s in ("ingest", "escalation", "admin")}
+
+    def files(node):
+        return TlsFiles(cert=str(tmp_path / f"{node}.pem"), key=str(tmp_path / f"{node}-key.pem"),
+                        ca=str(tmp_path / "ca.pem"), mutual=True)
+
+    server, address = serve(GrpcSecurity.from_refs(files("node-a"), refs))
+    try:
+        with GrpcSecurity.from_refs(files("node-b"), refs).channel(address, "admin") as ch:
+            assert pb_grpc.AdminStub(ch).Status(pb.StatusRequest(), timeout=5).role == "worker"
+        stranger = trustme.CA().issue_cert("127.0.0.1")  # a certificate from another CA
+        stranger.private_key_pem.write_to_path(str(tmp_path / "x-key.pem"))
+        stranger.cert_chain_pems[0].write_to_path(str(tmp_path / "x.pem"))
+        other = TlsFiles(cert=str(tmp_path / "x.pem"), key=str(tmp_path / "x-key.pem"), ca=str(tmp_path / "ca.pem"))
+        with GrpcSecurity.from_refs(other, refs).channel(address, "admin") as ch:
+            assert status_code(lambda: pb_grpc.AdminStub(ch).Status(pb.StatusRequest(), timeout=5)) == \
+                grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(None).wait()

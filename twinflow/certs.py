@@ -1,0 +1,116 @@
+"""``twinflow certs``: a development CA, node certificates and tokens for a secured flow.
+
+For trying TLS and tokens on a few machines, not for production (use your
+organisation's CA there; README "Security" shows the OpenSSL steps):
+
+- ``ca.pem`` / ``ca-key.pem``: a CA made on first use and reused after, so
+  certificates made later for more nodes are trusted by the earlier ones;
+- ``<node>.pem`` / ``<node>-key.pem``: a certificate signed by that CA for
+  the names and addresses given (each a DNS name or an IP address), good for
+  both serving (serverAuth) and escalating with mutual TLS (clientAuth);
+- ``ingest.token``, ``escalation.token``, ``admin.token``: 32 random bytes,
+  URL-safe base64, made only when absent.
+
+Keys and tokens are written with mode 0600. Under failure: a directory that
+cannot be written raises ``OSError``; nothing is half written over an
+existing file (each file is written to a temporary name and renamed).
+
+>>> import tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> made = make_certs(d, "node-a", ["127.0.0.1", "node-a.example"])
+>>> sorted(p.name for p in made)
+['admin.token', 'ca-key.pem', 'ca.pem', 'escalation.token', 'ingest.token', 'node-a-key.pem', 'node-a.pem']
+>>> sorted(p.name for p in make_certs(d, "node-b", ["127.0.0.1"]))  # the same CA and tokens
+['node-b-key.pem', 'node-b.pem']
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import secrets
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+TOKEN_SCOPES = ("ingest", "escalation", "admin")
+VALID_DAYS = 365
+
+
+def make_certs(directory: Path | str, node: str, names: list[str], days: int = VALID_DAYS) -> list[Path]:
+    """Make what is missing in ``directory`` for ``node`` (see module doc); return the files made."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    made: list[Path] = []
+    ca_cert_path, ca_key_path = d / "ca.pem", d / "ca-key.pem"
+    if ca_cert_path.exists() and ca_key_path.exists():
+        ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+        ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
+    else:
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_cert = _certificate(_name("twinflow development CA"), ca_key.public_key(), _name("twinflow development CA"),
+                               ca_key, days, ca=True)
+        made += [_write(ca_key_path, _key_pem(ca_key), private=True), _write(ca_cert_path, _cert_pem(ca_cert))]
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _certificate(_name(node), key.public_key(), ca_cert.subject, ca_key, days, names=names or [node])
+    made += [_write(d / f"{node}-key.pem", _key_pem(key), private=True), _write(d / f"{node}.pem", _cert_pem(cert))]
+    for scope in TOKEN_SCOPES:
+        path = d / f"{scope}.token"
+        if not path.exists():
+            made.append(_write(path, (secrets.token_urlsafe(32) + "\n").encode(), private=True))
+    return made
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _certificate(subject, public_key, issuer, signing_key, days: int, ca: bool = False,
+                 names: list[str] | None = None) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))  # a peer's clock a little behind
+               .not_valid_after(now + datetime.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if ca:
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+            key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
+            decipher_only=False), critical=True)
+    else:
+        builder = (builder
+                   .add_extension(x509.SubjectAlternativeName([_general_name(n) for n in names or []]),
+                                  critical=False)
+                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                         ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+    return builder.sign(signing_key, hashes.SHA256())
+
+
+def _general_name(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+def _key_pem(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path
