@@ -160,6 +160,7 @@ class NodeConfig:
     worker_pace_ms: int = 250         # a worker plans a batch at most this often (the master: at once)
     start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
     security: GrpcSecurity = NO_SECURITY  # gRPC TLS and tokens, served and used to escalate
+    metrics_listen: str | None = None  # HOST:PORT of the node's Prometheus metrics (HTTP), or none
 
 
 def run_until_stopped(node, is_master) -> int:
@@ -660,7 +661,9 @@ class FlowNode:
         """Why a batch from ``from_node`` at ``epoch`` is refused, or None to take it: only the
         node ZooKeeper names as master (the epoch znode's writer), at that master's epoch."""
         why = None
-        if epoch < self.known_epoch:
+        if self.leadership is None:
+            why = "this node has not joined the flow yet"
+        elif epoch < self.known_epoch:
             why = f"stale epoch {epoch}: epoch {self.known_epoch} exists"
         else:
             master, master_epoch = self.leadership.current_master()
@@ -695,7 +698,7 @@ class FlowNode:
         finally:  # also when Redis failed: what was not proven bakes on
             with self._lock:
                 released = len(self.sort.settle_claims(taken, proven))
-                self.claims_unproven += len(taken) - released
+                self.claims_unproven += proven.count(False)
         self._update_backpressure()
         return released
 

@@ -243,3 +243,21 @@ def test_the_claim_node_behaves_like_the_plain_scan(ops):
         assert (node.baked, node.pending) == (len(model.baked), len(model.baked) + len(model.overdue))
         assert node.next_deadline() == model.next_deadline()
 
+
+
+def test_a_claim_taken_as_a_hint_releases_only_what_is_proven():
+    """take_claims/settle_claims (the cluster's worker): the unproven bake on, claimable later,
+    and a message that left meanwhile (the processed mark) is not released twice."""
+    node = ClaimSortNode(bake_time=5.0)
+    for i in range(1, 5):
+        node.offer(Message(f"m{i}", i, f"{i}-0", b"{}"), now=0.0)
+    taken = node.take_claims([("m3", 3, "3-0")])  # would release m1..m3
+    assert [m.id for m in node.claimed_messages(taken)] == ["m1", "m2", "m3"]
+    assert node.release_upto("1-0") == 1  # m1 leaves by the mark while the claim is being proven
+    released = node.settle_claims(taken, [True, False, True])
+    assert [m.id for m in released] == ["m3"]
+    assert node.pending == 2 and node.claimed == 2  # m1 by the mark, m3 by the claim
+    # m2 went back to baking: a later proven claim still releases it, and m4 stays.
+    again = node.take_claims([("m2", 2, "2-0")])
+    assert [m.id for m in node.settle_claims(again, [True] * len(again))] == ["m2"]
+    assert [m.id for m in node.rollback()] == ["m4"]
