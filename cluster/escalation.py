@@ -56,6 +56,7 @@ from typing import Callable
 import grpc
 
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
+from twinflow.logs import event
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
@@ -69,6 +70,9 @@ Claim = tuple[str, str, str]  # (message id, key as text, uplink position)
 # of the next batches.
 MAX_IN_FLIGHT = 16
 TARGETS_REFRESH_S = 0.5
+# The most claims a worker takes in one batch (a flow's escalation_batch is at most 10,000):
+# each costs the worker a bake lookup and an ID-cache read, so a larger batch is refused.
+MAX_CLAIMS_PER_BATCH = 10_000
 MAX_BACKOFF_FACTOR = 10  # at the default 0.2 s a returning target is found within about 2 s
 
 CHANNEL_OPTIONS = [
@@ -105,9 +109,10 @@ class EscalationServicer(pb_grpc.EscalationServicer):
     """
 
     def __init__(self, flow: str, on_claims: Callable[[int, list[Claim]], int],
-                 admit: Callable[[str, int], str | None] | None = None):
+                 admit: Callable[[str, int], str | None] | None = None, max_claims: int = MAX_CLAIMS_PER_BATCH):
         self.flow = flow
         self._handlers = {flow: (on_claims, admit)}
+        self.max_claims = max_claims
         self.refused = 0
 
     @classmethod
@@ -132,11 +137,13 @@ class EscalationServicer(pb_grpc.EscalationServicer):
         if on_claims is None:
             reason = f"wrong flow {batch.flow!r}, expected {self.flow!r}"
             return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
+        if len(batch.claims) > self.max_claims:
+            reason = f"{len(batch.claims)} claims in one batch; at most {self.max_claims}"
+            return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
         claims = [(e.id, e.key, e.position) for e in batch.claims]
         try:
             why = admit(batch.from_node, batch.epoch) if admit is not None else None
-            if why is not None:
-                log.warning("refused an escalation batch of %s from %s: %s", batch.flow, batch.from_node, why)
+            if why is not None:  # logged by admit, which knows this node and its epoch (escalation_refused)
                 return pb.EscalationAck(seq=batch.seq, accepted=False, reason=why)
             claimed = on_claims(batch.epoch, claims)
         except StaleEpoch as exc:
@@ -456,7 +463,9 @@ class EscalationSender:
                 t.refused += len(batch.claims)
             t.cond.notify_all()
         if not ack.accepted:
-            log.warning("escalation batch of %d claims refused by %s: %s", len(batch.claims), t.node_id, ack.reason)
+            event(log, logging.WARNING, "escalation_rejected", "escalation batch of %d claims refused by %s: %s",
+                  len(batch.claims), t.node_id, ack.reason, flow=self.flow, node=self.node_id, epoch=self._epoch(),
+                  target=t.node_id, count=len(batch.claims), reason=ack.reason)
 
     def _drop_excess(self, t: _Target) -> None:
         """Drop the oldest claims beyond max_buffer (unacked batches hold the oldest)."""

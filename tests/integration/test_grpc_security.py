@@ -184,6 +184,11 @@ def test_refusals_have_their_status_codes(ingest_node, flow_name):
             flow=flow_name, from_node="x", epoch=99, seq=1, claims=[pb.Envelope(id="a", key="1", position="1-0")])]),
             timeout=5))
     assert not acks[0].accepted and acks[0].reason == "not the master"
+    with sec.channel(address, "escalation") as ch:
+        too_many = [pb.Envelope() for _ in range(10_001)]  # small: under the 64 KiB request limit here
+        acks = list(pb_grpc.EscalationStub(ch).Escalate(iter([pb.EscalationBatch(
+            flow=flow_name, from_node="x", epoch=99, seq=2, claims=too_many)]), timeout=5))
+    assert not acks[0].accepted and acks[0].reason == "10001 claims in one batch; at most 10000"
 
 
 METHODS = ("/twinflow.wire.Ingest/Publish", "/twinflow.wire.Admin/Status", "/twinflow.wire.Admin/Handover",
