@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Callable, TypeVar
 
+from ..logs import event
 from ..runtime.waiting import retry
 
 log = logging.getLogger("twinflow.connect")
@@ -43,7 +44,10 @@ def wait_for_service(
     """Call ``attempt`` until it returns, logging each failure, up to ``deadline_s``."""
 
     def say(exc: BaseException, waited: float, pause: float) -> None:
-        log.warning("waiting for %s at %s: %s (giving up in %.0f s)", service, where, exc, deadline_s - waited)
+        # One line per try (with back-off): at start-up, before the node has a flow or an epoch.
+        event(log, logging.WARNING, "service_waiting", "waiting for %s at %s: %s (giving up in %.0f s)", service,
+              where, exc, deadline_s - waited, service=service, where=where, error=str(exc),
+              seconds_left=round(deadline_s - waited, 1))
 
     return retry(attempt, retryable=lambda exc: True, deadline_s=deadline_s,
                  give_up=lambda exc, waited: ServiceUnavailable(service, where, waited, exc),

@@ -191,6 +191,7 @@ class _Target:
         # enqueued == acked + refused + dropped + pending, at every moment
         self.enqueued = self.sent = self.resent = self.acked = self.refused = self.dropped = 0
         self.claimed = self.streams = 0
+        self.batches_sent = self.batches_acked = self.batches_refused = 0  # batches, resends included
 
     def pending(self) -> int:
         return len(self.backlog) + self.unacked_claims
@@ -272,7 +273,9 @@ class EscalationSender:
 
         ``sent`` includes ``resent``; ``pending`` is buffered or awaiting an
         ack; ``refused`` was acked with ``accepted=False``; ``claimed`` sums
-        the targets' released counts; ``streams`` counts streams opened.
+        the targets' released counts; ``streams`` counts streams opened;
+        ``batches_sent`` (resends included), ``batches_acked`` and
+        ``batches_refused`` count batches, not claims.
         """
         with self._lock:
             targets = list(self._targets.values())
@@ -291,8 +294,12 @@ class EscalationSender:
                     "claimed": t.claimed,
                     "pending": t.pending(),
                     "dropped": t.dropped,
+                    "batches_sent": t.batches_sent,
+                    "batches_acked": t.batches_acked,
+                    "batches_refused": t.batches_refused,
                 }
-        keys = ("enqueued", "sent", "resent", "acked", "refused", "claimed", "pending", "dropped")
+        keys = ("enqueued", "sent", "resent", "acked", "refused", "claimed", "pending", "dropped",
+                "batches_sent", "batches_acked", "batches_refused")
         totals = {k: sum(s[k] for s in per_target.values()) for k in keys}
         return {"targets": per_target, **totals}
 
@@ -447,6 +454,7 @@ class EscalationSender:
         stream.next_seq += 1
         stream.in_flight[batch.seq] = batch
         t.sent += len(batch.claims)
+        t.batches_sent += 1
         return batch, 0.0
 
     def _on_ack(self, t: _Target, stream: _Stream, ack: pb.EscalationAck) -> None:
@@ -459,8 +467,10 @@ class EscalationSender:
             if ack.accepted:
                 t.acked += len(batch.claims)
                 t.claimed += ack.claimed
+                t.batches_acked += 1
             else:
                 t.refused += len(batch.claims)
+                t.batches_refused += 1
             t.cond.notify_all()
         if not ack.accepted:
             event(log, logging.WARNING, "escalation_rejected", "escalation batch of %d claims refused by %s: %s",

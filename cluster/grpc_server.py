@@ -134,7 +134,8 @@ def create_server(
     })
     workers = ingest_limit + admin_limit + escalation_streams + REFUSAL_THREADS
     # The token check comes first, so that a refused call never takes a slot of its service.
-    interceptors = [i for i in (security.server_interceptor(), limits) if i is not None]
+    token_check = security.server_interceptor()
+    interceptors = [i for i in (token_check, limits) if i is not None]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server"),
         interceptors=interceptors,
@@ -164,6 +165,7 @@ def create_server(
     if not port:  # older grpcio returned 0 instead of raising
         raise BindError(f"cannot listen on {address}")
     server.start()
+    server.token_check = token_check  # its refusal counts, for the node's metrics (None: no tokens)
     return server, port
 
 

@@ -63,6 +63,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (BadVersionError, ConnectionLoss, KazooException, NoAuthError, NoNodeError,
                               NodeExistsError)
 
+from ..logs import event
 from .zk_auth import FLOW_PARENT, PARENT_ACL, ZkAccessDenied, describe_acl, identity_of
 
 log = logging.getLogger("twinflow.leadership")
@@ -85,6 +86,7 @@ class Leadership:
         may_contend: Callable[[], bool] = lambda: True,
     ):
         self.zk = zk
+        self.flow = flow
         self.node_id = node_id
         self.address = address
         self.root = f"/twinflow/{flow}"
@@ -96,11 +98,14 @@ class Leadership:
         self.epoch = 0
         self._master = threading.Event()
         self._suspended = threading.Event()
+        self._suspended_at = 0.0               # monotonic time the connection dropped (for the log)
+        self._new_session = False              # the session was lost since the connection dropped (for the log)
         self._demote = threading.Event()
         self._demote_reason = ""
         self._stopping = threading.Event()
         self._session_lost = threading.Event()
         self._losses = 0                       # sessions lost so far (set on kazoo's event thread)
+        self.disconnects = 0                   # connection drops so far, for the metrics (event thread)
         self._member_check = threading.Event()  # the member znode may need registering again
         self._register_lock = threading.Lock()
         self._gate_open: bool | None = None
@@ -129,6 +134,11 @@ class Leadership:
     @property
     def is_master(self) -> bool:
         return self._master.is_set()
+
+    @property
+    def sessions_lost(self) -> int:
+        """ZooKeeper sessions this node lost (LOST) since it started (for the metrics)."""
+        return self._losses
 
     @property
     def suspended(self) -> bool:
@@ -355,18 +365,40 @@ class Leadership:
                 self._stopping.wait(RETRY_PAUSE_S)
 
     def _on_state(self, state: str) -> None:
-        # Runs on kazoo's event thread: only flip flags here, never call ZooKeeper.
+        # Runs on kazoo's event thread: only flip flags (and log) here, never call ZooKeeper.
         if state == KazooState.SUSPENDED:
+            if not self._suspended.is_set():
+                self._suspended_at = time.monotonic()
+                self.disconnects += 1
+                self._event(logging.WARNING, "zk_suspended", "%s: ZooKeeper connection lost; the session may "
+                            "still be alive (a master stops writing)", self.node_id, master=self.is_master)
             self._suspended.set()
         elif state == KazooState.LOST:
+            if not self._suspended.is_set():
+                self._suspended_at = time.monotonic()
+                self.disconnects += 1
             self._suspended.set()
+            self._new_session = True
             self._losses += 1
             self._session_lost.set()
+            self._event(logging.ERROR, "zk_session_lost", "%s: ZooKeeper session lost%s", self.node_id,
+                        "; stepping down" if self._master.is_set() else "", master=self.is_master)
             if self._master.is_set():
                 self.step_down("session lost")
         else:
+            if self._suspended.is_set():
+                down = time.monotonic() - self._suspended_at
+                self._event(logging.INFO, "zk_reconnected", "%s: ZooKeeper connected again after %.1f s%s",
+                            self.node_id, down, " (new session)" if self._new_session else "",
+                            seconds=round(down, 3), new_session=self._new_session)
+            self._new_session = False
             self._suspended.clear()
             self._member_check.set()
+
+    def _event(self, level: int, name: str, msg: str, *args, **fields) -> None:
+        """An operator event (``twinflow.logs``) with the flow, this node and the newest epoch known here."""
+        event(log, level, name, msg, *args, flow=self.flow, node=self.node_id,
+              epoch=max(self.epoch, self._master_seen[1]) or None, **fields)
 
     def _next_epoch(self) -> int:
         stat = self.zk.set(f"{self.root}/epoch", self.node_id.encode())
@@ -386,7 +418,8 @@ class Leadership:
             self.step_down("session lost")
         elif self._stopping.is_set():
             self.step_down("stopping")
-        log.info("%s promoted to master, epoch %d", self.node_id, epoch)
+        # The node logs the promotion (event "promoted") once it has caught up and holds the role.
+        log.debug("%s promoted to master, epoch %d", self.node_id, epoch)
         failure = None
         try:
             try:
@@ -398,7 +431,7 @@ class Leadership:
         finally:
             self._master.clear()
             reason = failure or self._demote_reason or "stopped"
-            log.info("%s demoted (%s), epoch %d", self.node_id, reason, epoch)
+            log.debug("%s demoted (%s), epoch %d", self.node_id, reason, epoch)  # the node logs "demoted"
             self._on_demoted(reason)
 
     def _contend_now(self) -> bool:
@@ -462,5 +495,6 @@ class Leadership:
                 if self._stopping.is_set():
                     log.info("election for %s ended while stopping", self.node_id, exc_info=True)
                     break
-                log.exception("election for %s failed; the node queues again", self.node_id)
+                self._event(logging.ERROR, "election_failed", "election for %s failed; the node queues again",
+                            self.node_id, exc_info=True)
                 self._stopping.wait(RETRY_PAUSE_S)

@@ -42,6 +42,8 @@ Nothing is processed in part: a step is committed whole or not at all.
 from __future__ import annotations
 
 import json
+from collections import Counter
+from operator import itemgetter
 from typing import Any
 
 from ..runtime.engine import Engine
@@ -88,6 +90,8 @@ class MasterFlow:
         # each step committed: while this object is valid, this master is the
         # only writer, so it knows the mark without asking (see ``committed``).
         self.mark: str | None = None
+        # Where committed steps' outputs are counted per stream (the node's metrics), or None.
+        self.left: Counter | None = None
 
     @classmethod
     def load(cls, graph: FlowGraph, store: FlowStore, deadline_s: float | None = None) -> "MasterFlow":
@@ -102,6 +106,8 @@ class MasterFlow:
 
     def committed(self, step: Step) -> None:
         """Record that ``step`` was committed: the mark moved to its own, if that is later."""
+        if self.left is not None:  # one C-level pass per step (Counter over map), nothing per message in Python
+            self.left.update(map(itemgetter(0), step.outputs))
         if step.mark and (self.mark is None or position_order(step.mark) > position_order(self.mark)):
             self.mark = step.mark
 

@@ -70,6 +70,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,12 +82,14 @@ from ..runtime.message import Message, position_order
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.store.flow_store import FlowKeys, FlowStore, Fenced, RedisUnavailable
 from ..grpc_security import NO_SECURITY, GrpcSecurity
+from ..logs import event
 from ..secrets import redact_url
 from .escalation import EscalationSender, StaleEpoch
 from .health import NodeHealth
 from .leadership import Leadership
 from .master_flow import MasterFlow, not_on_cluster
 from .master_steps import commit_one, run_master_batch
+from .metrics import LATENESS_BUCKETS, BatchTimings, MetricsServer, Timings, serve as serve_metrics
 from .node_parts import NodeParts, RealParts
 from .uplink_rows import decode_rows, last_position
 
@@ -171,12 +174,17 @@ def run_until_stopped(node, is_master) -> int:
         if node._term_requested.is_set():
             if is_master():
                 try:
-                    log.info("SIGTERM handover: %s", node.handover(5.0))
+                    result = node.handover(5.0)
+                    event(log, logging.INFO, "handover", "SIGTERM handover: %s", result, flow=node.name,
+                          node=node.cfg.node_id, ok=bool(result.get("ok")), new_master=result.get("new_master"),
+                          reason=result.get("reason"))
                 except Exception:  # ZooKeeper unreachable: stop all the same
-                    log.exception("SIGTERM handover failed; stopping")
+                    event(log, logging.ERROR, "handover", "SIGTERM handover failed; stopping", flow=node.name,
+                          node=node.cfg.node_id, ok=False, exc_info=True)
             break
         if node.query is not None and not node.query.isActive:
-            log.error("the uplink stream stopped: %s", node.query.exception())
+            event(log, logging.ERROR, "stream_stopped", "the uplink stream stopped: %s", node.query.exception(),
+                  flow=node.name, node=node.cfg.node_id)
             node.stop()
             return 1
         if node.batch_error is not None:  # a batch that ran ahead failed (FlowNode.on_batch)
@@ -185,6 +193,18 @@ def run_until_stopped(node, is_master) -> int:
         node._stop.wait(0.1)
     node.stop()
     return 0
+
+
+def start_metrics(cfg: NodeConfig, nodes, server, flow: str, frames=None) -> MetricsServer:
+    """Serve the metrics of ``nodes`` (a FlowNode, or a sharded node's shards) on
+    ``cfg.metrics_listen``; StartRefused when that address cannot be bound."""
+    try:
+        metrics = serve_metrics(cfg.metrics_listen, nodes, server=server, frames=frames)
+    except (OSError, ValueError) as exc:
+        raise StartRefused(f"cannot serve metrics on {cfg.metrics_listen}: {exc}") from exc
+    event(log, logging.INFO, "metrics", "%s serves Prometheus metrics on http://%s/metrics (unauthenticated)",
+          cfg.node_id, metrics.address, flow=flow, node=cfg.node_id, address=metrics.address)
+    return metrics
 
 
 def cluster_flow(graph: FlowGraph):
@@ -252,6 +272,14 @@ class FlowNode:
         self.rolled_back = 0      # delivered by promotion catch-up
         self.claims_unproven = 0  # claimed messages Redis did not show processed: they bake on
         self.escalations_refused = 0  # batches not from the master at its epoch (admit_escalation)
+        # For the metrics (cluster/metrics.py), counted per batch or step, never per message:
+        self.escalations_taken = 0  # escalation batches admitted (on_claims)
+        self.read = 0             # uplink entries this node read (the warm-up row is none)
+        self.fenced = 0           # writes as master the fence refused (each a step-down)
+        self.left: Counter = Counter()  # stream -> messages committed master steps sent there
+        self.batch_timings = BatchTimings((MASTER, WORKER))  # batch durations by role
+        self.lateness = Timings(LATENESS_BUCKETS)  # how late due deadlines fired (flow clock)
+        self.metrics: MetricsServer | None = None
         self.held = False         # backpressure: the reader plans no batch
         self._paced_ms: int | None = None  # the reader's pace as last set
         self.holding = False      # a master batch waits for ZooKeeper to come back
@@ -280,6 +308,8 @@ class FlowNode:
         """Connect (waiting up to the deadline), check Redis and the start position, start
         the stream's engine, serve gRPC, read; join the election once the stream is warm."""
         parts = self.parts
+        if self.cfg.metrics_listen:  # first: a bad metrics address stops nothing half started
+            self.metrics = start_metrics(self.cfg, lambda: [self], lambda: self.server, self.name)
         self.store = parts.store(self)
         self._check_redis()
         self.zk = parts.zookeeper(self)
@@ -301,8 +331,8 @@ class FlowNode:
         parts.start_timers(self)
         self.query = parts.stream(self, start)
         self._pace()
-        log.info("%s started reading %s (gRPC %s); ready after the warm-up batch",
-                 self.cfg.node_id, self.keys.uplink, self.address)
+        self._event(logging.INFO, "started", "%s started reading %s (gRPC %s); ready after the warm-up batch",
+                    self.cfg.node_id, self.keys.uplink, self.address, address=self.address)
 
     def _check_redis(self) -> None:
         """Refuse (or warn, per ``cluster.redis_checks``) a Redis that may evict or forget."""
@@ -324,8 +354,9 @@ class FlowNode:
         in_redis = self.store.current_epoch(deadline_s=deadline_s)
         newest = max(seen, in_redis, self.known_epoch)
         if in_redis < newest:
-            log.warning("Redis's fencing epoch is %d but epoch %d exists (Redis lost data?): raising it",
-                        in_redis, newest)
+            self._event(logging.WARNING, "redis_epoch_behind",
+                        "Redis's fencing epoch is %d but epoch %d exists (Redis lost data?): raising it",
+                        in_redis, newest, in_redis=in_redis, epoch=newest)
             newest = self.store.raise_epoch(newest, deadline_s=deadline_s)
         with self._lock:
             self.known_epoch = max(self.known_epoch, newest)
@@ -396,6 +427,7 @@ class FlowNode:
         if self._stopped:
             return
         self._stopped = True
+        self._event(logging.INFO, "stopping", "%s stopping (%s)", self.cfg.node_id, self.role, role=self.role)
         self._stop.set()
         self._wake.set()
         self.health.stopping()
@@ -417,6 +449,8 @@ class FlowNode:
             self.sender.stop()
         if self.server is not None:
             self.server.stop(1.0)
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.zk is not None:
             self.zk.stop()
             self.zk.close()
@@ -465,7 +499,8 @@ class FlowNode:
             log.info("%s: %s", self.cfg.node_id, exc)
         except BaseException as exc:
             self.batch_error = exc
-            log.exception("%s: batch %d failed after Spark committed it; stopping", self.cfg.node_id, batch_id)
+            self._event(logging.ERROR, "batch_failed", "%s: batch %d failed after Spark committed it; stopping",
+                        self.cfg.node_id, batch_id, batch=batch_id, exc_info=True)
             raise
         finally:
             self._work.release()
@@ -480,6 +515,9 @@ class FlowNode:
         """Record the bad entries, then bake or run the batch (caller holds _work)."""
         if self._stop.is_set():
             raise NodeStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
+        started, role = time.perf_counter(), self.role  # wall time, also under a simulator's clock
+        with self._lock:
+            self.read += len(msgs) + len(bad)
         if bad:
             self.store.record_failures(bad, max_entries=self.spec.failure_max_entries,
                                        max_body=self.spec.message.max_bytes)
@@ -491,6 +529,7 @@ class FlowNode:
             self._process(batch_id, msgs, last)
         finally:
             self.holding = False
+            self.batch_timings.observe(role, time.perf_counter() - started)
 
     # -- batches run on an executor (a sharded flow, see sharded_node) ------
     def executor_role(self) -> tuple[str, int]:
@@ -516,6 +555,9 @@ class FlowNode:
             self.failed += r.failed
             self.delivered += r.delivered
             self.skipped += r.skipped
+            # Handed back to the driver, the good rows are counted by _take_batch here.
+            self.read += r.read if r.role in (MASTER, WORKER) else r.failed
+        self.left.update(r.left)
         if r.last is None:
             return
         if r.role == WORKER:
@@ -573,7 +615,7 @@ class FlowNode:
             self.streaming_since = time.time()
             self.streaming = True
             self.health.streaming(True)
-            log.info("%s is streaming", self.cfg.node_id)
+            self._event(logging.INFO, "streaming", "%s is streaming", self.cfg.node_id)
 
     def _handled(self, position: str) -> None:
         with self._lock:
@@ -597,6 +639,7 @@ class FlowNode:
         """The master's flow graph; loaded from Redis after a promotion or a failed step."""
         if self.flow is None:
             self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.lease_s)
+            self.flow.left = self.left
         return self.flow
 
     def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
@@ -621,13 +664,16 @@ class FlowNode:
         if not isinstance(exc, Fenced):
             self._lost_redis(str(exc))
             return
-        log.error("%s: %s; stepping down", self.cfg.node_id, exc)
+        self._event(logging.ERROR, "fenced", "%s: %s; stepping down", self.cfg.node_id, exc,
+                    epoch=exc.epoch, newest=exc.newest)
         with self._lock:
             self.known_epoch = max(self.known_epoch, exc.newest)
+            self.fenced += 1
         self._step_down("fenced")
 
     def _lost_redis(self, why: str) -> None:
-        log.error("%s: %s; over the write lease (%.1f s): stepping down", self.cfg.node_id, why, self.lease_s)
+        self._event(logging.ERROR, "lease_expired", "%s: %s; over the write lease (%.1f s): stepping down",
+                    self.cfg.node_id, why, self.lease_s, reason=why, lease=self.lease_s)
         self._step_down("Redis unreachable")
 
     def drop(self) -> None:
@@ -676,6 +722,8 @@ class FlowNode:
         if why is not None:
             with self._lock:
                 self.escalations_refused += 1
+            self._event(logging.WARNING, "escalation_refused", "refused an escalation batch of %s from %s: %s",
+                        self.name, from_node, why, from_node=from_node, from_epoch=epoch, reason=why)
         return why
 
     def on_claims(self, epoch: int, claims: list[tuple[str, str, str]]) -> int:
@@ -687,6 +735,7 @@ class FlowNode:
             raise StaleEpoch(f"epoch {epoch} is older than {self.known_epoch}")
         parse = self.spec.message.parse_key
         with self._lock:
+            self.escalations_taken += 1
             self.known_epoch = max(self.known_epoch, epoch)
             if self.role == MASTER:
                 return 0  # a newer master is us: nothing of ours is baked
@@ -724,11 +773,13 @@ class FlowNode:
             if in_force > epoch:
                 # Redis has seen a newer epoch than ZooKeeper just gave us (ZooKeeper
                 # was reset?): our writes would all be refused. Stay a worker.
-                log.error("epoch %d from ZooKeeper is older than %d in Redis; not taking the master role",
-                          epoch, in_force)
+                self._event(logging.ERROR, "promotion_refused",
+                            "epoch %d from ZooKeeper is older than %d in Redis; not taking the master role",
+                            epoch, in_force, epoch=epoch, newest=in_force)
                 self.leadership.step_down("stale epoch")
                 return
             self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.lease_s)
+            self.flow.left = self.left
             self.remote_deadline = None
             with self._lock:
                 self.epoch = epoch
@@ -747,8 +798,11 @@ class FlowNode:
             raise
         finally:
             self._work.release()
-        log.info("%s is master at epoch %d; delivered %d messages the old master had not",
-                 self.cfg.node_id, epoch, rolled)
+        self._event(logging.INFO, "promoted", "%s is master at epoch %d; delivered %d messages the old master had not",
+                    self.cfg.node_id, epoch, rolled, epoch=epoch, rolled_back=rolled)
+        if rolled:  # its own line, so that rollbacks can be counted and alerted on by name
+            self._event(logging.WARNING, "rolled_back", "%s rolled back %d messages at epoch %d",
+                        self.cfg.node_id, rolled, epoch, epoch=epoch, count=rolled)
 
     def _catch_up(self, epoch: int) -> int:
         """Deliver every uplink entry after the processed mark up to where this node has
@@ -778,6 +832,11 @@ class FlowNode:
         with self._lock:
             self.role = WORKER
         self.flow = None
+        # The epoch of the term that ended: the election's, also when on_promoted failed before taking it.
+        epoch = getattr(self.leadership, "epoch", 0) or self.epoch
+        routine = reason in ("handover", "stopping")
+        self._event(logging.INFO if routine else logging.WARNING, "demoted", "%s demoted (%s), epoch %d",
+                    self.cfg.node_id, reason, epoch, epoch=epoch, reason=reason)
 
     def handover(self, timeout_s: float) -> dict:
         if self.leadership is None:
@@ -804,10 +863,13 @@ class FlowNode:
         if self.query is not None:
             self.parts.hold(self.query, want)
         if want:
-            log.warning("%s holds %d messages (max_pending %d): stopped reading until claims free room",
-                        self.cfg.node_id, pending, self.spec.max_pending)
+            self._event(logging.WARNING, "backpressure_on",
+                        "%s holds %d messages (max_pending %d): stopped reading until claims free room",
+                        self.cfg.node_id, pending, self.spec.max_pending, pending=pending,
+                        max_pending=self.spec.max_pending)
         else:
-            log.info("%s reads again (%d messages held)", self.cfg.node_id, pending)
+            self._event(logging.INFO, "backpressure_off", "%s reads again (%d messages held)",
+                        self.cfg.node_id, pending, pending=pending)
 
     # -- timers -----------------------------------------------------------
     def run_timers(self) -> None:
@@ -888,6 +950,7 @@ class FlowNode:
             with self._lock:
                 role, epoch = self.role, self.epoch
             if role == MASTER and self.leadership.may_write():  # a flow dropped is loaded again
+                self.lateness.observe(max(0.0, now - due))  # once per firing round: the earliest due
                 self.commit(epoch, lambda flow: flow.fire(now, epoch))
         finally:
             self._work.release()
@@ -903,8 +966,9 @@ class FlowNode:
             return
         silent = self.store.silent_s()
         if silent > self.lease_s:
-            log.error("%s: no answer from Redis for %.1f s, over the write lease (%.1f s): stepping down",
-                      self.cfg.node_id, silent, self.lease_s)
+            self._event(logging.ERROR, "lease_expired",
+                        "%s: no answer from Redis for %.1f s, over the write lease (%.1f s): stepping down",
+                        self.cfg.node_id, silent, self.lease_s, seconds=round(silent, 3), lease=self.lease_s)
             self._step_down("Redis unreachable")
 
     def _sweep(self) -> None:
@@ -924,6 +988,13 @@ class FlowNode:
         n, kept = self.store.trim_uplink(live, self.spec.retention, self.clock.now())
         if n:
             log.info("%s trimmed %d uplink entries before %s", self.cfg.node_id, n, kept)
+
+    def _event(self, level: int, name: str, msg: str, *args, **fields) -> None:
+        """Log the operator event ``name`` (``twinflow.logs``) with this node's flow, ID and epoch (its
+        own as master, else the newest it has seen, left out while none is: epochs start at 1;
+        ``epoch=`` overrides it). Reads without the lock, so it may be called holding it."""
+        fields.setdefault("epoch", (self.epoch if self.role == MASTER else self.known_epoch) or None)
+        event(log, level, name, msg, *args, flow=self.name, node=self.cfg.node_id, **fields)
 
     def status(self) -> dict:
         flow = self.flow

@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -89,6 +90,8 @@ class ShardResult:
     unreachable: str = ""               # why Redis did not take a step in time
     pid: int = field(default_factory=os.getpid)  # the executor process that ran it
     state_loads: int = 0                # times this batch loaded the shard's whole state from Redis
+    read: int = 0                       # uplink entries in the batch (the node's metrics)
+    left: Counter = field(default_factory=Counter)  # committed steps' outputs per stream (the node's metrics)
 
     # What travels back is what the driver uses: a message to bake needs its ID, key,
     # position and body, not its parsed document (pickling that cost more than the batch).
@@ -156,7 +159,7 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
     spec = graph.cluster
     role, epoch = plan.roles.get(k, ("driver", 0))
     msgs, bad, _ = decode_rows(rows, spec.message)
-    r = ShardResult(shard=k, role=role, epoch=epoch, last=last_position(rows))
+    r = ShardResult(shard=k, role=role, epoch=epoch, last=last_position(rows), read=len(msgs) + len(bad))
     if bad:
         store.record_failures(bad, max_entries=spec.failure_max_entries, max_body=spec.message.max_bytes)
         r.failed = len(bad)
@@ -177,6 +180,7 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
     # COMMIT finds this flow behind and the loop reloads it (master_steps).
     if cached is not None and cached[:2] == (epoch, generation):
         side.flow = cached[2]
+        side.flow.left = r.left  # this batch's result counts what its steps send out
     if not side.fire_due(epoch, plan.now):
         r.msgs = msgs
         return r
@@ -208,6 +212,7 @@ class _ExecutorMaster:
         if self.flow is None:
             self.r.state_loads += 1
             self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
+            self.flow.left = self.r.left
         return self.flow
 
     def refused(self, exc: Fenced | RedisUnavailable) -> None:

@@ -34,15 +34,19 @@ import os
 import threading
 from contextlib import ExitStack
 import pickle
+import time
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from ..logs import event
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.shards import ShardRouter, shard_graph
 from .connect import connect_zookeeper
 from .escalation import EscalationServicer
 from .grpc_server import AdminServicer, IngestServicer, create_server
-from .node import MASTER, FlowNode, NodeConfig, NodeStopping, cluster_flow, run_until_stopped
+from .metrics import BatchTimings
+from .node import MASTER, FlowNode, NodeConfig, NodeStopping, cluster_flow, run_until_stopped, start_metrics
 from .health import NodeHealth
 from .node_parts import RealParts
 from .shard_task import RESULT_SCHEMA, ShardPlan, run_partition
@@ -126,7 +130,9 @@ class ShardedNode:
         self.graph, self.spec, self.cfg = graph, spec, config
         self.name = graph.name
         self.router = ShardRouter(spec.shards, spec.shard_key)
-        self.shards = [FlowNode(shard_graph(graph, k), config, parts=_ShardParts(self, k))
+        # The shards' metrics are served by this node's one endpoint (start), not each their own.
+        shard_config = replace(config, metrics_listen=None)
+        self.shards = [FlowNode(shard_graph(graph, k), shard_config, parts=_ShardParts(self, k))
                        for k in range(spec.shards)]
         # One health service for the one server: it serves once the first shard streams.
         self.health = NodeHealth()
@@ -144,6 +150,8 @@ class ShardedNode:
         self._term_requested = threading.Event()
         self._stopped = False
         self.batches = 0
+        self.frame_timings = BatchTimings(("shards",))  # each micro-batch, all shards, for the metrics
+        self.metrics = None
         self.batch_error = None  # run_until_stopped's check: shards' batches never run ahead here
 
     # -- life cycle -------------------------------------------------------
@@ -151,6 +159,9 @@ class ShardedNode:
         from ..runtime.spark.session import build_session
 
         cfg = self.cfg
+        if cfg.metrics_listen:  # first: a bad metrics address stops nothing half started
+            self.metrics = start_metrics(cfg, lambda: self.shards, lambda: self.server, self.name,
+                                         frames=(self.name, self.frame_timings))
         # The JVM first, before any gRPC thread exists (see RealParts.prepare_stream).
         self.spark = build_session(f"twinflow-{self.name}-{cfg.node_id}", cfg.spark_master, cfg.spark_conf)
         self.zk = connect_zookeeper(cfg.zk_hosts, cfg.connect_deadline_s, self.spec.session_timeout)
@@ -167,7 +178,8 @@ class ShardedNode:
         for shard in self.shards:
             shard.start()
         self._start_query()
-        log.info("%s reads %d shards of %s on %s", cfg.node_id, len(self.shards), self.name, cfg.spark_master)
+        event(log, logging.INFO, "started", "%s reads %d shards of %s on %s", cfg.node_id, len(self.shards),
+              self.name, cfg.spark_master, flow=self.name, node=cfg.node_id, shards=len(self.shards))
 
     def _start_query(self) -> None:
         from ..runtime.spark.stream import start_shard_stream
@@ -199,6 +211,9 @@ class ShardedNode:
         if self._stopped:
             return
         self._stopped = True
+        # Each shard logs its own "stopping" with its role and epoch; this one is the process's.
+        event(log, logging.INFO, "stopping", "%s stopping %d shards of %s", self.cfg.node_id, len(self.shards),
+              self.name, flow=self.name, node=self.cfg.node_id, shards=len(self.shards))
         self._stop.set()
         self.health.stopping()
         for shard in self.shards:
@@ -212,6 +227,8 @@ class ShardedNode:
                 log.info("shard stream stopped with its last batch uncommitted (read again on restart)")
         if self.server is not None:
             self.server.stop(1.0)
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.zk is not None:
             self.zk.stop()
             self.zk.close()
@@ -221,6 +238,7 @@ class ShardedNode:
     # -- batches ----------------------------------------------------------
     def on_frame(self, frame, batch_id: int) -> None:
         """Plan a micro-batch, run it on the executors, finish each shard's part here."""
+        started = time.perf_counter()
         with ExitStack() as held:
             for shard in self.shards:  # always in shard order: no two batches or promotions cross
                 held.enter_context(shard._work)
@@ -243,6 +261,7 @@ class ShardedNode:
                     continue
                 self.shards[result.shard].take_result(batch_id, result)
             self.batches += 1
+        self.frame_timings.observe("shards", time.perf_counter() - started)
 
     def hold(self, shard: int, held: bool) -> None:
         from ..runtime.spark.stream import hold_shards

@@ -497,6 +497,8 @@ def cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="twinflow", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="the log on stderr as text lines (default) or one JSON object per line (README 'Logs')")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run one flow node (master or worker, as elected)")
@@ -610,13 +612,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("kazoo", "py4j", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from twinflow import logs
+
+    logs.configure(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
     if args.fn in (cmd_drill, cmd_demo, cmd_bench):
         # SIGTERM unwinds like Ctrl-C, so the servers and nodes these started are stopped by PID.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

@@ -6,7 +6,9 @@ Under failure: when Redis is down, times out, is out of memory or read-only
 (a replica after a failover), a call waits and retries with a bounded
 back-off (logging what it waits for) until Redis answers, the store is
 closed (:class:`StoreClosed`) or the call's deadline passes
-(:class:`RedisUnavailable`); it never drops a write silently. Retrying a
+(:class:`RedisUnavailable`); it never drops a write silently. The first
+call that fails logs the outage once (``redis_down``), the first answer
+after it its end and length (``redis_back``), whichever thread sees them. Retrying a
 write is safe even when Redis applied it and only the reply was lost: a
 master step carries a marker unique to it and is applied once (the
 simulator found the double feed before it did), failure records are keyed
@@ -32,6 +34,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ...logs import event
 from ..message import Message, position_order
 from ..waiting import retry
 from .redis_slot import follow_moved
@@ -201,6 +204,9 @@ class FlowStore:
         self._use(client)
         self.last_ok = monotonic()  # when a call last got an answer from Redis
         self.failing_since: float | None = None  # when calls began to fail, while they fail
+        self.outages = 0  # times calls began to fail (redis_down), for the metrics
+        self._outage = threading.Lock()  # several threads call at once: one redis_down/redis_back line each
+        self.epoch_seen = 0  # the newest fencing epoch this store read or set (for the log)
 
     def _use(self, client: redis.Redis) -> None:
         # This store owns waiting and deadlines: redis-py's own retries (ten by
@@ -229,10 +235,11 @@ class FlowStore:
                 raise
             except redis.RedisError as exc:
                 if transient(exc) and self.failing_since is None:
-                    self.failing_since = self._monotonic()
+                    self._went_down(what, exc)
                 raise
             self.last_ok = self._monotonic()
-            self.failing_since = None
+            if self.failing_since is not None:
+                self._came_back()
             return result
 
         def before_pause(exc: BaseException, waited: float, pause: float) -> None:
@@ -243,6 +250,23 @@ class FlowStore:
         return retry(attempt, retryable=lambda exc: isinstance(exc, redis.RedisError) and transient(exc),
                      deadline_s=deadline_s, give_up=lambda exc, waited: RedisUnavailable(what, waited, exc),
                      on_retry=before_pause, sleep=self._sleep, monotonic=self._monotonic)
+
+    def _went_down(self, what: str, exc: BaseException) -> None:
+        with self._outage:
+            if self.failing_since is not None:
+                return
+            self.failing_since = self._monotonic()
+            self.outages += 1
+        event(log, logging.WARNING, "redis_down", "Redis stopped answering (%s during %s)", exc, what,
+              flow=self.keys.flow, node=self.node_id, epoch=self.epoch_seen or None, during=what, error=str(exc))
+
+    def _came_back(self) -> None:
+        with self._outage:
+            since, self.failing_since = self.failing_since, None
+        if since is not None:
+            down = self._monotonic() - since
+            event(log, logging.INFO, "redis_back", "Redis answers again after %.1f s", down,
+                  flow=self.keys.flow, node=self.node_id, epoch=self.epoch_seen or None, seconds=round(down, 3))
 
     def health(self) -> str:
         """"ok", or "down <s>s" while calls to Redis fail (what ``twinflow status`` shows)."""
@@ -290,11 +314,15 @@ class FlowStore:
     # -- epochs -----------------------------------------------------------
     def raise_epoch(self, epoch: int, deadline_s: float | None = None) -> int:
         """Make ``epoch`` the fencing epoch unless a newer one exists; returns the one in force."""
-        return int(self._call("raise_epoch", lambda: self._scripts["raise_epoch"](
+        in_force = int(self._call("raise_epoch", lambda: self._scripts["raise_epoch"](
             keys=[self.keys.epoch], args=[epoch]), deadline_s))
+        self.epoch_seen = max(self.epoch_seen, in_force)
+        return in_force
 
     def current_epoch(self, deadline_s: float | None = None) -> int:
-        return int(self._call("current_epoch", lambda: self.r.get(self.keys.epoch), deadline_s) or 0)
+        epoch = int(self._call("current_epoch", lambda: self.r.get(self.keys.epoch), deadline_s) or 0)
+        self.epoch_seen = max(self.epoch_seen, epoch)
+        return epoch
 
     # -- master: one fenced step ------------------------------------------
     def commit(self, epoch: int, step: "Step", *, deadline_s: float | None = None,

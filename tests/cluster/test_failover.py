@@ -4,7 +4,9 @@ These are the slowest tests (each starts two Spark drivers, about 30 s).
 """
 
 import json
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,7 @@ from twinflow.chaos.invariants import check_sink, failover_seconds, read_sink
 from twinflow.cluster.demo import Cluster, Publisher
 from twinflow.cluster.grpc_server import node_status, publish, request_handover
 from tests.conftest import wait_until
+from tests.integration.test_metrics import scrape, value
 
 pytestmark = pytest.mark.cluster
 
@@ -23,6 +26,8 @@ BAD = [b"{not json", json.dumps({"seq": 1}).encode(), json.dumps({"id": "no-key"
 @pytest.fixture
 def cluster(tmp_path, services, flow_name):
     c = Cluster(str(tmp_path), flow=flow_name, services=services)
+    for n in c.nodes.values():  # a free port each, found in the node's log (metrics_address)
+        n.extra_args += ["--metrics-listen", "127.0.0.1:0"]
     c.start_nodes()
     try:
         c.wait_ready(timeout_s=150)
@@ -32,6 +37,14 @@ def cluster(tmp_path, services, flow_name):
         raise
     finally:
         c.stop()
+
+
+def metrics_address(cluster, node_id) -> str:
+    """Where the node serves its metrics, as its log says at start."""
+    found = re.search(r"Prometheus metrics on http://([0-9.]+:[0-9]+)/metrics",
+                      Path(cluster.nodes[node_id].log_path).read_text(errors="replace"))
+    assert found, f"{node_id} logged no metrics address"
+    return found.group(1)
 
 
 def wait_all_delivered(cluster, ids, timeout_s=90):
