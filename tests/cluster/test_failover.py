@@ -91,6 +91,16 @@ def test_sigkill_of_master_mid_stream_delivers_every_message_exactly_once(cluste
 def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     first, epoch1 = cluster.master()
     second = next(n for n in cluster.nodes if n != first)
+    metrics = {n: metrics_address(cluster, n) for n in (first, second)}
+    who = {n: {"flow": cluster.flow, "node": n} for n in (first, second)}
+
+    def metric(node_id, name, **labels):
+        return value(scrape(metrics[node_id]), name, **labels, **who[node_id])
+
+    # Role and epoch, as each node serves them (the worker learns the epoch from Redis's fence).
+    assert metric(first, "twinflow_is_master") == 1 and metric(first, "twinflow_epoch") == epoch1
+    assert metric(second, "twinflow_role", role="worker") == 1
+    wait_until(lambda: metric(second, "twinflow_epoch") == epoch1, 5, what="the worker to see the epoch")
     pub = Publisher(cluster, MESSAGES, RATE)
     pub.start()
 
@@ -103,6 +113,9 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     assert cluster.master()[1] > epoch1
     st = node_status(cluster.statuses()[first]["grpc_address"])
     assert st["role"] == "worker"  # the old master stays, as a worker
+    assert metric(second, "twinflow_is_master") == 1 and metric(second, "twinflow_epoch") > epoch1
+    wait_until(lambda: metric(first, "twinflow_is_master") == 0, 5, what="first's metrics to show the handover")
+    assert metric(first, "twinflow_role", role="worker") == 1
 
     # 2. SIGTERM of the new master at 70%: it hands back, then exits cleanly.
     wait_until(lambda: len(pub.ids) >= MESSAGES * 0.7, 30, what="70% published")
@@ -114,3 +127,13 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     wait_all_delivered(cluster, pub.ids)
     report = check_sink(read_sink(cluster.redis, cluster.sink_key), pub.ids)
     assert report.exactly_once, report
+
+    # first read every message, delivered some as master and had others claimed as worker.
+    wait_until(lambda: metric(first, "twinflow_uplink_read_total") >= MESSAGES, 10, what="first's read count")
+    got = scrape(metrics[first])
+    assert value(got, "twinflow_is_master", **who[first]) == 1
+    assert value(got, "twinflow_messages_total", outcome="delivered", **who[first]) > 0
+    assert value(got, "twinflow_messages_total", outcome="claimed", **who[first]) > 0
+    for role in ("master", "worker"):
+        assert value(got, "twinflow_batch_duration_seconds_count", role=role, **who[first]) > 0
+    assert value(got, "twinflow_escalation_batches_received_total", result="accepted", **who[first]) > 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import redis
 
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
+from tests.integration.test_metrics import scrape
 from twinflow.chaos.invariants import check_outputs, read_outputs
 from twinflow.cluster.demo import CHAINED, order_or_payment
 from twinflow.cluster.grpc_server import publish as grpc_publish
@@ -111,7 +113,7 @@ def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, se
     try:
         flow.node("a", extra=on_cluster)
         shards.wait_roles("a", "master")
-        flow.node("b", extra=on_cluster)
+        flow.node("b", extra=on_cluster + ["--metrics-listen", "127.0.0.1:0"])
         shards.wait_roles("b", "worker")
         publish(0, 400)
         wait_until(lambda: len(shards.outputs().get("deliver.done", [])) >= 50, 60, what="the first joined pairs")
@@ -153,5 +155,20 @@ def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, se
         rows = json.loads(out.stdout)["nodes"]
         assert sorted((r["flow"], r["role"]) for r in rows if r["node_id"] == "b") == [
             (k.flow, "master") for k in shards.keys], out.stderr
+
+        # b's one metrics endpoint serves every shard under the shard's flow name, with what the
+        # executors committed for it; its micro-batches under the flow's own name.
+        log = open(flow.nodes["b"].log_path, errors="replace").read()
+        address = re.search(r"Prometheus metrics on http://([0-9.]+:[0-9]+)/metrics", log).group(1)
+        samples = scrape(address)
+
+        def per_shard(name, **labels):
+            return {ls["flow"]: v for n, ls, v in samples
+                    if n == name and ls["node"] == "b" and all(ls.get(k) == w for k, w in labels.items())}
+        assert per_shard("twinflow_is_master") == {k.flow: 1 for k in shards.keys}
+        assert all(v > 0 for v in per_shard("twinflow_uplink_read_total").values())
+        joined = sum(per_shard("twinflow_outlink_messages_total", outlink="deliver.done").values())
+        assert 0 < joined <= sum(e.node == "b" for e in outputs["deliver.done"])
+        assert per_shard("twinflow_batch_duration_seconds_count", role="shards")[flow.name] > 0
     finally:
         flow.stop_all()

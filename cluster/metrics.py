@@ -1,0 +1,271 @@
+"""A node's Prometheus metrics, served over HTTP (``twinflow run --metrics-listen HOST:PORT``).
+
+Everything is read at scrape time from what the node keeps anyway: its
+``status()``, its plain-int counters, its escalation sender's ``stats()``,
+its leadership's and its store's connection counters. Nothing is called per
+message: the master's batch loop runs ~16k messages a second and a Prometheus
+counter increment per message would cost real throughput. Durations (a
+batch, a timer's lateness) go into a :class:`Timings`, observed once per
+batch or per firing round.
+
+Each node process has a registry of its own (not prometheus-client's global
+one), so that several nodes can run in one process (the tests do). A
+sharded node serves one endpoint for all its shards: each shard's metrics
+carry the shard's flow name in ``flow``. The README ("Metrics") lists every
+metric.
+
+The endpoint is plain, unauthenticated HTTP: metrics carry no secrets, but
+bind it to loopback or a monitoring network.
+
+Under failure: a scrape never waits long for Redis. The only Redis call is
+the uplink lag (one attempt, bounded by the socket time-out); when it fails
+the lag is left out of that scrape and ``twinflow_redis_up`` says why. A
+metric that cannot be read is left out; the scrape still answers.
+
+>>> t = Timings((0.1, 1.0))
+>>> t.observe(0.05); t.observe(0.5); t.observe(3.0)
+>>> t.snapshot()
+([('0.1', 1), ('1.0', 2), ('+Inf', 3)], 3.55)
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .node import FlowNode
+
+log = logging.getLogger("twinflow.metrics")
+
+BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Outcomes of twinflow_messages_total, each a counter the node keeps (status() or its attributes).
+OUTCOMES = ("delivered", "skipped", "failed", "claimed", "unclaimed", "rolled_back", "claims_unproven")
+ROLES = ("master", "worker", "starting")
+
+
+class Timings:
+    """A fixed-bucket histogram (seconds), observed once per batch or firing round, read by a scrape."""
+
+    def __init__(self, buckets: Iterable[float] = BATCH_BUCKETS):
+        self.bounds = tuple(sorted(buckets))
+        self._counts = [0] * (len(self.bounds) + 1)  # the last one: over every bound (+Inf)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        i = bisect.bisect_left(self.bounds, seconds)
+        with self._lock:
+            self._counts[i] += 1
+            self._sum += seconds
+
+    def snapshot(self) -> tuple[list[tuple[str, int]], float]:
+        """Cumulative (upper bound, count) pairs, +Inf last, and the sum: a histogram's samples."""
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        out, running = [], 0
+        for bound, n in zip([*map(str, self.bounds), "+Inf"], counts):
+            running += n
+            out.append((bound, running))
+        return out, total
+
+
+class BatchTimings:
+    """Batch durations per role the node had when the batch started (a histogram each). The
+    ``roles`` given exist from the start, so a series is there (at 0) before its first batch."""
+
+    def __init__(self, roles: Iterable[str] = ()):
+        self.by_role: dict[str, Timings] = {role: Timings(BATCH_BUCKETS) for role in roles}
+        self._lock = threading.Lock()
+
+    def observe(self, role: str, seconds: float) -> None:
+        timings = self.by_role.get(role)
+        if timings is None:
+            with self._lock:
+                timings = self.by_role.setdefault(role, Timings(BATCH_BUCKETS))
+        timings.observe(seconds)
+
+
+def outlink_names(node: "FlowNode") -> dict[str, str]:
+    """The Redis stream of each of the flow's unlinked outlinks -> ``<flow node>.<outlink>`` (names
+    joined with ``,`` when outlinks share a stream, e.g. two actions with one sink)."""
+    from .master_flow import outlink_streams
+
+    names: dict[str, list[str]] = {}
+    for (name, outlink), stream in outlink_streams(node.graph, node.keys).items():
+        names.setdefault(stream, []).append(f"{name}.{outlink}")
+    return {stream: ",".join(v) for stream, v in names.items()}
+
+
+class NodeCollector(Collector):
+    """Reads ``nodes`` (a FlowNode, or a sharded node's shards) at each scrape.
+
+    ``server``: the gRPC server whose token refusals to report (one per process);
+    ``frames``: a sharded node's (flow name, BatchTimings) of its micro-batches.
+    """
+
+    def __init__(self, nodes: Callable[[], list["FlowNode"]], server: Callable[[], Any] | None = None,
+                 frames: tuple[str, BatchTimings] | None = None):
+        self.nodes, self.server, self.frames = nodes, server, frames
+        self._outlinks: dict[str, dict[str, str]] = {}  # flow -> stream -> outlink name
+
+    def collect(self):
+        nodes = self.nodes()
+        base = ["flow", "node"]
+        f: dict[str, Any] = {}
+
+        def family(kind, name, doc, labels=()):
+            if name not in f:
+                f[name] = kind(name, doc, labels=base + list(labels))
+            return f[name]
+
+        for n in nodes:
+            try:
+                self._collect_node(n, family)
+            except Exception:  # one node's bad read must not fail the whole scrape
+                log.exception("metrics of %s %s could not be read", n.name, n.cfg.node_id)
+        if self.frames is not None and nodes:
+            flow, timings = self.frames
+            hist = family(HistogramMetricFamily, "twinflow_batch_duration_seconds",
+                          "Time to process one uplink batch, once per batch", ["role"])
+            for role, t in sorted(timings.by_role.items()):
+                buckets, total = t.snapshot()
+                hist.add_metric([flow, nodes[0].cfg.node_id, role], buckets, total)
+        check = getattr(self.server(), "token_check", None) if self.server is not None else None
+        if check is not None and nodes:
+            refused = family(CounterMetricFamily, "twinflow_grpc_refused",
+                             "gRPC calls refused by the token check", ["reason"])
+            flow = self.frames[0] if self.frames else nodes[0].name
+            for reason, count in sorted(dict(check.refused).items()):
+                refused.add_metric([flow, nodes[0].cfg.node_id, reason], count)
+        yield from f.values()
+
+    def _collect_node(self, n: "FlowNode", family) -> None:
+        s = n.status()
+        who = [n.name, n.cfg.node_id]
+        family(CounterMetricFamily, "twinflow_uplink_read", "Uplink entries this node read (messages in)"
+               ).add_metric(who, n.read)
+        out = family(CounterMetricFamily, "twinflow_messages",
+                     "Messages by what became of them on this node", ["outcome"])
+        counts = {**s, "skipped": n.skipped}
+        for outcome in OUTCOMES:
+            out.add_metric(who + [outcome], int(counts.get(outcome) or 0))
+        if n.name not in self._outlinks:
+            self._outlinks[n.name] = outlink_names(n)
+        names = self._outlinks[n.name]
+        left = dict(n.left)  # one C-level copy: the batch thread may add to it meanwhile
+        per_outlink = family(CounterMetricFamily, "twinflow_outlink_messages",
+                             "Messages that left the flow through each outlink in this node's committed "
+                             "master steps", ["outlink"])
+        for stream, name in sorted(names.items(), key=lambda kv: kv[1]):
+            per_outlink.add_metric(who + [name], left.get(stream, 0))
+        hist = family(HistogramMetricFamily, "twinflow_batch_duration_seconds",
+                      "Time to process one uplink batch, once per batch", ["role"])
+        for role, t in sorted(n.batch_timings.by_role.items()):
+            buckets, total = t.snapshot()
+            hist.add_metric(who + [role], buckets, total)
+        buckets, total = n.lateness.snapshot()
+        family(HistogramMetricFamily, "twinflow_timer_lateness_seconds",
+               "How late the master fired the flow's due deadlines, once per firing round"
+               ).add_metric(who, buckets, total)
+        if int(s.get("uplink_lag", -1)) >= 0:  # -1: Redis did not answer this time
+            family(GaugeMetricFamily, "twinflow_uplink_lag", "Uplink entries this node has not read yet"
+                   ).add_metric(who, s["uplink_lag"])
+        for name, key, doc in (
+            ("twinflow_baked", "baked", "Messages the worker's claim sort withholds now"),
+            ("twinflow_pending", "pending", "Node state the master's flow holds now (open groups, timers)"),
+            ("twinflow_backpressure", "backpressure", "1 while a worker has stopped reading (max_pending)"),
+            ("twinflow_holding", "holding", "1 while a master holds a batch (ZooKeeper suspended)"),
+            ("twinflow_streaming", "streaming", "1 once the node's stream ran its warm-up batch"),
+            ("twinflow_epoch", "epoch", "The master's epoch (a worker: the newest it has seen)"),
+        ):
+            family(GaugeMetricFamily, name, doc).add_metric(who, int(s.get(key) or 0))
+        role = s.get("role", "starting")
+        family(GaugeMetricFamily, "twinflow_is_master", "1 while this node is the flow's master"
+               ).add_metric(who, int(role == "master"))
+        roles = family(GaugeMetricFamily, "twinflow_role", "1 for the role this node has now", ["role"])
+        for r in ROLES:
+            roles.add_metric(who + [r], int(role == r))
+        family(CounterMetricFamily, "twinflow_fenced", "Writes of this node as master refused by the "
+               "fence (a newer master exists): it stepped down each time").add_metric(who, n.fenced)
+        received = family(CounterMetricFamily, "twinflow_escalation_batches_received",
+                          "Escalation batches that reached this node", ["result"])
+        received.add_metric(who + ["accepted"], n.escalations_taken)
+        received.add_metric(who + ["refused"], int(s.get("escalations_refused") or 0))
+        self._collect_sender(n, who, family)
+        store = n.store
+        if store is not None:
+            family(GaugeMetricFamily, "twinflow_redis_up", "1 while the node's calls to Redis get answers"
+                   ).add_metric(who, int(store.failing_since is None))
+            family(CounterMetricFamily, "twinflow_redis_outages", "Times Redis stopped answering this node "
+                   "(each ends in a reconnect)").add_metric(who, getattr(store, "outages", 0))
+        lead = n.leadership
+        if lead is not None:
+            family(GaugeMetricFamily, "twinflow_zookeeper_connected", "1 while the ZooKeeper connection is up"
+                   ).add_metric(who, int(not lead.suspended))
+            family(CounterMetricFamily, "twinflow_zookeeper_disconnects", "Times the ZooKeeper connection "
+                   "dropped (SUSPENDED)").add_metric(who, getattr(lead, "disconnects", 0))
+            family(CounterMetricFamily, "twinflow_zookeeper_sessions_lost", "Times the ZooKeeper session "
+                   "expired (LOST)").add_metric(who, getattr(lead, "sessions_lost", 0))
+
+    @staticmethod
+    def _collect_sender(n: "FlowNode", who: list[str], family) -> None:
+        stats = getattr(n.sender, "stats", None)
+        if stats is None:
+            return
+        targets = stats()["targets"]
+        batches = family(CounterMetricFamily, "twinflow_escalation_batches",
+                         "Escalation batches this node sent as master, per target", ["target", "result"])
+        claims = family(CounterMetricFamily, "twinflow_escalation_claims",
+                        "Escalation claims this node sent as master, per target", ["target", "result"])
+        pending = family(GaugeMetricFamily, "twinflow_escalation_pending_claims",
+                         "Claims buffered or awaiting an ack, per target", ["target"])
+        for target, t in sorted(targets.items()):
+            for result in ("sent", "acked", "refused"):
+                batches.add_metric(who + [target, result], t.get(f"batches_{result}", 0))
+            for result in ("enqueued", "sent", "resent", "acked", "refused", "dropped"):
+                claims.add_metric(who + [target, result], t[result])
+            pending.add_metric(who + [target], t["pending"])
+
+
+class MetricsServer:
+    """The HTTP endpoint of one node process; ``address`` is where it listens (port 0 resolved)."""
+
+    def __init__(self, listen: str, collector: NodeCollector):
+        host, port = split_address(listen)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self._httpd, self._thread = start_http_server(port, host, registry=self.registry)
+        bound = self._httpd.server_address
+        self.address = f"{'[' + host + ']' if ':' in host else host}:{bound[1]}"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5.0)
+
+
+def split_address(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port).
+
+    >>> split_address("127.0.0.1:9464"), split_address("[::1]:0")
+    (('127.0.0.1', 9464), ('::1', 0))
+    """
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"metrics address {listen!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def serve(listen: str, nodes: Callable[[], list["FlowNode"]], *, server: Callable[[], Any] | None = None,
+          frames: tuple[str, BatchTimings] | None = None) -> MetricsServer:
+    """Serve the metrics of ``nodes`` on ``listen``; the caller stops the result."""
+    return MetricsServer(listen, NodeCollector(nodes, server=server, frames=frames))
+
