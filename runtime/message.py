@@ -13,6 +13,22 @@ level), and no number literal with more than ``max_number_digits`` digits
 (Python refuses to convert an integer of over 4,300 digits, and converts long
 ones in quadratic time). Brackets and digits inside JSON strings do not count.
 
+Text that cannot be written: JSON lets a string hold a lone UTF-16
+surrogate (``"\\ud800"``), which no UTF-8 encoder accepts, so a key or
+an output built from it would fail in Redis (and fail again on every retry,
+catch-up and promotion). Such a message is bad input here, whichever field
+holds the text (the ID, a join's activation, a group key, a field no node
+reads but that leaves the flow with the message), so no node and no Redis
+key ever sees it. Bodies must be well-formed UTF-8 (or UTF-16/32) for the
+same reason: encoded surrogates are refused.
+
+>>> decode("1-0", b'{"id": "\\\\ud800"}', MessageSpec()).id
+Traceback (most recent call last):
+...
+twinflow.runtime.fields.BadInput: a text in the message is not valid Unicode (a lone surrogate '\\ud800')
+>>> decode("1-0", b'{"id": "a", "face": "\\\\ud83d\\\\ude00"}', MessageSpec()).doc["face"] == "\\U0001F600"
+True
+
 IDs: an ID is its text. The ID field may hold a non-empty string or an
 integer, and the integer ``1`` and the string ``"1"`` are the same ID, so a
 producer that switches between the two encodings can never have one message
@@ -112,6 +128,10 @@ class Message:
 # where step 3 does.
 
 _UTF8 = frozenset({"utf-8", "utf-8-sig"})
+# A \uD800-\uDFFF escape: only a body with one can hold a lone surrogate after
+# parsing (the bytes themselves are decoded strictly, so none comes from them).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _OPENERS_AND_DIGITS = b"[{0123456789"
 _NOT_OPENERS_OR_DIGITS = bytes(c for c in range(256) if c not in _OPENERS_AND_DIGITS)
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
@@ -191,10 +211,10 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
         # What json.loads(bytes) does, with a fast path for the usual '{' in UTF-8.
         encoding = "utf-8" if data.startswith(b"{") and data[1:2] != b"\x00" else json.detect_encoding(data)
         try:
-            text = data.decode(encoding, "surrogatepass")
+            text = data.decode(encoding)
         except UnicodeDecodeError as exc:
             raise BadInput(f"body is not JSON: not {encoding} text ({exc.reason} at byte {exc.start})") from None
-        raw = data if encoding in _UTF8 else text.encode("utf-8", "surrogatepass")
+        raw = data if encoding in _UTF8 else text.encode("utf-8")
         counted = len(raw.translate(None, _NOT_OPENERS_OR_DIGITS))  # step 1 of the bounds, inline
         if counted > spec.max_depth or counted > spec.max_number_digits:
             _check_bounds(raw, spec)
@@ -204,6 +224,8 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
             raise BadInput(f"body is not JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise BadInput("body is not a JSON object")
+        if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
+            _refuse_lone_surrogates(doc)
         try:
             raw_id = _path(spec.id_path).get(doc)
         except MissingField:
@@ -222,6 +244,18 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
         raise
     except Exception as exc:  # the backstop: one bad message must never stop the node
         raise BadInput(_clip(f"message cannot be decoded: {type(exc).__name__}: {exc}")) from exc
+
+
+def _refuse_lone_surrogates(doc: dict) -> None:
+    """Raise BadInput when any text of ``doc`` (a key or a value) holds a lone surrogate.
+
+    A surrogate pair in a body becomes one character when parsed; only a lone
+    one is left as a surrogate, and the standard library writes every text of
+    the document out (ensure_ascii off) in C, so one regex search finds it.
+    """
+    lone = _LONE_SURROGATE.search(json.dumps(doc, ensure_ascii=False, check_circular=False))
+    if lone:
+        raise BadInput(f"a text in the message is not valid Unicode (a lone surrogate {lone[0]!r})")
 
 
 @lru_cache(maxsize=64)

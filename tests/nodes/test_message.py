@@ -322,3 +322,65 @@ def test_a_string_int_key_is_bounded_like_a_number():
     assert decode("1-0", b'{"id": "a", "seq": "' + b"9" * 100 + b'"}', BIG).key == int("9" * 100)
     assert decode("1-0", b'{"id": "a", "seq": "-' + b"9" * 100 + b'"}', BIG).key == -int("9" * 100)
     assert "longer than 100 digits" in refused(b'{"id": "a", "seq": "' + b"9" * 101 + b'"}')
+
+
+# -- text that cannot be written (issue 18, item 1) ---------------------------------
+# A lone surrogate is valid JSON (an escape) but no UTF-8 encoder takes it: a Redis key or
+# an output built from it fails. Such a message is refused here, whatever field holds it.
+
+LONE = ["\\ud800", "\\udfff", "x\\ud83d", "\\ude00y", "\\uDBFF", "\\ud83d\\ud83d"]
+
+
+@pytest.mark.parametrize("escape", LONE)
+@pytest.mark.parametrize("field", ["id", "uuid", "order_id", "type", "grp", "deep", "key_name"])
+def test_a_lone_surrogate_anywhere_is_refused_with_the_reason(escape, field):
+    body = {"id": "m1", "seq": 1, "uuid": "u", "order_id": "o", "type": "order", "grp": "g", "deep": {"a": ["x"]}}
+    text = json.dumps(body)
+    if field == "deep":
+        text = text.replace('["x"]', f'["{escape}"]')
+    elif field == "key_name":
+        text = text.replace('"grp"', f'"{escape}"')
+    else:
+        text = text.replace(f'"{field}": "{body[field]}"', f'"{field}": "{escape}"')
+    assert escape in text
+    assert "not valid Unicode (a lone surrogate" in refused(text.encode())
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
+def test_surrogates_encoded_in_the_bytes_are_refused_as_not_json(encoding):
+    data = '{"id": "\ud800", "seq": 1}'.encode(encoding, "surrogatepass")
+    assert "not JSON" in refused(data)
+
+
+@pytest.mark.parametrize("text, value", [
+    ('"\\ud83d\\ude00"', "\U0001F600"),          # a pair is one character
+    ('"\\\\ud800"', "\\ud800"),                  # an escaped backslash, then plain letters
+    ('"\\u0000\\u202e\\uffff"', "\x00\u202e\uffff"),  # NUL, a right-to-left mark, a non-character
+])
+def test_surrogate_pairs_and_look_alikes_are_accepted(text, value):
+    m = decode("1-0", f'{{"id": "a", "seq": 1, "v": {text}}}'.encode(), BIG)
+    assert m.doc["v"] == value
+
+
+UNICODE_VALUES = st.recursive(
+    st.text(max_size=6) | st.integers() | st.none(),  # hypothesis's text includes lone surrogates
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(UNICODE_VALUES, st.booleans())
+def test_whatever_decode_accepts_can_be_written_to_redis(value, ensure_ascii):
+    """Every text of an accepted message encodes as UTF-8: its ID, and its document as
+    the master writes it out (what a key, a state entry or an output is made of)."""
+    try:
+        data = json.dumps({"id": "a", "seq": 1, "v": value}, ensure_ascii=ensure_ascii).encode("utf-8", "surrogatepass")
+    except UnicodeEncodeError:
+        return
+    result = total(data, BIG)
+    has_lone = any(0xD800 <= ord(c) <= 0xDFFF for c in json.dumps(value, ensure_ascii=False))
+    assert isinstance(result, BadInput) == has_lone
+    if isinstance(result, Message):
+        result.id.encode("utf-8")
+        json.dumps(result.doc, ensure_ascii=False).encode("utf-8")
