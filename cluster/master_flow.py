@@ -90,6 +90,12 @@ class MasterFlow:
         # each step committed: while this object is valid, this master is the
         # only writer, so it knows the mark without asking (see ``committed``).
         self.mark: str | None = None
+        # The state version (scripts.COMMIT) the nodes hold now: the one loaded, moved
+        # by every step built on them. A step names the version it was built from,
+        # and Redis applies it only on that version, so a flow that fell behind
+        # (another writer committed) is found at its next step, nothing written.
+        # None for a flow not loaded from Redis (its steps are not checked).
+        self.version: int | None = None
         # Where committed steps' outputs are counted per stream (the node's metrics), or None.
         self.left: Counter | None = None
 
@@ -97,11 +103,11 @@ class MasterFlow:
     def load(cls, graph: FlowGraph, store: FlowStore, deadline_s: float | None = None) -> "MasterFlow":
         """A new flow whose nodes continue from the state entries in Redis, with the processed mark."""
         fresh = graph.fresh()
-        entries, mark = store.load_state_and_mark(fresh.nodes, deadline_s=deadline_s)
+        entries, mark, version = store.load_state_version(fresh.nodes, deadline_s=deadline_s)
         for name, node in fresh.nodes.items():
             node.load_state(entries[name])
         flow = cls(fresh, store.keys, store.node_id)
-        flow.mark = mark
+        flow.mark, flow.version = mark, version
         return flow
 
     def committed(self, step: Step) -> None:
@@ -148,7 +154,9 @@ class MasterFlow:
         return sum(node.pending() for node in self.graph.nodes.values())
 
     def _begin(self, epoch: int) -> Step:
-        self._step, self._epoch = Step(), epoch
+        self._step, self._epoch = Step(version=self.version), epoch
+        if self.version is not None:
+            self.version += 1  # the nodes now hold the state this step makes
         return self._step
 
     def _end(self) -> Step:

@@ -13,7 +13,12 @@ COMMIT of its step succeeded. With a flow loaded the loop guesses which
 messages are new from the mark the flow holds, and each COMMIT applies only
 if the guess was right; a wrong guess (a message re-published with an ID
 the flow processed) writes nothing, and the rest of the batch runs again
-after asking Redis. A COMMIT that fails or is refused ends the loop at that
+after asking Redis. Every step also names the state version it was built
+from (``MasterFlow.version``), and Redis applies it only on that version: a
+step built on state another writer has moved since (a second attempt of a
+shard task, another process that ran the shard's last batch, a flow reloaded
+while a step was in flight) writes nothing, and the loop builds it again on
+the state Redis holds. A COMMIT that fails or is refused ends the loop at that
 step: the messages from there on are returned uncommitted.
 
 Overlap: while one step's COMMIT is in Redis (sent from a writer thread, see
@@ -78,21 +83,38 @@ def _write(side: MasterSide, epoch: int, flow: MasterFlow, step: Step, guess: bo
                               guess=(flow.mark,) if guess else None)
 
 
+# How many times in a row a step may be refused as built on state behind Redis before the
+# batch fails (and Spark runs the task again): each refusal means another writer committed,
+# so a run that keeps losing is one that keeps others making progress.
+MAX_ROUNDS = 64
+
+
+class Contended(RuntimeError):
+    """Every round of a batch or a timer step was refused as behind Redis (MAX_ROUNDS)."""
+
+
 def commit_one(side: MasterSide, epoch: int, make_step: Callable[[MasterFlow], Step], guess: bool) -> bool:
     """Build one step on the side's flow and COMMIT it (a timer's firing): False after a refused
-    write (the side dropped the flow and acted on it); GuessWrong raises, the flow dropped."""
-    try:
-        flow = side.master_flow()
-        step = make_step(flow)
-        _write(side, epoch, flow, step, guess).result()
-    except (Fenced, RedisUnavailable) as exc:
-        side.refused(exc)
-        return False
-    except BaseException:
-        side.drop()
-        raise
-    flow.committed(step)
-    return True
+    write (the side dropped the flow and acted on it). A step refused because the flow was
+    behind Redis (GuessWrong, StaleState) is built again on the state Redis holds."""
+    for _ in range(MAX_ROUNDS):
+        try:
+            flow = side.master_flow()
+            step = make_step(flow)
+            _write(side, epoch, flow, step, guess).result()
+        except (Fenced, RedisUnavailable) as exc:
+            side.refused(exc)
+            return False
+        except GuessWrong:
+            side.drop()  # another writer moved the state: fire on what it left
+            guess = False
+            continue
+        except BaseException:
+            side.drop()
+            raise
+        flow.committed(step)
+        return True
+    raise Contended(f"a step was refused as behind Redis {MAX_ROUNDS} times in a row")
 
 
 class _GuessedWrong(RuntimeError):
@@ -117,7 +139,7 @@ class _InFlight:
 
     def settle(self) -> bool:
         """Wait for the step in flight, if any: True when it committed (counted, escalated) or
-        there was none; False when it was refused. GuessWrong raises _GuessedWrong."""
+        there was none; False when it was refused. GuessWrong (StaleState too) raises _GuessedWrong."""
         if self._step is None:
             return True
         future, flow, step, chunk, fresh = self._step
@@ -153,11 +175,18 @@ def run_master_batch(side: MasterSide, msgs: list[Message], epoch: int, last: st
     """Run ``msgs`` (ending at uplink position ``last``) as master at ``epoch``: None when all
     was committed, else the uncommitted rest. ``flow``: the loaded flow to guess from, or None
     to ask Redis which messages are processed first."""
-    try:
-        return _run_steps(side, msgs, epoch, last, flow, now)
-    except _GuessedWrong as wrong:
-        log.info("a batch held a message processed before; running it again from Redis's view")
-        return _run_steps(side, msgs[wrong.sent:], epoch, last, None, now)
+    sent = 0
+    for _ in range(MAX_ROUNDS):
+        try:
+            return _run_steps(side, msgs[sent:], epoch, last, flow, now)
+        except _GuessedWrong as wrong:
+            # A message processed before, or another writer (a second attempt of a shard
+            # task, a process that ran this shard's last batch) committed since the flow
+            # was loaded: ask Redis which of the rest are processed and build on its state.
+            log.info("a step was built on state behind Redis; running the rest of the batch again from Redis's view")
+            sent += wrong.sent
+            flow = None
+    raise Contended(f"a batch's steps were refused as behind Redis {MAX_ROUNDS} times in a row")
 
 
 def _run_steps(side: MasterSide, msgs: list[Message], epoch: int, last: str,

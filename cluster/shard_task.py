@@ -20,13 +20,14 @@ partition, on an executor, with a Redis connection of its own:
 
 Bad entries go to the shard's failure stream here, once, with their reason.
 
-When a kept flow is valid: it was kept at the same epoch and the driver has
+When a kept flow is used: it was kept at the same epoch and the driver has
 committed no step of its own for the shard since (the plan's ``generations``:
 a driver-side step, a time-out fired with no batch coming or a promotion's
-catch-up, may change state without moving the processed mark). Batches the
-shard ran in another executor process move the processed mark, and every
-COMMIT here is guarded by the mark the kept flow holds, so a kept flow that
-fell behind is found at its first step and loaded again, nothing written.
+catch-up). That only saves a wasted round; what makes a kept flow safe is the
+state version every COMMIT checks: a step built on a flow another writer has
+moved since (a batch the shard ran in another executor process, a second
+attempt of this task running at the same time, a timer step that moved no
+mark) is refused with nothing written, and the flow is loaded again.
 
 Under failure: a master step refused by the fence (a newer master exists)
 or over the write lease without Redis ends the run at that step; what was
@@ -48,7 +49,7 @@ from typing import Any, Iterator
 from ..runtime.flowgraph import FlowGraph, parse_graph
 from ..runtime.message import Message
 from ..runtime.shards import shard_graph
-from ..runtime.store.flow_store import Fenced, FlowStore, GuessWrong, RedisUnavailable
+from ..runtime.store.flow_store import Fenced, FlowStore, RedisUnavailable
 from .master_flow import MasterFlow
 from .master_steps import commit_one, run_master_batch, write_pool
 from .uplink_rows import decode_rows, last_position
@@ -243,7 +244,4 @@ class _ExecutorMaster:
             return False
         if due is None or due > now:
             return True
-        try:
-            return commit_one(self, epoch, fire, guess=True)
-        except GuessWrong:  # a kept flow behind Redis: fire again on a fresh one
-            return commit_one(self, epoch, fire, guess=False)
+        return commit_one(self, epoch, fire, guess=True)  # a kept flow behind Redis fires again on a fresh one

@@ -74,6 +74,15 @@ class GuessWrong(RuntimeError):
     """A guarded commit found the processed mark moved or one of its IDs processed; nothing was written."""
 
 
+class StaleState(GuessWrong):
+    """A step was computed from a state version that is no longer the one in Redis (another
+    writer committed since its flow was loaded); nothing was written: load the state again."""
+
+    def __init__(self, version: int, in_force: int):
+        super().__init__(f"the step was computed from state version {version}, Redis holds {in_force}")
+        self.version, self.in_force = version, in_force
+
+
 class StoreClosed(RuntimeError):
     """The store was closed while a call waited for Redis."""
 
@@ -148,6 +157,11 @@ class FlowKeys:
     def processed(self) -> str:
         """The uplink position up to which the flow's masters processed every entry."""
         return self.prefix + "processed"
+
+    @property
+    def version(self) -> str:
+        """The state version: moved by every committed step (see scripts.COMMIT)."""
+        return self.prefix + "version"
 
     @property
     def failed_prefix(self) -> str:
@@ -331,7 +345,9 @@ class FlowStore:
         """Write one master step atomically, fenced by ``epoch`` (see scripts.COMMIT).
 
         Raises Fenced if ``epoch`` is stale (nothing written), RedisUnavailable
-        past ``deadline_s``. With ``replicas`` > 0 it returns only once ``WAIT``
+        past ``deadline_s``, StaleState when ``step.version`` is not the state
+        version in Redis, GuessWrong when one of the step's IDs is processed
+        already (both: nothing written). With ``replicas`` > 0 it returns only once ``WAIT``
         confirms that many replicas have it, so a Redis failover cannot erase
         what the caller escalates next. With ``guess`` (the processed mark the
         caller assumes, in a 1-tuple) it raises GuessWrong, nothing written,
@@ -357,8 +373,10 @@ class FlowStore:
         if int(res[0]) == -1:
             raise Fenced(epoch, int(res[1]))
         if int(res[0]) == 3:
-            raise GuessWrong(f"the processed mark is no longer {guess[0]} or a message of the step "
-                             f"was processed already")
+            assumed = f"the processed mark is no longer {guess[0]} or " if guess else ""
+            raise GuessWrong(f"{assumed}a message of the step was processed already")
+        if int(res[0]) == 4:
+            raise StaleState(step.version, int(res[1]))
         if acked < replicas:
             self._await_replicas(replicas, replica_wait_ms, deadline_s)
 
@@ -369,18 +387,27 @@ class FlowStore:
     def load_state_and_mark(self, nodes: Iterable[str], deadline_s: float | None = None
                             ) -> tuple[dict[str, dict[str, Any]], str | None]:
         """Every node's state entries and the processed mark, read together in one round trip."""
+        entries, mark, _ = self.load_state_version(nodes, deadline_s)
+        return entries, mark
+
+    def load_state_version(self, nodes: Iterable[str], deadline_s: float | None = None
+                           ) -> tuple[dict[str, dict[str, Any]], str | None, int]:
+        """Every node's state entries, the processed mark and the state version, read as one
+        (MULTI/EXEC: no step can land between the reads) in one round trip."""
         nodes = list(nodes)
 
         def read():
-            pipe = self.r.pipeline(transaction=False)
+            pipe = self.r.pipeline(transaction=True)
+            pipe.get(self.keys.version)
             pipe.get(self.keys.processed)
             for node in nodes:
                 pipe.hgetall(self.keys.state(node))
             return pipe.execute()
 
-        raw_mark, *out = self._call("load state", read, deadline_s)
+        raw_version, raw_mark, *out = self._call("load state", read, deadline_s)
         mark = raw_mark.decode() if isinstance(raw_mark, bytes) else raw_mark
-        return {node: {k.decode(): json.loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}, mark
+        entries = {node: {k.decode(): json.loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}
+        return entries, mark, int(raw_version or 0)
 
     def _await_replicas(self, replicas: int, wait_ms: int, deadline_s: float | None) -> None:
         """Wait until ``replicas`` replicas have everything written so far, or RedisUnavailable."""

@@ -55,13 +55,15 @@ return cur
 # exists. Applied at most once: the step's marker key (unique per step) is
 # set with the step, so a retry after a lost reply changes nothing.
 # KEYS[1] epoch key, KEYS[2] processed mark, KEYS[3] the step's marker,
-# KEYS[4 .. 3+n] the ID-cache keys of the n processed IDs, then every stream
-# and state hash the operations name (every key declared, so a Redis Cluster
-# can route the script; all share the flow's hash tag).
+# KEYS[4] the state version, KEYS[5 .. 4+n] the ID-cache keys of the n
+# processed IDs, then every stream and state hash the operations name (every
+# key declared, so a Redis Cluster can route the script; all share the flow's
+# hash tag).
 # ARGV[1] writer's epoch, ARGV[2] ID-cache TTL (s), ARGV[3] new processed mark
 # ("" leaves it), ARGV[4] the guess guard ("" none, else "=" followed by the
-# processed mark the writer assumes, "=" alone for none), ARGV[5] n, then
-# operations, each a code, the index of its key in KEYS and its arguments:
+# processed mark the writer assumes, "=" alone for none), ARGV[5] n, ARGV[6]
+# the state version the step was computed from ("" none), then operations,
+# each a code, the index of its key in KEYS and its arguments:
 #   'X' k nf f1 v1 .. fnf vnf   XADD KEYS[k] * f1 v1 ..
 #   'H' k field value          HSET KEYS[k] field value
 #   'D' k field                HDEL KEYS[k] field
@@ -71,9 +73,19 @@ return cur
 # cache is new; the step applies only if the mark is still the one it assumed
 # and none of the step's IDs is in the ID cache, which is exactly what asking
 # first would have found.
+# The state version: the flow's node state, mark and ID cache as one
+# numbered state. Every applied step moves it by one, and a step names the
+# version it was computed from: applied on any other version (another
+# process, or another attempt of the same task, committed in between, or the
+# step was built on a flow loaded before a step still in flight) it would
+# apply to state its writer never saw, so it is refused and the writer loads
+# the state again. Loaded with the state (FlowStore.load_state_and_mark).
+# None of a step's IDs may be in the ID cache either, guess or not: the IDs
+# are the messages it takes as new, and one processed meanwhile is not.
 # Returns {-1, epoch in force} when the writer is stale (nothing written),
 # {2} when this step was applied before (nothing written again), {3} when the
-# guard failed (nothing written), else {1}.
+# guard failed (nothing written), {4, version in force} when the step's
+# version is not the one in force (nothing written), else {1, new version}.
 COMMIT = _AT_OR_BEFORE + """
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return {2}
@@ -84,24 +96,26 @@ if epoch < cur then
   return {-1, cur}
 end
 local n = tonumber(ARGV[5])
-if ARGV[4] ~= '' then
-  if '=' .. (redis.call('GET', KEYS[2]) or '') ~= ARGV[4] then
+local version = tonumber(redis.call('GET', KEYS[4]) or '0')
+if ARGV[6] ~= '' and tonumber(ARGV[6]) ~= version then
+  return {4, version}
+end
+if ARGV[4] ~= '' and '=' .. (redis.call('GET', KEYS[2]) or '') ~= ARGV[4] then
+  return {3}
+end
+for i = 5, 4 + n do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
     return {3}
-  end
-  for i = 4, 3 + n do
-    if redis.call('EXISTS', KEYS[i]) == 1 then
-      return {3}
-    end
   end
 end
 redis.call('SET', KEYS[3], ARGV[1], 'EX', """ + str(STEP_MARKER_TTL_S) + """)
 if epoch > cur then
   redis.call('SET', KEYS[1], ARGV[1])
 end
-for i = 4, 3 + n do
+for i = 5, 4 + n do
   redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[2])
 end
-local i = 6
+local i = 7
 while i <= #ARGV do
   local op, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
   if op == 'X' then
@@ -122,7 +136,7 @@ local mark = redis.call('GET', KEYS[2])
 if ARGV[3] ~= '' and not at_or_before(ARGV[3], mark) then
   redis.call('SET', KEYS[2], ARGV[3])
 end
-return {1}
+return {1, redis.call('INCR', KEYS[4])}
 """
 
 # RECORD_FAILURE: put a bad uplink entry on the failure stream once, however

@@ -10,9 +10,9 @@ processed (``cluster/master_flow.py`` says what that means per node).
 ...             state={"join": {"7": {"d": 1.0}, "8": None}})
 >>> keys, args = step.script_call(3, FlowKeys("f"), id_ttl=60, token="n1-1")
 >>> keys[2:]
-['tf:{f}:step:n1-1', 'tf:{f}:id:a', 'tf:{f}:sink', 'tf:{f}:state:join']
->>> args[:7]
-[3, 60, '5-0', '', 1, 'X', 5]
+['tf:{f}:step:n1-1', 'tf:{f}:version', 'tf:{f}:id:a', 'tf:{f}:sink', 'tf:{f}:state:join']
+>>> args[:8]
+[3, 60, '5-0', '', 1, '', 'X', 6]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Step:
     ids: list[str] = field(default_factory=list)                         # processed message IDs
     outputs: list[tuple[str, dict]] = field(default_factory=list)        # (stream key, fields), in order
     state: dict[str, dict[str, Any]] = field(default_factory=dict)       # node -> key -> entry or None
+    version: int | None = None   # the state version the step was computed from (None: not checked)
 
     def empty(self) -> bool:
         return self.mark is None and not self.ids and not self.outputs and not any(self.state.values())
@@ -39,7 +40,8 @@ class Step:
         """KEYS and ARGV of the COMMIT script; ``token`` names this step (unique per step, the
         same for every retry of it). ``guess``, a 1-tuple of the processed mark the writer
         assumes (None: no mark yet), makes the step apply only if that guess holds (scripts.COMMIT)."""
-        script_keys = [keys.epoch, keys.processed, keys.step(token), *(keys.id_prefix + i for i in self.ids)]
+        script_keys = [keys.epoch, keys.processed, keys.step(token), keys.version,
+                       *(keys.id_prefix + i for i in self.ids)]
         index: dict[str, int] = {}
 
         def key(name: str) -> int:
@@ -49,7 +51,8 @@ class Step:
             return index[name]
 
         guard = "" if guess is None else "=" + (guess[0] or "")
-        args: list = [epoch, id_ttl, self.mark or "", guard, len(self.ids)]
+        args: list = [epoch, id_ttl, self.mark or "", guard, len(self.ids),
+                      "" if self.version is None else self.version]
         for stream, fields in self.outputs:
             args += ["X", key(stream), len(fields)]
             for f, v in fields.items():

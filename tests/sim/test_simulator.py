@@ -65,15 +65,25 @@ def test_a_commit_without_its_fence_is_caught(monkeypatch):
     assert failed.trace  # the failing seed comes with its steps
 
 
-def _first_failure_with_commit(monkeypatch, part: str, instead: str):
-    """The first failing run with COMMIT's ``part`` replaced by ``instead`` (a broken cluster)."""
-    assert part in scripts.COMMIT
-    monkeypatch.setitem(scripts.ALL, "commit", scripts.COMMIT.replace(part, instead))
+def _first_failure_with_commit(monkeypatch, part: str, instead: str, *more: tuple[str, str]):
+    """The first failing run with COMMIT's ``part`` replaced by ``instead`` (and each further
+    (part, instead) pair): a broken cluster."""
+    broken = scripts.COMMIT
+    for was, now in ((part, instead), *more):
+        assert was in broken
+        broken = broken.replace(was, now)
+    monkeypatch.setitem(scripts.ALL, "commit", broken)
     return _first_failure()
 
 
+_MARKER_CHECK = "if redis.call('EXISTS', KEYS[3]) == 1 then\n  return {2}\nend"
+_VERSION_CHECK = "if ARGV[6] ~= '' and tonumber(ARGV[6]) ~= version then"
+
+
 def test_a_commit_applied_twice_after_a_lost_reply_is_caught(monkeypatch):
-    failed = _first_failure_with_commit(monkeypatch, "if redis.call('EXISTS', KEYS[3]) == 1 then\n  return {2}\nend", "")
+    # The step's marker and the state version each refuse a retry of a step that was applied:
+    # with both gone, a retry after a lost reply applies the step again.
+    failed = _first_failure_with_commit(monkeypatch, _MARKER_CHECK, "", (_VERSION_CHECK, "if false then"))
     assert failed is not None, "a commit that a retry applies twice passed every run"
     assert any("left the flow 2 times" in p for p in failed.problems)
     # The run that shows it reruns exactly: same problems, same steps.
