@@ -73,6 +73,10 @@ RETRY_PAUSE_S = 0.2    # pause after a failure before queueing again
 MEMBER_CHECK_S = 5.0   # the member znode is also checked this often, watch or not
 
 
+class MembersUnknown(RuntimeError):
+    """ZooKeeper could not be asked who the members are (suspended or lost session)."""
+
+
 class Leadership:
     def __init__(
         self,
@@ -181,7 +185,9 @@ class Leadership:
         return contenders[0] if contenders else None
 
     def members(self) -> dict[str, str]:
-        """Every registered node: {node_id: gRPC address}."""
+        """Every registered node: {node_id: gRPC address}. Raises MembersUnknown when ZooKeeper
+        cannot say: an empty answer would read as "no other node is live", and the trim, which
+        keeps what live nodes have not read, would then drop a live worker's unread entries."""
         out = {}
         try:
             for child in self.zk.get_children(f"{self.root}/members"):
@@ -189,9 +195,9 @@ class Leadership:
                     data, _ = self.zk.get(f"{self.root}/members/{child}")
                     out[child] = json.loads(data)["address"]
                 except (NoNodeError, ValueError, KeyError):
-                    continue
-        except KazooException:
-            pass
+                    continue  # left (or wrote no address) between the listing and the read
+        except KazooException as exc:
+            raise MembersUnknown(f"ZooKeeper did not list the members of {self.flow}: {exc!r}") from exc
         return out
 
     def handover(self, timeout_s: float) -> dict:

@@ -86,7 +86,7 @@ from ..logs import event
 from ..secrets import redact_url
 from .escalation import EscalationSender, StaleEpoch
 from .health import NodeHealth
-from .leadership import Leadership
+from .leadership import Leadership, MembersUnknown
 from .master_flow import MasterFlow, not_on_cluster
 from .master_steps import commit_one, run_master_batch
 from .metrics import LATENESS_BUCKETS, BatchTimings, MetricsServer, Timings, serve as serve_metrics
@@ -251,6 +251,7 @@ class FlowNode:
         self.keys = flow_keys(graph)
         self.sort = ClaimSortNode(pair.bake_time, pair.unclaimed_outlink, pair.max_pending) if pair else NoPair()
         self.flow: MasterFlow | None = None   # the master's graph, a cache of its state in Redis
+        self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
         self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
         self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master
         self.driver_steps = 0     # steps this node committed itself (an executor's kept flow is then stale)
@@ -640,6 +641,7 @@ class FlowNode:
         if self.flow is None:
             self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.lease_s)
             self.flow.left = self.left
+            self.open_in_flow = self.flow.pending()
         return self.flow
 
     def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
@@ -647,6 +649,7 @@ class FlowNode:
         all of it was committed, else the uncommitted rest, after this node stopped being master.
         The steps and their guesses: ``master_steps``."""
         rest = run_master_batch(self, msgs, epoch, last, self.flow, self.clock.now)
+        self._note_open()
         if rest is None:
             self._wake.set()  # the step may have opened an earlier deadline
         return rest
@@ -694,7 +697,15 @@ class FlowNode:
         if not commit_one(self, epoch, make_step, guess):
             return False
         self.driver_steps += 1
+        self._note_open()
         return True
+
+    def _note_open(self) -> None:
+        """Count what the flow holds open, for status (caller holds _work: status itself never
+        reads the flow, which a batch may be building a step on)."""
+        flow = self.flow
+        if flow is not None:
+            self.open_in_flow = flow.pending()
 
     def _step_down(self, reason: str) -> None:
         with self._lock:
@@ -752,6 +763,8 @@ class FlowNode:
         return released
 
     def escalation_targets(self) -> dict[str, str]:
+        """The other members' gRPC addresses; raises MembersUnknown while ZooKeeper cannot
+        say (the sender then keeps its targets and their buffered claims)."""
         members = self.leadership.members() if self.leadership else {}
         members.pop(self.cfg.node_id, None)
         return members
@@ -778,8 +791,8 @@ class FlowNode:
                             epoch, in_force, epoch=epoch, newest=in_force)
                 self.leadership.step_down("stale epoch")
                 return
-            self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.lease_s)
-            self.flow.left = self.left
+            self.flow = None
+            self.master_flow()  # the state the old master committed
             self.remote_deadline = None
             with self._lock:
                 self.epoch = epoch
@@ -929,33 +942,35 @@ class FlowNode:
 
     def _fire_due(self, now: float) -> float | None:
         """As master, fire the flow's deadlines due at ``now`` and commit what they did;
-        returns the next deadline. A batch in progress fires them itself, so this never waits for one."""
-        flow = self.flow
+        returns the next deadline. A batch in progress fires them itself, so this never waits
+        for one; and the flow is only read holding the node (``_work``), never while a batch
+        builds a step on it or drops it."""
         if self.role != MASTER:
             return None
-        due = flow.next_deadline() if flow is not None else self.remote_deadline
-        if due is None or due > now:
-            return due
-        if flow is None:
-            # Executors run this shard's batches and fire what is due first, on a flow they
-            # keep; firing here would load the whole state. Only when no batch came lately.
-            quiet = self.monotonic() - self.remote_batch_at
-            if quiet < REMOTE_FIRE_AFTER_S:
-                return now + REMOTE_FIRE_AFTER_S - quiet
         if not self._work.acquire(blocking=False):
             # A batch holds the node and fires them itself (an executor's, before its batch);
             # look again shortly rather than spin on a deadline already past.
             return now + BUSY_RETRY_S
         try:
+            flow = self.flow
+            due = flow.next_deadline() if flow is not None else self.remote_deadline
+            if due is None or due > now:
+                return due
+            if flow is None:
+                # Executors run this shard's batches and fire what is due first, on a flow they
+                # keep; firing here would load the whole state. Only when no batch came lately.
+                quiet = self.monotonic() - self.remote_batch_at
+                if quiet < REMOTE_FIRE_AFTER_S:
+                    return now + REMOTE_FIRE_AFTER_S - quiet
             with self._lock:
                 role, epoch = self.role, self.epoch
             if role == MASTER and self.leadership.may_write():  # a flow dropped is loaded again
                 self.lateness.observe(max(0.0, now - due))  # once per firing round: the earliest due
                 self.commit(epoch, lambda flow: flow.fire(now, epoch))
+            flow = self.flow
+            return flow.next_deadline() if flow is not None else None
         finally:
             self._work.release()
-        flow = self.flow
-        return flow.next_deadline() if flow is not None else None
 
     def _check_lease(self) -> None:
         """A master that has not reached Redis for longer than its lease steps down."""
@@ -983,8 +998,14 @@ class FlowNode:
 
     def _trim(self) -> None:
         """As master, drop the uplink entries every live node has read and the flow processed,
-        once older than ``uplink.retention`` (one script; the live nodes are ZooKeeper's members)."""
-        live = set(self.leadership.members()) | {self.cfg.node_id}
+        once older than ``uplink.retention`` (one script; the live nodes are ZooKeeper's members).
+        When ZooKeeper cannot list them, nothing is trimmed: a live worker's read position
+        must never be left out."""
+        try:
+            live = set(self.leadership.members()) | {self.cfg.node_id}
+        except MembersUnknown as exc:
+            log.info("%s trims nothing this round: %s", self.cfg.node_id, exc)
+            return
         n, kept = self.store.trim_uplink(live, self.spec.retention, self.clock.now())
         if n:
             log.info("%s trimmed %d uplink entries before %s", self.cfg.node_id, n, kept)
@@ -997,14 +1018,13 @@ class FlowNode:
         event(log, level, name, msg, *args, flow=self.name, node=self.cfg.node_id, **fields)
 
     def status(self) -> dict:
-        flow = self.flow
         with self._lock:
             out = {
                 "flow": self.name,
                 "node_id": self.cfg.node_id,
                 "role": self.role,
                 "epoch": self.epoch if self.role == MASTER else self.known_epoch,
-                "pending": flow.pending() if flow is not None else 0,
+                "pending": self.open_in_flow if self.flow is not None else 0,
                 "baked": self.sort.pending,
                 "claimed": self.sort.claimed,
                 "rolled_back": self.rolled_back,

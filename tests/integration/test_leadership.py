@@ -17,10 +17,11 @@ import sys
 import textwrap
 import time
 
+import pytest
 from kazoo.client import KazooClient
 
 from twinflow.cluster.connect import connect_zookeeper
-from twinflow.cluster.leadership import Leadership
+from twinflow.cluster.leadership import Leadership, MembersUnknown
 from tests.conftest import wait_until
 
 CHILD = textwrap.dedent("""
@@ -269,4 +270,23 @@ def test_a_lost_session_registers_and_queues_the_node_again(zk_hosts, flow_name)
                    5, what="the member znode in the new session")
     finally:
         me.stop()
+        zk.stop()
+
+
+def test_members_that_zookeeper_cannot_list_are_unknown_not_none(zk_hosts, flow_name):
+    # The trim keeps what every member has not read: "no members" would let it drop a live
+    # worker's unread uplink entries, so a ZooKeeper that cannot answer must not read as that.
+    zk, other = connect_zookeeper(zk_hosts, 10, session_timeout_s=2.0), connect_zookeeper(zk_hosts, 10, 2.0)
+    me = Leadership(zk, flow_name, "a", "127.0.0.1:1", lambda e: None, lambda r: None)
+    worker = Leadership(other, flow_name, "b", "127.0.0.1:2", lambda e: None, lambda r: None)
+    try:
+        me.start()
+        worker.start()
+        wait_until(lambda: me.members() == {"a": "127.0.0.1:1", "b": "127.0.0.1:2"}, 5, what="both members")
+        zk.stop()  # this node's session is gone; the worker is still live
+        with pytest.raises(MembersUnknown):
+            me.members()
+    finally:
+        worker.stop()
+        other.stop()
         zk.stop()
