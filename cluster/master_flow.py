@@ -74,6 +74,16 @@ def not_on_cluster(graph: FlowGraph) -> list[str]:
     return [f"{name} ({node.kind})" for name, node in graph.nodes.items() if not node.state_in_redis]
 
 
+class MessageRefused(RuntimeError):
+    """The flow raised an error while taking ``msg``: the message is bad input (it goes to the
+    failure stream with ``reason``), and the flow that raised it is part-way through it, so
+    its caller must drop it and build the step again without the message."""
+
+    def __init__(self, msg: Message, reason: str):
+        super().__init__(reason)
+        self.msg, self.reason = msg, reason
+
+
 class MasterFlow:
     """One master's flow graph at one epoch; see the module docstring."""
 
@@ -127,7 +137,9 @@ class MasterFlow:
 
         ``mark`` is the last uplink position the step handled (default: the
         last message's). A second message with an ID already in this step is
-        processed already: it is counted, not run.
+        processed already: it is counted, not run. Any error a message raises in
+        the flow raises :class:`MessageRefused` for it (this object is then
+        unusable: its nodes hold part of that message).
         """
         step = self._begin(epoch)
         seen = set()
@@ -137,7 +149,12 @@ class MasterFlow:
             seen.add(m.id)
             step.ids.append(m.id)
             self._bodies[m.id] = m
-            self.engine.feed(m.msg(), now)
+            try:
+                self.engine.feed(m.msg(), now)
+            except Exception as exc:  # noqa: BLE001 - bad input is data: one message never fails a batch
+                self._step = None
+                self._bodies.clear()
+                raise MessageRefused(m, f"the flow could not take this message: {type(exc).__name__}: {exc}"[:500]) from exc
         step.mark = mark if mark is not None else (msgs[-1].position if msgs else None)
         return self._end()
 

@@ -38,11 +38,13 @@ import os
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Callable, Protocol
 
+import redis
+
 from ..runtime.cluster_spec import ClusterSpec
 from ..runtime.message import Message
-from ..runtime.store.flow_store import Fenced, FlowStore, GuessWrong, RedisUnavailable, chunked
+from ..runtime.store.flow_store import DELIVER_MAX_MESSAGES, Fenced, FlowStore, GuessWrong, RedisUnavailable, chunked
 from ..runtime.store.step import Step
-from .master_flow import MasterFlow
+from .master_flow import MasterFlow, MessageRefused
 
 log = logging.getLogger("twinflow.master")
 
@@ -117,6 +119,19 @@ def commit_one(side: MasterSide, epoch: int, make_step: Callable[[MasterFlow], S
     raise Contended(f"a step was refused as behind Redis {MAX_ROUNDS} times in a row")
 
 
+# What redis-py raises for a value it cannot send (a text no UTF-8 encoder takes, a value
+# of a type it does not write): raised before anything is sent, so nothing was written.
+UNWRITABLE = (UnicodeError, redis.DataError)
+
+
+class _Unwritable(RuntimeError):
+    """A step could not be written (UNWRITABLE) after the first ``sent`` messages committed."""
+
+    def __init__(self, sent: int, exc: BaseException):
+        super().__init__(f"a step could not be written after {sent} messages: {exc!r}")
+        self.sent, self.exc = sent, exc
+
+
 class _GuessedWrong(RuntimeError):
     """A guarded step was refused; the first ``sent`` messages of the batch are committed."""
 
@@ -152,6 +167,9 @@ class _InFlight:
         except (Fenced, RedisUnavailable) as exc:
             self.side.refused(exc)
             return False
+        except UNWRITABLE as exc:
+            self.side.drop()
+            raise _Unwritable(self.sent, exc) from exc
         except BaseException:
             self.side.drop()
             raise
@@ -175,8 +193,8 @@ def run_master_batch(side: MasterSide, msgs: list[Message], epoch: int, last: st
     """Run ``msgs`` (ending at uplink position ``last``) as master at ``epoch``: None when all
     was committed, else the uncommitted rest. ``flow``: the loaded flow to guess from, or None
     to ask Redis which messages are processed first."""
-    sent = 0
-    for _ in range(MAX_ROUNDS):
+    sent, rounds = 0, 0
+    while True:
         try:
             return _run_steps(side, msgs[sent:], epoch, last, flow, now)
         except _GuessedWrong as wrong:
@@ -185,8 +203,53 @@ def run_master_batch(side: MasterSide, msgs: list[Message], epoch: int, last: st
             # was loaded: ask Redis which of the rest are processed and build on its state.
             log.info("a step was built on state behind Redis; running the rest of the batch again from Redis's view")
             sent += wrong.sent
-            flow = None
-    raise Contended(f"a batch's steps were refused as behind Redis {MAX_ROUNDS} times in a row")
+            rounds += 1
+            if rounds >= MAX_ROUNDS:
+                raise Contended(f"a batch's steps were refused as behind Redis {MAX_ROUNDS} times in a row") from None
+        except _Unwritable as bad:
+            sent += bad.sent
+            handled = _isolate(side, msgs[sent:sent + DELIVER_MAX_MESSAGES], epoch, now, bad.exc)
+            if handled is None:
+                return msgs[sent:]
+            sent += handled
+        flow = None
+
+
+def _isolate(side: MasterSide, msgs: list[Message], epoch: int, now: Callable[[], float],
+             exc: BaseException) -> int | None:
+    """A step of ``msgs`` could not be written (``exc``): run them one per step until the one
+    that cannot be written, which goes to the failure stream with its reason (its position
+    is then handled; the next step moves the mark past it). Returns how many of ``msgs``
+    are handled, or None when Redis refused a step (the side acted on it). One message per
+    step costs a round trip each, and only on this path."""
+    for i, m in enumerate(msgs):
+        try:
+            if _run_steps(side, [m], epoch, m.position, None, now) is not None:
+                return None
+        except _GuessedWrong:
+            return i  # another writer moved the state: the caller carries on from Redis's view
+        except _Unwritable as bad:
+            reason = f"a value of this message cannot be written to Redis: {type(bad.exc).__name__}: {bad.exc}"[:500]
+            log.error("message %r at %s leaves through the failure stream: %s", m.id, m.position, reason)
+            if not _record_failure(side, m, reason):
+                return None
+            return i + 1
+    log.warning("a step of %d messages could not be written (%r), but each alone could", len(msgs), exc)
+    return len(msgs)
+
+
+def _record_failure(side: MasterSide, m: Message, reason: str) -> bool:
+    """Put ``m`` on the failure stream (once per uplink position): False when Redis could not
+    be reached (the side acted on it)."""
+    spec = side.spec
+    try:
+        side.store.record_failures([(m.position, reason, m.body, len(m.body or b""))],
+                                   max_entries=spec.failure_max_entries, max_body=spec.message.max_bytes,
+                                   deadline_s=spec.write_lease)
+    except RedisUnavailable as exc:
+        side.refused(exc)
+        return False
+    return True
 
 
 def _run_steps(side: MasterSide, msgs: list[Message], epoch: int, last: str,
@@ -200,6 +263,8 @@ def _run_steps(side: MasterSide, msgs: list[Message], epoch: int, last: str,
         except RedisUnavailable as exc:
             side.refused(exc)
             return msgs
+        except UNWRITABLE as exc:  # an ID no key can be made of
+            raise _Unwritable(0, exc) from exc
     seen: set[str] = set()
     run = []
     for m, d in zip(msgs, done):
@@ -217,21 +282,44 @@ def _run_steps(side: MasterSide, msgs: list[Message], epoch: int, last: str,
             at += len(chunk)
             # The last chunk's step moves the mark past the whole batch (bad entries included).
             mark = last if i == len(chunks) - 1 else chunk[-1].position
-            try:
-                flow = side.master_flow()
-            except RedisUnavailable as exc:
-                side.refused(exc)
+            built = _build(side, writing, fresh, epoch, mark, now)  # while the step before is in Redis
+            if built is None or not writing.settle():
                 break
-            step = flow.run(fresh, now(), epoch, mark)  # while the step before is in Redis
-            if not writing.settle():
-                break
+            flow, step, fresh = built
             writing.send(epoch, flow, step, guess, chunk, fresh)
         else:
             whole = True
         whole = writing.settle() and whole
-    except _GuessedWrong:
+    except (_GuessedWrong, _Unwritable):
         raise
     except BaseException:
         writing.abandon()
         raise
     return None if whole else msgs[writing.sent:]
+
+
+def _build(side: MasterSide, writing: _InFlight, fresh: list[Message], epoch: int, mark: str,
+           now: Callable[[], float]) -> tuple[MasterFlow, Step, list[Message]] | None:
+    """Build the step that runs ``fresh`` on the side's flow: (flow, step, the messages it
+    runs), or None when Redis refused or could not be reached (the side acted on it).
+
+    A message the flow raises an error for is bad input, not a failed batch: it goes to the
+    failure stream with its reason, once (keyed by its uplink position, so a master that
+    dies here and its successor record it once between them); the flow, which holds part
+    of it, is dropped (after the step in flight settled, so the reload includes it) and the
+    step is built again without it. The step still moves the mark past it."""
+    while True:
+        try:
+            flow = side.master_flow()
+            return flow, flow.run(fresh, now(), epoch, mark), fresh
+        except MessageRefused as bad:
+            if not writing.settle():
+                return None
+            side.drop()
+            log.error("message %r at %s leaves through the failure stream: %s", bad.msg.id, bad.msg.position, bad.reason)
+            if not _record_failure(side, bad.msg, bad.reason):
+                return None
+            fresh = [m for m in fresh if m is not bad.msg]
+        except RedisUnavailable as exc:
+            side.refused(exc)
+            return None

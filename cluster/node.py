@@ -91,7 +91,7 @@ from .master_flow import MasterFlow, not_on_cluster
 from .master_steps import commit_one, run_master_batch
 from .metrics import LATENESS_BUCKETS, BatchTimings, MetricsServer, Timings, serve as serve_metrics
 from .node_parts import NodeParts, RealParts
-from .uplink_rows import decode_rows, last_position
+from .uplink_rows import decode_rows, last_position, processed_as_worker
 
 if TYPE_CHECKING:
     from .shard_task import ShardResult
@@ -625,7 +625,7 @@ class FlowNode:
 
     def _bake(self, msgs: list[Message], last: str) -> None:
         """Bake as worker (caller holds _work); records how far this node handled the uplink."""
-        self._offer(msgs, self.store.processed(msgs, handled_upto=last), last)
+        self._offer(*processed_as_worker(self.store, msgs, last), last)
 
     def _offer(self, msgs: list[Message], done: list[bool], last: str) -> None:
         now = self.clock.now()

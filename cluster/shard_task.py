@@ -52,7 +52,7 @@ from ..runtime.shards import shard_graph
 from ..runtime.store.flow_store import Fenced, FlowStore, RedisUnavailable
 from .master_flow import MasterFlow
 from .master_steps import commit_one, run_master_batch, write_pool
-from .uplink_rows import decode_rows, last_position
+from .uplink_rows import decode_rows, last_position, processed_as_worker
 
 MASTER, WORKER = "master", "worker"
 RESULT_SCHEMA = "result binary"
@@ -167,7 +167,7 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
     if r.last is None:
         return r
     if role == WORKER:
-        r.msgs, r.done = msgs, store.processed(msgs, handled_upto=r.last)
+        r.msgs, r.done = processed_as_worker(store, msgs, r.last)
         return r
     if role != MASTER:
         r.rows = rows

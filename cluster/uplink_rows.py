@@ -9,9 +9,16 @@ whose body the reader withheld (over ``message.max_bytes``) comes back in
 
 from __future__ import annotations
 
+import logging
+
+import redis
+
 from ..runtime.fields import BadInput
 from ..runtime.message import Message, MessageSpec, decode
 from ..runtime.spark.source import WARMUP_POSITION
+from ..runtime.store.flow_store import FlowStore
+
+log = logging.getLogger("twinflow.node")
 
 
 def decode_rows(rows, spec: MessageSpec) -> tuple[list[Message], list[tuple], bool]:
@@ -36,3 +43,24 @@ def decode_rows(rows, spec: MessageSpec) -> tuple[list[Message], list[tuple], bo
 def last_position(rows) -> str | None:
     """The last uplink position among ``rows`` (the warm-up row is none)."""
     return next((r[0] for r in reversed(rows) if r[0] != WARMUP_POSITION), None)
+
+
+def processed_as_worker(store: FlowStore, msgs: list[Message], last: str) -> tuple[list[Message], list[bool]]:
+    """The messages a worker bakes and which of them are processed, recording how far it
+    handled the uplink (``FlowStore.processed``). A message whose ID no Redis key can be made
+    of is left out (the master sends it to the failure stream): one such message must not
+    fail the worker's batch, for ever, as it would fail the call for all of them."""
+    try:
+        return msgs, store.processed(msgs, handled_upto=last)
+    except (UnicodeError, redis.DataError):
+        usable = [m for m in msgs if _usable_id(m.id)]
+        log.error("%d message(s) with an ID no Redis key can hold are not baked", len(msgs) - len(usable))
+        return usable, store.processed(usable, handled_upto=last)
+
+
+def _usable_id(msg_id: str) -> bool:
+    try:
+        msg_id.encode("utf-8")
+    except UnicodeError:
+        return False
+    return True

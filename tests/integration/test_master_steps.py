@@ -149,3 +149,45 @@ def test_a_step_built_on_a_flow_reloaded_while_the_step_before_was_in_flight_is_
     joined = [e[1][b"id"].decode() for e in store.r.xrange(store.keys.out("match", "joined"))]
     assert joined == [f"m{DELIVER_MAX_MESSAGES - 1}+m{DELIVER_MAX_MESSAGES}"]
     assert side.claims == [m.id for m in msgs]
+
+
+def _failures(store) -> dict[str, str]:
+    return {f[b"position"].decode(): f[b"reason"].decode() for _, f in store.r.xrange(store.keys.failure)}
+
+
+@pytest.mark.parametrize("guess", [False, True])
+def test_a_message_whose_values_cannot_be_written_leaves_by_the_failure_stream_and_the_batch_goes_on(store, guess):
+    # A message no decoder would let through (its ID a lone surrogate, made here directly):
+    # its step cannot be encoded for Redis. The backstop finds it, and only it fails.
+    msgs = batch(6)
+    msgs[2] = Message(id="\ud800", key=2, position=msgs[2].position, body=b'{"id": "\\ud800"}', doc={"id": "\ud800"})
+    side = Side(store, GatedWrites(0))
+    flow = side.master_flow() if guess else None
+    rest = run_master_batch(side, msgs, 1, msgs[-1].position, flow, now=lambda: 0.0)
+    assert rest is None
+    assert [f[b"id"].decode() for _, f in store.r.xrange(store.keys.sink)] == ["m0", "m1", "m3", "m4", "m5"]
+    failures = _failures(store)
+    assert list(failures) == [msgs[2].position] and "cannot be written to Redis" in failures[msgs[2].position]
+    assert store.processed_mark() == msgs[-1].position
+
+
+def test_a_message_the_flow_raises_an_error_for_leaves_by_the_failure_stream_and_the_batch_goes_on(store, monkeypatch):
+    from twinflow.runtime.nodes.action import ActionNode
+    on_message = ActionNode.on_message
+
+    def fragile(self, msg, now):  # a node defect that only one message triggers
+        if msg.id == "m1001":
+            raise KeyError("boom")
+        return on_message(self, msg, now)
+    monkeypatch.setattr(ActionNode, "on_message", fragile)
+    msgs = batch(DELIVER_MAX_MESSAGES + 5)  # the bad one in the second step, while the first is in Redis
+    side = Side(store, GatedWrites(2))
+    rest = run_master_batch(side, msgs, 1, msgs[-1].position, None, now=lambda: 0.0)
+    assert rest is None
+    sink = [f[b"id"].decode() for _, f in store.r.xrange(store.keys.sink)]
+    assert sink == [m.id for m in msgs if m.id != "m1001"]
+    failures = _failures(store)
+    assert list(failures) == [msgs[1001].position]
+    assert "KeyError" in failures[msgs[1001].position] and "could not take this message" in failures[msgs[1001].position]
+    assert side.claims == [m.id for m in msgs]  # the worker releases the bad one from its bake too
+    assert store.processed_mark() == msgs[-1].position

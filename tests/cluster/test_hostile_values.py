@@ -1,0 +1,86 @@
+"""Values no store can hold, on a live pair: each such message leaves through the failure
+stream with its reason, once, and the flow goes on, through a failover too.
+
+Two ``twinflow run`` processes run the chained flow (history, AND join, action) against
+the session's real redis-server and ZooKeeper. Before ``decode`` refused lone UTF-16
+surrogates, one ``{"id": "\\ud800"}`` killed the master's batch, then every worker batch
+and every promotion's catch-up: no good pair was delivered again.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.harness import Flow
+from tests.conftest import wait_until
+from twinflow.cluster.demo import order_or_payment
+
+pytestmark = pytest.mark.cluster
+
+CHAINED = Path(__file__).resolve().parents[2] / "examples" / "cluster-chained.yaml"
+
+# Each is valid JSON (a lone surrogate written as an escape) in a field some node uses.
+HOSTILE = [
+    '{"id": "\\ud800", "type": "order", "order_id": 1, "seq": 1}',
+    '{"id": "h-uuid", "uuid": "\\udfff", "type": "order", "order_id": 2, "seq": 2}',
+    '{"id": "h-order", "type": "order", "order_id": "a\\ud83d", "seq": 3}',
+    '{"id": "h-type", "type": "\\udc00order", "order_id": 4, "seq": 4}',
+    '{"id": "h-key", "type": "order", "order_id": 5, "seq": 5, "\\ud800": 1}',
+    '{"id": "h-deep", "type": "payment", "order_id": 6, "seq": 6, "x": [{"y": ["\\ud800"]}]}',
+]
+
+
+def pairs(first: int, n: int) -> list[dict]:
+    """Orders 1e6+first .. and their payments (far from the hostile ones' order IDs)."""
+    docs = []
+    for k in range(first, first + n):
+        for doc in (order_or_payment(2 * k), order_or_payment(2 * k + 1)):
+            docs.append({**doc, "order_id": 1_000_000 + doc["order_id"]})
+    return docs
+
+
+def joined(flow: Flow) -> list[str]:
+    return [f["id"] for _, f in flow.stream("sink")]
+
+
+def test_hostile_values_leave_by_the_failure_stream_once_and_a_failover_goes_on(tmp_path, services):
+    flow = Flow(tmp_path, "t" + uuid.uuid4().hex[:10], services, text=CHAINED.read_text())
+    try:
+        flow.node("a")
+        flow.wait_status("a", role="master", streaming=1)
+        flow.node("b")
+        flow.wait_status("b", role="worker", streaming=1)
+
+        # Good pairs around the hostile messages, then the master dies with more to come.
+        before, after = pairs(0, 40), pairs(40, 40)
+        hostile = []
+        for i, body in enumerate(HOSTILE):
+            flow.publish_docs(before[i * 10:(i + 1) * 10])
+            hostile.append(flow.publish_raw(body.encode()))
+        flow.publish_docs(before[60:])
+        expected = {f"{o['id']}+{p['id']}" for o, p in zip(before[::2], before[1::2])
+                    if o["id"].startswith("o") and p["id"].startswith("p")}
+        wait_until(lambda: expected <= set(joined(flow)), 60, what="the first pairs joined")
+        flow.nodes["a"].kill()
+        flow.wait_status("b", role="master", timeout_s=60)
+        flow.publish_docs(after)
+        flow.publish_raw(HOSTILE[0].encode())  # the same value again, after the failover
+        hostile.append(flow.r.xrevrange(flow.key("uplink"), count=1)[0][0].decode())
+        expected |= {f"{o['id']}+{p['id']}" for o, p in zip(after[::2], after[1::2])
+                     if o["id"].startswith("o") and p["id"].startswith("p")}
+        wait_until(lambda: expected <= set(joined(flow)), 60, what="every pair joined after the failover")
+
+        sink = joined(flow)
+        assert len(sink) == len(set(sink)), "a pair delivered twice"
+        failures = {f["position"]: f["reason"] for _, f in flow.stream("failure")}
+        assert set(hostile) <= set(failures), "a hostile message without its failure record"
+        assert all("not valid Unicode" in failures[p] for p in hostile), [failures[p] for p in hostile]
+        assert len([p for p in failures if p in hostile]) == len(hostile)  # once each (keyed by position)
+        assert flow.nodes["b"].alive()
+        assert not any("\\ud800" in json.dumps(i) for i in sink)
+    finally:
+        flow.stop_all()
