@@ -21,6 +21,12 @@ while a step was in flight) writes nothing, and the loop builds it again on
 the state Redis holds. A COMMIT that fails or is refused ends the loop at that
 step: the messages from there on are returned uncommitted.
 
+Bad input is data, never a failed batch: a message the flow raises an error
+for (``MasterFlow.run`` raises MessageRefused), or whose step redis-py cannot
+encode (found by running the failing step's messages one per step), goes to
+the failure stream with its reason, keyed by its uplink position, and the
+batch goes on without it.
+
 Overlap: while one step's COMMIT is in Redis (sent from a writer thread, see
 :func:`write_pool`), the loop builds the next step on the flow. At most one
 write is in flight, and the next is sent only after it succeeded, so steps
