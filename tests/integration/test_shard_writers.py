@@ -28,30 +28,19 @@ from twinflow.cluster.shard_task import ShardPlan, run_shard
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.store.flow_store import FlowStore
 
-JOIN_FLOW = """
+HEADER = """
 flow: {name}
 uplink: {{stream: uplink, batch_size: 5000}}
 message: {{id: id, id_ttl: 3600}}
-input: match
-nodes:
-  match:
-    type: join
-    join_type: and
-    types: [order, payment]
-    type_field: type
-    activation_field: order_id
-    timeout: 10
 """
-
-DELIVER_FLOW = """
-flow: {name}
-uplink: {{stream: uplink, batch_size: 5000}}
-message: {{id: id, id_ttl: 3600}}
-input: deliver
+JOIN_FLOW = HEADER + """input: match
 nodes:
-  deliver:
-    type: action
-    sink: {{stream: sink}}
+  match: {{type: join, join_type: and, types: [order, payment], type_field: type, activation_field: order_id,
+          timeout: 10}}
+"""
+DELIVER_FLOW = HEADER + """input: deliver
+nodes:
+  deliver: {{type: action, sink: {{stream: sink}}}}
 """
 
 
