@@ -68,13 +68,18 @@ class SimStream:
                 return "nothing to read"
         self.batch_id += 1
         try:
-            node.on_batch(self.batch_id, rows)
+            if self.sim.world.dims.sharded:
+                from .sharding import run_on_executors
+                ran = run_on_executors(self.sim, self.batch_id, rows)
+            else:
+                node.on_batch(self.batch_id, rows)
+                ran = ""
         except Exception as exc:
             return f"batch of {len(rows)} not committed ({type(exc).__name__}: {exc})"
         if self.warm:
             self.sim.disk["offset"] = rows[-1][0]
         self.warm = True
-        return f"batch of {len(rows)} up to {rows[-1][0]}"
+        return f"batch of {len(rows)} up to {rows[-1][0]}{ran}"
 
 
 class _Pending(Future):
@@ -109,6 +114,37 @@ class _Inline(Executor):
         return done
 
 
+class SimWrites(Executor):
+    """The master's writer threads, with COMMITs that overlap the next step's build.
+
+    As the seed says (``Dims.overlap``), a write runs at once (as :class:`_Inline`) or is held
+    in flight: it reaches Redis only when the loop waits for it, that is after the loop built
+    the next step on the flow, which is the overlap ``master_steps`` has with real threads.
+    While it is held, before it reaches Redis or after (its reply on the way), the world may
+    let something else happen (:meth:`World.interleave`): time passes, ZooKeeper is noticed,
+    the other node promotes, a shard task's other attempt runs, Redis fails over, the writer is
+    killed. The order is the seed's; no thread runs."""
+
+    def __init__(self, sim: "SimNode"):
+        self.sim = sim
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        world = self.sim.world
+        if world.dims.overlap <= 0 or world.rng.random() >= world.dims.overlap:
+            done = _Pending(lambda: fn(*args, **kwargs))
+            done.run()
+            return done
+        sim = self.sim
+
+        def held():
+            world.interleave(sim, "before")
+            out = fn(*args, **kwargs)
+            world.interleave(sim, "after")
+            return out
+
+        return _Pending(held)
+
+
 class AheadBatch(Executor):
     """A node's batch thread, stepped by the schedule (``cluster.node``, "Batches run
     ahead"): the batch runs at its own step, so the process can be killed after Spark
@@ -140,7 +176,7 @@ class SimParts:
         self.connected = connected
 
     def store(self, node: "FlowNode") -> FlowStore:
-        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits)
+        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits, self.world.replica)
         return FlowStore(client, node.keys, node.cfg.node_id, id_ttl=node.spec.message.id_ttl,
                          sleep=self.world.wait, monotonic=self.world.clock.now)
 
@@ -176,7 +212,7 @@ class SimParts:
         stream.isActive = False
 
     def writes(self) -> Executor:
-        return _Inline()  # the schedule, not a thread, decides what runs when
+        return SimWrites(self.sim)  # the schedule, not a thread, decides what runs when
 
     def batches_ahead(self) -> "AheadBatch":
         self.sim.ahead = AheadBatch()  # this incarnation's batch thread; a kill drops it unrun
