@@ -75,6 +75,7 @@ class SimStream:
                 node.on_batch(self.batch_id, rows)
                 ran = ""
         except Exception as exc:
+            self.sim.world.batch_failed(self.sim, exc)
             return f"batch of {len(rows)} not committed ({type(exc).__name__}: {exc})"
         if self.warm:
             self.sim.disk["offset"] = rows[-1][0]
@@ -150,8 +151,9 @@ class AheadBatch(Executor):
     ahead"): the batch runs at its own step, so the process can be killed after Spark
     committed it and before it ran, the window a real master has."""
 
-    def __init__(self) -> None:
+    def __init__(self, sim: "SimNode | None" = None) -> None:
         self.pending: _Pending | None = None
+        self.sim = sim
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         self.pending = _Pending(lambda: fn(*args, **kwargs))
@@ -164,6 +166,8 @@ class AheadBatch(Executor):
             return "nothing ahead"
         pending.run()
         exc = pending.exception()
+        if exc is not None and self.sim is not None and isinstance(exc, Exception):
+            self.sim.world.batch_failed(self.sim, exc)
         return "ran" if exc is None else f"failed ({type(exc).__name__}: {exc})"
 
 
@@ -215,7 +219,7 @@ class SimParts:
         return SimWrites(self.sim)  # the schedule, not a thread, decides what runs when
 
     def batches_ahead(self) -> "AheadBatch":
-        self.sim.ahead = AheadBatch()  # this incarnation's batch thread; a kill drops it unrun
+        self.sim.ahead = AheadBatch(self.sim)  # this incarnation's batch thread; a kill drops it unrun
         return self.sim.ahead
 
     def close(self) -> None:

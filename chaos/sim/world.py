@@ -118,6 +118,7 @@ class World:
         self.interleaved = 0
         self.interleave_hook: Callable[[SimNode, str], str | None] | None = None  # set by the schedule
         self.zombies: list = []         # shard task attempts declared lost that have not run yet
+        self.stops: list[str] = []      # batches that failed with an error other than Redis being away
         self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)
         self.net = EscalationNet()
         self.nodes = {n: SimNode(self, n) for n in ("a", "b")}
@@ -214,6 +215,20 @@ class World:
         sim.node, sim.stream, sim.ahead = None, None, None  # a batch running ahead dies with it
         sim.executors = []  # its executors go with it (attempts declared lost may still run)
         self.net.drop_to(sim.node_id)
+
+    def batch_failed(self, sim: SimNode, exc: BaseException) -> None:
+        """A batch raised: Spark fails the query (or, for a batch that ran ahead, the node stops),
+        so the process exits. Redis being away is a fault's doing; anything else means the flow
+        stops on it (every retry, catch-up and promotion would read the same entries again)."""
+        from ...cluster.node import NodeStopping
+        from ...runtime.store.flow_store import RedisUnavailable
+
+        if isinstance(exc, (RedisUnavailable, NodeStopping)):
+            return
+        self.stops.append(f"{sim.node_id}'s batch failed ({type(exc).__name__}: {exc}): the flow stops")
+        if sim.alive:
+            self.kill(sim)
+            self.say(f"{sim.node_id} exits: its batch failed ({type(exc).__name__})")
 
     # -- writes in flight ---------------------------------------------------
     def interleave(self, sim: SimNode, when: str) -> None:
