@@ -166,6 +166,8 @@ class SimRedis(fakeredis.FakeRedis):
             return result
         if what == "EVALSHA" and args[1] == _sha(scripts.ALL["commit"]):
             self.commits[0] += 1
+        if what == "EVALSHA" and args[1] == _sha(scripts.ALL["record_failure"]) and len(self.commits) > 1:
+            self.commits[1] += 1
         result = super().execute_command(*args, **options)
         if self.replica is not None and what.upper() not in _READS:
             self.replica.wrote()
