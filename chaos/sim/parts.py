@@ -12,6 +12,8 @@ started: the simulator calls the node's ``timer_round`` itself.
 from __future__ import annotations
 
 from concurrent.futures import Executor, Future
+
+import redis
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...runtime.spark.source import WARMUP_POSITION
@@ -55,6 +57,14 @@ class SimStream:
     def step(self) -> str:
         """Plan and run one batch; returns what happened (for the trace)."""
         node = self.node
+        # As the real source does at every read: how far this reader's committed batches go
+        # (read_id, read_n), which the master's trim must not cut past while this node is live.
+        n = self.sim.disk.setdefault("n", 0)
+        try:
+            node.store.r.hset(node.keys.read(node.cfg.node_id),
+                              mapping={"read_n": n, "read_id": self.sim.disk["offset"] or "0-0"})
+        except redis.ConnectionError:
+            return "read failed (Redis)"
         if not self.warm:
             rows = [(WARMUP_POSITION, None, None)]
         else:
@@ -79,6 +89,7 @@ class SimStream:
             return f"batch of {len(rows)} not committed ({type(exc).__name__}: {exc})"
         if self.warm:
             self.sim.disk["offset"] = rows[-1][0]
+            self.sim.disk["n"] = n + len(rows)
         self.warm = True
         return f"batch of {len(rows)} up to {rows[-1][0]}{ran}"
 

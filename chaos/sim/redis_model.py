@@ -169,6 +169,8 @@ class SimRedis(fakeredis.FakeRedis):
         if what == "EVALSHA" and args[1] == _sha(scripts.ALL["record_failure"]) and len(self.commits) > 1:
             self.commits[1] += 1
         result = super().execute_command(*args, **options)
+        if what == "EVALSHA" and args[1] == _sha(scripts.ALL["trim_uplink"]) and len(self.commits) > 2:
+            self.commits[2] += int(result[0])  # uplink entries trimmed
         if self.replica is not None and what.upper() not in _READS:
             self.replica.wrote()
         self.link.after(what)

@@ -111,7 +111,7 @@ class World:
         self.workdir = workdir
         self.clock = FakeClock(START_TIME)
         self.redis_server = fakeredis.FakeServer()
-        self.commits = [0, 0]   # COMMIT scripts (only they write outputs), RECORD_FAILURE scripts
+        self.commits = [0, 0, 0]   # COMMIT scripts (only they write outputs), RECORD_FAILURE scripts, entries trimmed
         self.replica = Replica(self.redis_server) if self.dims.replica else None
         self.redis = SimRedis(self.redis_server, RedisLink(), replica=self.replica)  # the producer's and checker's
         self.busy: set[str] = set()    # nodes with a write held in flight (see interleave)
