@@ -165,9 +165,17 @@ class AheadBatch(Executor):
     def __init__(self, sim: "SimNode | None" = None) -> None:
         self.pending: _Pending | None = None
         self.sim = sim
+        self.running = False  # the batch is running now (a kill inside it lands ahead of the checkpoint)
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        self.pending = _Pending(lambda: fn(*args, **kwargs))
+        def call():
+            self.running = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.running = False
+
+        self.pending = _Pending(call)
         return self.pending
 
     def run(self) -> str:

@@ -441,9 +441,12 @@ class Schedule:
         return f"role {sim.node.role}"
 
     def _kill_writer(self, sim: SimNode, when: str) -> str:
+        ahead = sim.ahead is not None and sim.ahead.running
+        self.killed_ahead += ahead
         self.world.kill(sim)
         self.faults += 1
-        raise Killed(sim.node_id, f"{sim.node_id} killed with its COMMIT in flight ({when} Redis)")
+        raise Killed(sim.node_id, f"{sim.node_id} killed with its COMMIT in flight ({when} Redis)"
+                     + (" with a batch running ahead of its checkpoint" if ahead else ""))
 
     def failover(self) -> str:
         lost = self.world.replica.failover()
