@@ -227,6 +227,10 @@ class Checker:
                 for member in e.id.split("+"):
                     self.left[member] += 1
                     self.first_left.setdefault(member, self.step_began)
+                    # Not seen cached before it left (its ID expired within the step that
+                    # committed it): its first COMMIT came after it was first published.
+                    if member in self.first_published:
+                        self.cached_at.setdefault(member, self.first_published[member])
                     if recount:
                         continue
                     if self.left[member] > 1:
@@ -434,6 +438,9 @@ class Schedule:
                 raise
             return f"{name}: {exc}"  # another writer, killed inside what happened here
 
+    def _failure_positions(self) -> set[str]:
+        return {f[b"position"].decode() for _, f in self.world.redis.xrange(self.keys.failure) if b"position" in f}
+
     def _react_writer(self, sim: SimNode) -> str:
         # Its kazoo threads run while its batch thread waits for Redis (as master it can only
         # notice, lose its session or finish a step-down: nothing that waits for the batch lock).
@@ -449,7 +456,10 @@ class Schedule:
                      + (" with a batch running ahead of its checkpoint" if ahead else ""))
 
     def failover(self) -> str:
+        # Which failure records the failover erases (written and erased within one step too).
+        before = self._failure_positions()
         lost = self.world.replica.failover()
+        self.world.erased_failures.update(before - self._failure_positions())
         self.counts["failovers"] += 1
         self.counts["failover_lost_writes"] += lost
         return f"Redis failed over to its replica, losing {lost} unreplicated writes"
@@ -461,7 +471,9 @@ class Schedule:
     def react(self, sim: SimNode) -> str:
         # A promotion waits for the node's batch lock, which a batch running ahead holds
         # until it ends: that batch runs first (a real one finishes on its own thread).
-        sim.ahead.run()
+        ran = sim.ahead.run()
+        if sim.node is None:  # the batch's failure (or a kill while its COMMIT was in flight) ended the process
+            return f"its batch first: {ran}; the process is gone"
         before = self.world.zk.epoch
         sim.node.leadership.react()
         if self.world.zk.epoch != before:
@@ -619,7 +631,7 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
         if lost:
             problems.append(f"{len(lost)} messages never left the flow within {settle_s:.0f} s after the "
                             f"faults ended: {', '.join(lost[:10])}")
-        erased = [p for p in stuck if p in checker.erased_failures]
+        erased = [p for p in stuck if p in checker.erased_failures or p in world.erased_failures]
         if erased and EXCUSE_KNOWN_DEFECTS:
             # Known defect: RECORD_FAILURE is not covered by wait_replicas (no WAIT), so a failover
             # can erase a bad entry's record after every node read past it; it never leaves.

@@ -119,6 +119,7 @@ class World:
         self.interleave_hook: Callable[[SimNode, str], str | None] | None = None  # set by the schedule
         self.zombies: list = []         # shard task attempts declared lost that have not run yet
         self.stops: list[str] = []      # batches that failed with an error other than Redis being away
+        self.erased_failures: set[str] = set()  # uplink positions whose failure record a failover erased
         self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)
         self.net = EscalationNet()
         self.nodes = {n: SimNode(self, n) for n in ("a", "b")}
