@@ -418,25 +418,34 @@ def cmd_simulate(args) -> int:
     if args.flow:
         _load_flow(args.flow)
         flow_text = Path(args.flow).read_text()
+    kind = None if args.flow else args.kind
+    wait = not args.no_wait
     rerun = f"twinflow simulate --seed {{seed}} --runs 1 --steps {args.steps} --messages {args.messages}" + (
-        f" --flow {args.flow}" if args.flow else "")
+        f" --flow {args.flow}" if args.flow else f" --kind {args.kind}") + ("" if wait else " --no-wait")
     if args.runs == 1:  # one seed: its whole trace on request
-        r = run_once(args.seed, args.steps, args.messages, flow_text, verbose=args.verbose)
+        r = run_once(args.seed, args.steps, args.messages, flow_text, verbose=args.verbose, kind=kind, wait=wait)
         if args.trace or not r.passed:
             print("\n".join(r.trace), file=sys.stderr)
         out = {"runs": 1, "failed": int(not r.passed), **r.summary()}
         print(json.dumps(out) if args.json else _simulate_text(out, [r], rerun))
         return 0 if r.passed else 1
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
-    out = simulate(args.seed, args.runs, args.steps, args.messages, flow_text, jobs=args.jobs, say=say)
+    out = simulate(args.seed, args.runs, args.steps, args.messages, flow_text, jobs=args.jobs, say=say,
+                   kind=kind, wait=wait)
     failures = out.pop("failures")
+    samples = out.pop("with_expected", [])
     for r in failures:
         print("\n".join(r.trace[-args.trace_lines:]), file=sys.stderr)
     if args.json:
         print(json.dumps({**out, "failed_seeds": [r.seed for r in failures],
+                          "expected": [f"seed {r.seed}: {p}" for r in samples for p in r.expected[:2]],
                           "problems": [p for r in failures for p in r.problems[:3]]}))
     else:
         print(_simulate_text(out, failures, rerun))
+        if out.get("counts"):
+            print("counts: " + ", ".join(f"{k} {v}" for k, v in out["counts"].items()))
+        for r in samples[:5]:
+            print(f"seed {r.seed} (no WAIT), what its failovers cost: " + "; ".join(r.expected[:2]))
     return 0 if not failures else 1
 
 
@@ -575,7 +584,12 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--runs", type=int, default=1000)
     sm.add_argument("--steps", type=int, default=200, help="steps with faults per run (then it settles)")
     sm.add_argument("--messages", type=int, default=40, help="messages the producer publishes per run")
-    sm.add_argument("--flow", help="flow file (default: the chained flow)")
+    sm.add_argument("--flow", help="flow file (default: the kind's; one with uplink.shards runs as sharded)")
+    sm.add_argument("--kind", choices=("pair", "chained", "sharded"), default="chained",
+                    help="the built-in flow: the claim pair alone, the chained flow (default), or the chained "
+                         "flow in two uplink shards run on simulated executors")
+    sm.add_argument("--no-wait", action="store_true",
+                    help="Redis failovers without cluster.wait_replicas: what they lose is counted, not failed")
     sm.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")
     sm.add_argument("--trace", action="store_true", help="with --runs 1: print the whole step trace")
     sm.add_argument("--trace-lines", type=int, default=60, help="trace lines printed per failed run")

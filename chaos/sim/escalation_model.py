@@ -60,7 +60,11 @@ class SimSender:
         if self.stopped or not claims:
             return
         epoch = self.epoch()
-        for target in sorted(self.targets()):
+        try:
+            self._last = self.targets()
+        except Exception:  # ZooKeeper cannot say who the members are: the real sender keeps its targets
+            pass
+        for target in sorted(getattr(self, "_last", {})):
             self.net.put(InFlight(self.node_id, target, epoch, list(claims)))
 
     def flush(self, timeout_s: float) -> bool:

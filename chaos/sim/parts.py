@@ -12,6 +12,8 @@ started: the simulator calls the node's ``timer_round`` itself.
 from __future__ import annotations
 
 from concurrent.futures import Executor, Future
+
+import redis
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...runtime.spark.source import WARMUP_POSITION
@@ -55,6 +57,14 @@ class SimStream:
     def step(self) -> str:
         """Plan and run one batch; returns what happened (for the trace)."""
         node = self.node
+        # As the real source does at every read: how far this reader's committed batches go
+        # (read_id, read_n), which the master's trim must not cut past while this node is live.
+        n = self.sim.disk.setdefault("n", 0)
+        try:
+            node.store.r.hset(node.keys.read(node.cfg.node_id),
+                              mapping={"read_n": n, "read_id": self.sim.disk["offset"] or "0-0"})
+        except redis.ConnectionError:
+            return "read failed (Redis)"
         if not self.warm:
             rows = [(WARMUP_POSITION, None, None)]
         else:
@@ -68,13 +78,20 @@ class SimStream:
                 return "nothing to read"
         self.batch_id += 1
         try:
-            node.on_batch(self.batch_id, rows)
+            if self.sim.world.dims.sharded:
+                from .sharding import run_on_executors
+                ran = run_on_executors(self.sim, self.batch_id, rows)
+            else:
+                node.on_batch(self.batch_id, rows)
+                ran = ""
         except Exception as exc:
+            self.sim.world.batch_failed(self.sim, exc)
             return f"batch of {len(rows)} not committed ({type(exc).__name__}: {exc})"
         if self.warm:
             self.sim.disk["offset"] = rows[-1][0]
+            self.sim.disk["n"] = n + len(rows)
         self.warm = True
-        return f"batch of {len(rows)} up to {rows[-1][0]}"
+        return f"batch of {len(rows)} up to {rows[-1][0]}{ran}"
 
 
 class _Pending(Future):
@@ -109,16 +126,56 @@ class _Inline(Executor):
         return done
 
 
+class SimWrites(Executor):
+    """The master's writer threads, with COMMITs that overlap the next step's build.
+
+    As the seed says (``Dims.overlap``), a write runs at once (as :class:`_Inline`) or is held
+    in flight: it reaches Redis only when the loop waits for it, that is after the loop built
+    the next step on the flow, which is the overlap ``master_steps`` has with real threads.
+    While it is held, before it reaches Redis or after (its reply on the way), the world may
+    let something else happen (:meth:`World.interleave`): time passes, ZooKeeper is noticed,
+    the other node promotes, a shard task's other attempt runs, Redis fails over, the writer is
+    killed. The order is the seed's; no thread runs."""
+
+    def __init__(self, sim: "SimNode"):
+        self.sim = sim
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        world = self.sim.world
+        if world.dims.overlap <= 0 or world.rng.random() >= world.dims.overlap:
+            done = _Pending(lambda: fn(*args, **kwargs))
+            done.run()
+            return done
+        sim = self.sim
+
+        def held():
+            world.interleave(sim, "before")
+            out = fn(*args, **kwargs)
+            world.interleave(sim, "after")
+            return out
+
+        return _Pending(held)
+
+
 class AheadBatch(Executor):
     """A node's batch thread, stepped by the schedule (``cluster.node``, "Batches run
     ahead"): the batch runs at its own step, so the process can be killed after Spark
     committed it and before it ran, the window a real master has."""
 
-    def __init__(self) -> None:
+    def __init__(self, sim: "SimNode | None" = None) -> None:
         self.pending: _Pending | None = None
+        self.sim = sim
+        self.running = False  # the batch is running now (a kill inside it lands ahead of the checkpoint)
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        self.pending = _Pending(lambda: fn(*args, **kwargs))
+        def call():
+            self.running = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.running = False
+
+        self.pending = _Pending(call)
         return self.pending
 
     def run(self) -> str:
@@ -128,6 +185,8 @@ class AheadBatch(Executor):
             return "nothing ahead"
         pending.run()
         exc = pending.exception()
+        if exc is not None and self.sim is not None and isinstance(exc, Exception):
+            self.sim.world.batch_failed(self.sim, exc)
         return "ran" if exc is None else f"failed ({type(exc).__name__}: {exc})"
 
 
@@ -140,7 +199,7 @@ class SimParts:
         self.connected = connected
 
     def store(self, node: "FlowNode") -> FlowStore:
-        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits)
+        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits, self.world.replica)
         return FlowStore(client, node.keys, node.cfg.node_id, id_ttl=node.spec.message.id_ttl,
                          sleep=self.world.wait, monotonic=self.world.clock.now)
 
@@ -176,10 +235,10 @@ class SimParts:
         stream.isActive = False
 
     def writes(self) -> Executor:
-        return _Inline()  # the schedule, not a thread, decides what runs when
+        return SimWrites(self.sim)  # the schedule, not a thread, decides what runs when
 
     def batches_ahead(self) -> "AheadBatch":
-        self.sim.ahead = AheadBatch()  # this incarnation's batch thread; a kill drops it unrun
+        self.sim.ahead = AheadBatch(self.sim)  # this incarnation's batch thread; a kill drops it unrun
         return self.sim.ahead
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -28,13 +29,40 @@ from ...runtime.clock import FakeClock
 from ...runtime.flowgraph import FlowGraph
 from .escalation_model import EscalationNet
 from .parts import SimParts, SimStream
-from .redis_model import RedisLink, SimRedis
+from .redis_model import RedisLink, Replica, SimRedis
 from .zookeeper_model import ZkModel
 
 log = logging.getLogger("twinflow.sim")
 
 START_TIME = 1_800_000_000.0   # virtual epoch seconds at the start of every run
 MAX_WAITS_PER_STEP = 100_000
+
+
+@dataclass
+class Dims:
+    """The dimensions one run exercises, drawn from its seed (``simulator.draw_dims``)."""
+
+    overlap: float = 0.0        # chance that a COMMIT is held in flight while the next step is built
+    interleave: float = 0.0     # chance that something else happens while a held COMMIT is in flight
+    hostile: float = 0.0        # chance that a publish carries hostile messages
+    replica: bool = False       # Redis has a replica, and failovers (that lose unreplicated writes) happen
+    wait: bool = True           # with a replica: the flow sets cluster.wait_replicas: 1
+    trim_interval_s: float = 10.0
+    sharded: bool = False       # batches run on simulated executor processes (shard_task.run_shard)
+    speculation: float = 0.0    # chance that a shard task runs a second attempt
+    lost_attempt: float = 0.0   # chance that an attempt is declared lost and runs again later
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.__dict__.items())
+
+
+class Killed(BaseException):
+    """The process whose thread this is was killed (SIGKILL) while its write was in flight: the
+    thread goes no further (a BaseException, so that the node code's handlers let it through)."""
+
+    def __init__(self, node_id: str, text: str):
+        super().__init__(text)
+        self.node_id = node_id
 
 
 class SimulationStuck(BaseException):
@@ -62,6 +90,7 @@ class SimNode:
     paused_until: float = float("-inf")
     zk_cut: bool = False
     ahead: Any = None                           # the incarnation's batch thread (parts.AheadBatch)
+    executors: list = field(default_factory=list)  # sharded: this node's executor processes (sharding.Executor)
 
     def running(self) -> bool:
         """Alive and not paused: the process can act."""
@@ -73,13 +102,24 @@ class SimNode:
 
 
 class World:
-    def __init__(self, graph: FlowGraph, workdir: Path, say: Callable[[str], None]):
+    def __init__(self, graph: FlowGraph, workdir: Path, say: Callable[[str], None], dims: Dims | None = None,
+                 rng: random.Random | None = None, full_graph: FlowGraph | None = None):
         self.graph = graph
+        self.full_graph = full_graph or graph   # a sharded flow's whole graph (graph: the simulated shard's)
+        self.dims = dims or Dims()
+        self.rng = rng or random.Random(0)
         self.workdir = workdir
         self.clock = FakeClock(START_TIME)
         self.redis_server = fakeredis.FakeServer()
-        self.commits = [0]   # COMMIT scripts run by every node (only they write outputs)
-        self.redis = SimRedis(self.redis_server, RedisLink())   # the producer's and the checker's link
+        self.commits = [0, 0, 0]   # COMMIT scripts (only they write outputs), RECORD_FAILURE scripts, entries trimmed
+        self.replica = Replica(self.redis_server) if self.dims.replica else None
+        self.redis = SimRedis(self.redis_server, RedisLink(), replica=self.replica)  # the producer's and checker's
+        self.busy: set[str] = set()    # nodes with a write held in flight (see interleave)
+        self.interleaved = 0
+        self.interleave_hook: Callable[[SimNode, str], str | None] | None = None  # set by the schedule
+        self.zombies: list = []         # shard task attempts declared lost that have not run yet
+        self.stops: list[str] = []      # batches that failed with an error other than Redis being away
+        self.erased_failures: set[str] = set()  # uplink positions whose failure record a failover erased
         self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)
         self.net = EscalationNet()
         self.nodes = {n: SimNode(self, n) for n in ("a", "b")}
@@ -145,6 +185,8 @@ class World:
             position = f"{ms}-{self._seq}"
             self.redis.xadd(key, {"data": body}, id=position)
             out.append(position)
+        if self.replica is not None:
+            self.replica.wait()  # the producer publishes with WAIT: a failover never takes back what it sent
         return out
 
     # -- processes --------------------------------------------------------
@@ -156,7 +198,7 @@ class World:
         sim.alive, sim.paused_until, sim.zk_cut = True, float("-inf"), False
         sim.redis_link.fault = None
         cfg = NodeConfig(sim.node_id, "sim://redis", "sim://zookeeper", state_dir=sim.disk["state_dir"],
-                         start_from="processed")
+                         start_from="processed", trim_interval_s=self.dims.trim_interval_s)
         parts = SimParts(sim, lambda: sim.zk_connected(gen))
         node = FlowNode(self.graph, cfg, clock=self.clock, parts=parts, monotonic=self.clock.now,
                         pause=lambda seconds: self.hold(sim, seconds))
@@ -172,4 +214,34 @@ class World:
     def kill(self, sim: SimNode) -> None:
         sim.alive = False
         sim.node, sim.stream, sim.ahead = None, None, None  # a batch running ahead dies with it
+        sim.executors = []  # its executors go with it (attempts declared lost may still run)
         self.net.drop_to(sim.node_id)
+
+    def batch_failed(self, sim: SimNode, exc: BaseException) -> None:
+        """A batch raised: Spark fails the query (or, for a batch that ran ahead, the node stops),
+        so the process exits. Redis being away is a fault's doing; anything else means the flow
+        stops on it (every retry, catch-up and promotion would read the same entries again)."""
+        from ...cluster.node import NodeStopping
+        from ...runtime.store.flow_store import RedisUnavailable
+
+        if isinstance(exc, (RedisUnavailable, NodeStopping)):
+            return
+        self.stops.append(f"{sim.node_id}'s batch failed ({type(exc).__name__}: {exc}): the flow stops")
+        if sim.alive:
+            self.kill(sim)
+            self.say(f"{sim.node_id} exits: its batch failed ({type(exc).__name__})")
+
+    # -- writes in flight ---------------------------------------------------
+    def interleave(self, sim: SimNode, when: str) -> None:
+        """While ``sim``'s COMMIT is held in flight (``when``: "before" it reaches Redis or
+        "after", its reply on the way back), let something else happen, as the seed says."""
+        if self.interleave_hook is None or sim.node_id in self.busy or self.rng.random() >= self.dims.interleave:
+            return
+        self.busy.add(sim.node_id)
+        try:
+            did = self.interleave_hook(sim, when)
+        finally:
+            self.busy.discard(sim.node_id)
+        if did:
+            self.interleaved += 1
+            self.say(f"  while {sim.node_id}'s COMMIT is in flight ({when}): {did}")

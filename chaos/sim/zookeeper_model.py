@@ -30,6 +30,12 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable
 
+from ...cluster import leadership as _leadership
+
+# Where the real class raises MembersUnknown while ZooKeeper cannot list the members, so does
+# this one (with an older Leadership, which answered {}, it answers {} too).
+_MembersUnknown = getattr(_leadership, "MembersUnknown", None)
+
 
 @dataclass
 class Session:
@@ -160,8 +166,10 @@ class SimLeadership:
         return self.model.epoch_owner, self.model.epoch
 
     def members(self) -> dict[str, str]:
-        if not self._connected():
-            return {}  # the real call fails while the connection is down
+        if not self._connected():  # the real call fails while the connection is down
+            if _MembersUnknown is not None:
+                raise _MembersUnknown(f"simulated: {self.node_id} cannot reach ZooKeeper")
+            return {}
         return {n: addr for n, (addr, _) in self.model.members.items()}
 
     def step_down(self, reason: str) -> None:

@@ -1,0 +1,180 @@
+"""Sharded flows in the simulator: a shard's batches run where Spark runs them, on executors.
+
+A sharded node (``cluster.sharded_node``) plans each micro-batch on its driver
+(:class:`~twinflow.cluster.shard_task.ShardPlan`: the shard's role, epoch and
+driver-side step count, taken with the shard's batch lock held) and runs it in
+a task on an executor process with the real
+:func:`~twinflow.cluster.shard_task.run_shard`; the driver then finishes it
+with ``FlowNode.take_result``. Here each simulated node has two executor
+processes (:class:`Executor`), each with its own ``shard_task`` contexts, so
+with its own kept flows (``ctx.flows``) and its own store on the node's Redis
+link. The seed decides, per batch:
+
+- which executor runs the task (so a kept flow may be stale: another process
+  ran the shard's last batch);
+- whether an executor process is replaced first (its kept flows are gone);
+- whether the task runs twice at once (Spark speculation, or an executor
+  declared lost while still working): the second attempt runs on the other
+  executor, either while the first one's COMMIT is in flight (if that
+  COMMIT is held, see ``parts.SimWrites``) or right after it, and Spark keeps the
+  result of whichever finished first (the seed's choice when both did);
+- whether an attempt is declared lost: the driver runs the task again on the
+  other executor at once, and the lost attempt runs later, at a step of its
+  own (``Schedule.zombie``), its result thrown away, its writes not.
+
+One shard is simulated (shards are independent flows: own keys, election,
+epoch, fence), with every message published to its uplink. ``run_shard``
+finds its store and its writer threads through ``shard_task``'s module
+globals (``_contexts``, ``write_pool``); they are swapped for the executor's
+own for the length of each call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from ...cluster import shard_task
+from ...cluster.node import flow_keys
+from ...runtime.shards import shard_graph
+from ...runtime.store.flow_store import FlowStore
+from .parts import SimWrites
+from .redis_model import SimRedis
+
+if TYPE_CHECKING:
+    from .world import SimNode
+
+SHARD = 0
+_pids = itertools.count(1000)
+
+
+class Executor:
+    """One executor process of a node: its ``shard_task`` contexts (the kept flows) and its pid."""
+
+    def __init__(self, sim: "SimNode"):
+        self.sim = sim
+        self.pid = next(_pids)
+        self.contexts: dict[tuple, Any] = {}
+
+    def context(self, plan: shard_task.ShardPlan) -> Any:
+        # The key shard_task._context files it under.
+        key = (hashlib.sha256(plan.flow_text.encode()).hexdigest(), plan.redis_url, plan.node_id)
+        if key not in self.contexts:
+            world = self.sim.world
+            ctx = shard_task._Context(plan)
+            graph = shard_graph(ctx.graph, SHARD)
+            client = SimRedis(world.redis_server, self.sim.redis_link, world.commits, world.replica)
+            store = FlowStore(client, flow_keys(graph), plan.node_id, id_ttl=graph.cluster.message.id_ttl,
+                              sleep=world.wait, monotonic=world.clock.now)
+            ctx.stores[SHARD] = (graph, store)
+            self.contexts[key] = ctx
+        return key
+
+    @contextlib.contextmanager
+    def active(self, plan: shard_task.ShardPlan):
+        """``shard_task``'s process globals are this executor's while a task runs in it."""
+        self.context(plan)
+        saved = shard_task._contexts, shard_task.write_pool
+        shard_task._contexts = self.contexts
+        writes = SimWrites(self.sim)
+        shard_task.write_pool = lambda: writes
+        try:
+            yield
+        finally:
+            shard_task._contexts, shard_task.write_pool = saved[0], saved[1]
+
+    def run(self, plan: shard_task.ShardPlan, rows: list[tuple]) -> shard_task.ShardResult:
+        with self.active(plan):
+            r = shard_task.run_shard(plan, SHARD, rows)
+        r.pid = self.pid
+        return r
+
+
+def executors(sim: "SimNode") -> list[Executor]:
+    if not sim.executors:
+        sim.executors = [Executor(sim), Executor(sim)]
+    return sim.executors
+
+
+def plan_for(sim: "SimNode") -> shard_task.ShardPlan:
+    """What the driver ships with the batch (caller holds the shard's batch lock), as
+    ``ShardedNode.on_frame`` builds it."""
+    node, world = sim.node, sim.world
+    return shard_task.ShardPlan(
+        flow_text=world.full_graph.text, flow_source=world.full_graph.source, redis_url="sim://redis",
+        node_id=node.cfg.node_id, now=world.clock.now(), connect_deadline_s=1.0,
+        roles={SHARD: node.executor_role()}, generations={SHARD: node.driver_steps})
+
+
+def run_on_executors(sim: "SimNode", batch_id: int, rows: list[tuple]) -> str:
+    """One micro-batch of the shard, as a sharded node runs it; says what happened (for the trace)."""
+    from ...runtime.spark.source import WARMUP_POSITION
+
+    node, world, rng = sim.node, sim.world, sim.world.rng
+    real = [r for r in rows if r[0] != WARMUP_POSITION]
+    node._work.acquire()
+    try:
+        if not real:  # the query's warm-up row: the driver marks every shard warm
+            node._warmed()
+            return ""
+        plan = plan_for(sim)
+        pool = executors(sim)
+        notes = []
+        if rng.random() < 0.1:
+            i = rng.randrange(len(pool))
+            pool[i] = Executor(sim)
+            notes.append(f"executor {i} replaced (kept flows gone)")
+        first = rng.randrange(len(pool))
+        other = pool[1 - first]
+        results: list[tuple[int, Any]] = []   # (order finished, result)
+        d = world.dims
+        if rng.random() < d.lost_attempt:
+            # Declared lost: it runs later (Schedule.zombie), the driver runs the task again now.
+            world.zombies.append((pool[first], plan, list(real)))
+            notes.append(f"attempt on executor {first} declared lost (runs later)")
+            results.append((0, other.run(plan, real)))
+        elif rng.random() < d.speculation:
+            # Two attempts at once: the second may run while the first's COMMIT is in flight.
+            second: list = []
+            hook = world.interleave_hook
+
+            def alongside(s, when):
+                if s is sim and not second:
+                    second.append(other.run(plan, real))
+                    return "the task's second attempt ran"
+                return hook(s, when) if hook is not None else None
+
+            world.interleave_hook = alongside
+            saved = world.dims.interleave
+            world.dims.interleave = max(saved, 0.5)
+            try:
+                r1 = pool[first].run(plan, real)
+            finally:
+                world.interleave_hook, world.dims.interleave = hook, saved
+            if second:
+                results = [(0, second[0]), (1, r1)]
+                notes.append("two attempts at once (the second finished first)")
+            else:
+                r2 = other.run(plan, real)
+                both = [(0, r1), (1, r2)]
+                results = both if rng.random() < 0.5 else [(0, r2), (1, r1)]
+                notes.append("two attempts, one after the other")
+        else:
+            results.append((0, pool[first].run(plan, real)))
+        r = results[0][1]  # Spark keeps the first attempt to finish
+        node.take_result(batch_id, r)
+        return f" (role {r.role}{'; ' + '; '.join(notes) if notes else ''})"
+    finally:
+        node._work.release()
+
+
+def run_zombie(world) -> str:
+    """An attempt declared lost runs now; its result goes nowhere."""
+    ex, plan, rows = world.zombies.pop(world.rng.randrange(len(world.zombies)))
+    try:
+        r = ex.run(plan, rows)
+    except Exception as exc:
+        return f"lost attempt of {plan.node_id} failed ({type(exc).__name__}: {exc})"
+    return f"lost attempt of {plan.node_id} ran as {r.role} at epoch {r.epoch}: {r.delivered} delivered"
