@@ -51,6 +51,7 @@ from ..runtime.message import Message
 from ..runtime.store.flow_store import DELIVER_MAX_MESSAGES, Fenced, FlowStore, GuessWrong, RedisUnavailable, chunked
 from ..runtime.store.step import Step
 from .master_flow import MasterFlow, MessageRefused
+from .uplink_rows import record_bad
 
 log = logging.getLogger("twinflow.master")
 
@@ -247,11 +248,9 @@ def _isolate(side: MasterSide, msgs: list[Message], epoch: int, now: Callable[[]
 def _record_failure(side: MasterSide, m: Message, reason: str) -> bool:
     """Put ``m`` on the failure stream (once per uplink position): False when Redis could not
     be reached (the side acted on it)."""
-    spec = side.spec
     try:
-        side.store.record_failures([(m.position, reason, m.body, len(m.body or b""))],
-                                   max_entries=spec.failure_max_entries, max_body=spec.message.max_bytes,
-                                   deadline_s=spec.write_lease)
+        record_bad(side.store, side.spec, [(m.position, reason, m.body, len(m.body or b""))],
+                   deadline_s=side.spec.write_lease)
     except RedisUnavailable as exc:
         side.refused(exc)
         return False

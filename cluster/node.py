@@ -91,7 +91,7 @@ from .master_flow import MasterFlow, not_on_cluster
 from .master_steps import commit_one, run_master_batch
 from .metrics import LATENESS_BUCKETS, BatchTimings, MetricsServer, Timings, serve as serve_metrics
 from .node_parts import NodeParts, RealParts
-from .uplink_rows import decode_rows, last_position, processed_as_worker
+from .uplink_rows import decode_rows, last_position, processed_as_worker, record_bad
 
 if TYPE_CHECKING:
     from .shard_task import ShardResult
@@ -520,8 +520,7 @@ class FlowNode:
         with self._lock:
             self.read += len(msgs) + len(bad)
         if bad:
-            self.store.record_failures(bad, max_entries=self.spec.failure_max_entries,
-                                       max_body=self.spec.message.max_bytes)
+            record_bad(self.store, self.spec, bad)
             with self._lock:
                 self.failed += len(bad)
         if last is None:
@@ -832,8 +831,7 @@ class FlowNode:
             if not rows:
                 break
             msgs, bad = self._decode(rows)
-            self.store.record_failures(bad, max_entries=self.spec.failure_max_entries,
-                                       max_body=self.spec.message.max_bytes, deadline_s=self.lease_s)
+            record_bad(self.store, self.spec, bad, deadline_s=self.lease_s)
             after = rows[-1][0]
             if self._run_master(msgs, epoch, after) is not None:
                 raise _StepDown(f"stopped being master at epoch {epoch} during catch-up")

@@ -52,7 +52,7 @@ from ..runtime.shards import shard_graph
 from ..runtime.store.flow_store import Fenced, FlowStore, RedisUnavailable
 from .master_flow import MasterFlow
 from .master_steps import commit_one, run_master_batch, write_pool
-from .uplink_rows import decode_rows, last_position, processed_as_worker
+from .uplink_rows import decode_rows, last_position, processed_as_worker, record_bad
 
 MASTER, WORKER = "master", "worker"
 RESULT_SCHEMA = "result binary"
@@ -162,7 +162,7 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
     msgs, bad, _ = decode_rows(rows, spec.message)
     r = ShardResult(shard=k, role=role, epoch=epoch, last=last_position(rows), read=len(msgs) + len(bad))
     if bad:
-        store.record_failures(bad, max_entries=spec.failure_max_entries, max_body=spec.message.max_bytes)
+        record_bad(store, spec, bad)
         r.failed = len(bad)
     if r.last is None:
         return r

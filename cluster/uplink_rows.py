@@ -13,6 +13,7 @@ import logging
 
 import redis
 
+from ..runtime.cluster_spec import ClusterSpec
 from ..runtime.fields import BadInput
 from ..runtime.message import Message, MessageSpec, decode
 from ..runtime.spark.source import WARMUP_POSITION
@@ -64,3 +65,11 @@ def _usable_id(msg_id: str) -> bool:
     except UnicodeError:
         return False
     return True
+
+
+def record_bad(store: FlowStore, spec: ClusterSpec, bad: list[tuple], deadline_s: float | None = None) -> int:
+    """Put a batch's bad entries (``decode_rows``'s ``bad``) on the failure stream, once each,
+    as the flow's settings say (cap, body bytes kept, replicas that must confirm them)."""
+    return store.record_failures(bad, max_entries=spec.failure_max_entries, max_body=spec.message.max_bytes,
+                                 deadline_s=deadline_s, replicas=spec.wait_replicas,
+                                 replica_wait_ms=spec.replica_wait_ms)

@@ -447,7 +447,7 @@ class FlowStore:
             if messages:
                 pipe.mget([self.keys.id_prefix + m.id for m in messages])
             if handled_upto:
-                pipe.hset(self.keys.read(self.node_id), "handled_id", handled_upto)
+                self._scripts["record_handled"](keys=[self.keys.read(self.node_id)], args=[handled_upto], client=pipe)
             return pipe.execute()
 
         out = self._call("processed", read, deadline_s)
@@ -460,8 +460,8 @@ class FlowStore:
 
     def record_handled(self, position: str, deadline_s: float | None = None) -> None:
         """Record that this node has handled the uplink up to ``position`` (see :meth:`processed`)."""
-        self._call("record handled", lambda: self.r.hset(self.keys.read(self.node_id), "handled_id", position),
-                   deadline_s)
+        self._call("record handled", lambda: self._scripts["record_handled"](
+            keys=[self.keys.read(self.node_id)], args=[position]), deadline_s)
 
     def handled_position(self, node_id: str | None = None) -> str | None:
         """How far ``node_id`` (default: this node) has handled the uplink in any role, or None."""
@@ -478,23 +478,30 @@ class FlowStore:
     # -- outlinks ---------------------------------------------------------
     def record_failures(self, failures: list[tuple[str, str, bytes | None, int | None]], *,
                         max_entries: int = 100_000, max_body: int = 1 << 20,
-                        deadline_s: float | None = None) -> int:
-        """Put (position, reason, body, size) on the failure stream, once per position.
+                        deadline_s: float | None = None, replicas: int = 0, replica_wait_ms: int = 1000) -> int:
+        """Put (position, reason, body, size) on the failure stream, once per position, unless
+        the position is at or before the processed mark (scripts.RECORD_FAILURE).
 
         The stream keeps about ``max_entries`` records and each keeps at most
         ``max_body`` bytes of its body (``size`` is the whole body's length);
-        the entry itself stays in the uplink at its position.
+        the entry itself stays in the uplink at its position. With ``replicas``
+        > 0 it returns only once ``WAIT`` confirms that many replicas have the
+        records: the step that moves the mark past the entries comes next, and a
+        Redis failover in between must not keep the step and lose the records.
         """
         if not failures:
             return 0
-        keys = [self.keys.failure]
+        keys = [self.keys.failure, self.keys.processed]
         args: list = [self.id_ttl, self.node_id, max_entries]
         for pos, reason, body, size in failures:
             body = body or b""
             keys.append(self.keys.failed_prefix + pos)
             args += [pos, reason, body[:max_body], -1 if size is None else size]
-        return int(self._call("record_failure", lambda: self._scripts["record_failure"](
+        n = int(self._call("record_failure", lambda: self._scripts["record_failure"](
             keys=keys, args=args), deadline_s))
+        if replicas:
+            self._await_replicas(replicas, replica_wait_ms, deadline_s)
+        return n
 
     def surface_unclaimed(self, messages: list[Message], outlink: str, cap: int = 100_000) -> None:
         """Make fully baked, unclaimed messages visible (capped stream; they stay in the node)."""

@@ -143,21 +143,38 @@ return {1, redis.call('INCR', KEYS[4])}
 # many nodes read it (keyed by its uplink position, so no epoch is needed: a
 # second writer changes nothing). The stream is capped (approximately) at
 # ARGV[3] entries: a record that falls off still points at its uplink entry.
-# KEYS[1] failure stream, KEYS[1+j] the seen-marker key of the j-th entry.
+# An entry at or before the processed mark is not recorded: it was handled
+# (recorded then), and its seen-marker, which lives as long as an ID in the
+# ID cache, may be gone by the time a node that restarts reads it again.
+# KEYS[1] failure stream, KEYS[2] the processed mark, KEYS[2+j] the
+# seen-marker key of the j-th entry.
 # ARGV[1] TTL (s) of the seen-markers, ARGV[2] node id, ARGV[3] cap, then one
 # (position, reason, body, size) quadruple per entry.
 # Returns how many were recorded now.
-RECORD_FAILURE = """
+RECORD_FAILURE = _AT_OR_BEFORE + """
 local n = 0
-for j = 1, #KEYS - 1 do
+local mark = redis.call('GET', KEYS[2])
+for j = 1, #KEYS - 2 do
   local i = 4 * j
-  if redis.call('SET', KEYS[1 + j], ARGV[2], 'NX', 'EX', ARGV[1]) then
+  if not at_or_before(ARGV[i], mark) and redis.call('SET', KEYS[2 + j], ARGV[2], 'NX', 'EX', ARGV[1]) then
     redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'position', ARGV[i], 'reason', ARGV[i + 1],
                'node', ARGV[2], 'size', ARGV[i + 3], 'data', ARGV[i + 2])
     n = n + 1
   end
 end
 return n
+"""
+
+# RECORD_HANDLED: move a node's handled position (field handled_id of its read
+# hash) forward, never back: a late attempt of a task that read an earlier
+# batch must not make a promoted node's catch-up stop short of what it handled.
+# KEYS[1] the node's read hash. ARGV[1] the position it handled.
+RECORD_HANDLED = _AT_OR_BEFORE + """
+local cur = redis.call('HGET', KEYS[1], 'handled_id')
+if not at_or_before(ARGV[1], cur) then
+  redis.call('HSET', KEYS[1], 'handled_id', ARGV[1])
+end
+return 1
 """
 
 # READ_BATCH: the entries of a stream after an ID, bounded in count and bytes.
@@ -265,7 +282,7 @@ def read_batch_rows(reply: list) -> list[tuple[str, bytes | None, int | None]]:
 
 
 ALL = {"raise_epoch": RAISE_EPOCH, "commit": COMMIT, "record_failure": RECORD_FAILURE,
-       "read_batch": READ_BATCH, "trim_uplink": TRIM_UPLINK}
+       "record_handled": RECORD_HANDLED, "read_batch": READ_BATCH, "trim_uplink": TRIM_UPLINK}
 
 
 def register(client) -> dict:

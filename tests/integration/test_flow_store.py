@@ -75,6 +75,23 @@ def test_failures_are_recorded_once_whichever_node_sees_them(redis_url, flow_nam
     assert [(f[b"position"], f[b"reason"]) for _, f in rows] == [(b"7-0", b"body is not JSON"), (b"8-0", b"no key")]
 
 
+def test_an_entry_at_or_before_the_processed_mark_is_not_recorded_again_once_its_marker_expired(store):
+    deliver(store, 1, msgs("a", "b", first=5))  # the mark is at 6-0
+    store.r.delete(store.keys.failed_prefix + "5-0")  # its seen-marker expired (it lives id_ttl)
+    assert store.record_failures([("5-0", "body is not JSON", b"{", 1), ("9-0", "body is not JSON", b"[", 1)]) == 1
+    assert [f[b"position"] for _, f in store.r.xrange(store.keys.failure)] == [b"9-0"]
+
+
+def test_the_handled_position_only_moves_forward(store):
+    # A late attempt of a worker task that read an earlier batch records an older position.
+    store.processed(msgs("a"), handled_upto="20-0")
+    store.processed(msgs("b"), handled_upto="12-0")
+    store.record_handled("15-0")
+    assert store.handled_position() == "20-0"
+    store.record_handled("21-0")
+    assert store.handled_position() == "21-0"
+
+
 def test_uplink_lag_counts_unread_entries(store):
     store.publish([b"{}"] * 5)
     assert store.uplink_lag("node-a") == 5
