@@ -127,7 +127,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_rows
-from twinflow.runtime.store.redis_slot import client_from_url
+from twinflow.runtime.store.redis_slot import client_from_url, follow_moved, relocate
 from twinflow.runtime.waiting import retry
 
 log = logging.getLogger(__name__)
@@ -201,8 +201,10 @@ def register_source(spark: Any) -> None:
 
 def _where(url: str) -> str:
     # For logs: host, port and db only; a URL may carry a password.
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
+    # Hosts, ports and db only (a Sentinel URL names several hosts); a URL may carry a password.
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{path.partition('?')[0]}"
 
 
 class RedisStreamDataSource(DataSource):
@@ -480,10 +482,21 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         def attempt():
             if self._client is None:
                 self._connect()
+            client = self._client
             try:
-                return call(self._client)
-            except redis.exceptions.MovedError:
-                self._client = None  # the uplink's slot moved: find its owner again
+                return call(client)
+            except redis.exceptions.MovedError as moved:
+                self._use(follow_moved(client, moved))  # the uplink's slot moved: go to its owner
+                raise
+            except (redis.ConnectionError, redis.TimeoutError):
+                # A Redis Cluster primary that crashed answers nothing, not MOVED: ask the
+                # cluster nodes known who serves the slot now (store/redis_slot.py).
+                try:
+                    found = relocate(client)
+                except redis.RedisError:
+                    found = client
+                if found is not client:
+                    self._use(found)
                 raise
 
         result = retry(attempt,
@@ -505,11 +518,14 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         # and keep to one deadline. On a Redis Cluster the client is on the
         # primary that owns the uplink's slot (see store/redis_slot.py), which
         # asks that node, so connecting is part of the waiting too.
-        self._client = client_from_url(
+        self._use(client_from_url(
             self.url, retry=Retry(NoBackoff(), 0), socket_timeout=10, socket_connect_timeout=2,
             decode_responses=False, slot_key=self.stream,
-        )
-        self._script = self._client.register_script(READ_BATCH)
+        ))
+
+    def _use(self, client: Any) -> None:
+        self._client = client
+        self._script = client.register_script(READ_BATCH)
 
 
 class _Paused(Exception):
