@@ -364,10 +364,32 @@ class FlowStore:
         return problems
 
     # -- epochs -----------------------------------------------------------
-    def raise_epoch(self, epoch: int, deadline_s: float | None = None) -> int:
-        """Make ``epoch`` the fencing epoch unless a newer one exists; returns the one in force."""
-        in_force = int(self._call("raise_epoch", lambda: self._scripts["raise_epoch"](
-            keys=[self.keys.epoch], args=[epoch]), deadline_s))
+    def raise_epoch(self, epoch: int, deadline_s: float | None = None, *, replicas: int = 0,
+                    replica_wait_ms: int = 1000) -> int:
+        """Make ``epoch`` the fencing epoch unless a newer one exists; returns the one in force.
+
+        With ``replicas`` > 0 (``cluster.wait_replicas``) it returns only once ``WAIT``
+        confirms that many replicas have the epoch, as a COMMIT does, else raises
+        RedisUnavailable at ``deadline_s``: a Redis failover right after a promotion
+        cannot bring back the old epoch, under which the old master's COMMITs would pass.
+        """
+        began = self._monotonic()
+
+        def write():
+            if not replicas:
+                return self._scripts["raise_epoch"](keys=[self.keys.epoch], args=[epoch]), replicas
+            # WAIT counts the writes of its own connection: same pipeline.
+            pipe = self.r.pipeline(transaction=False)
+            self._scripts["raise_epoch"](keys=[self.keys.epoch], args=[epoch], client=pipe)
+            pipe.execute_command("WAIT", replicas, replica_wait_ms)
+            raised, acked = pipe.execute()
+            return raised, int(acked)
+
+        raised, acked = self._call("raise_epoch", write, deadline_s)
+        in_force = int(raised)
+        if acked < replicas:
+            left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
+            self._await_replicas(replicas, replica_wait_ms, left)
         self.epoch_seen = max(self.epoch_seen, in_force)
         return in_force
 
