@@ -178,14 +178,16 @@ class LocalServices:
         return f"127.0.0.1:{self.zookeeper.port}"
 
     @classmethod
-    def start(cls, base_dir: str | None = None, deadline_s: float = 30.0, zookeeper: bool = True) -> "LocalServices":
-        """Start both servers (Redis alone without ``zookeeper``) and wait until each answers,
-        or raise ServiceError."""
+    def start(cls, base_dir: str | None = None, deadline_s: float = 30.0, zookeeper: bool = True,
+              redis: bool = True) -> "LocalServices":
+        """Start both servers (Redis alone without ``zookeeper``, ZooKeeper alone without
+        ``redis``) and wait until each answers, or raise ServiceError."""
         owns = base_dir is None
         base = base_dir or tempfile.mkdtemp(prefix="twinflow-services-")
         svc = cls(base_dir=base, owns_base_dir=owns)
         try:
-            svc.servers.append(_start_answering(_start_redis, Path(base) / "redis", deadline_s))
+            if redis:
+                svc.servers.append(_start_answering(_start_redis, Path(base) / "redis", deadline_s))
             if zookeeper:
                 svc.servers.append(_start_answering(_start_zookeeper, Path(base) / "zookeeper", deadline_s))
         except BaseException:
