@@ -513,21 +513,24 @@ class LocalSentinel:
     servers: list[Server] = field(default_factory=list)    # data servers; [0] the first primary
     sentinels: list[Server] = field(default_factory=list)
     down_after_ms: int = 1000
+    password: str = ""     # requirepass of the data servers (and masterauth, and the Sentinels' auth-pass)
 
     @property
     def url(self) -> str:
+        """The URL a node is given (no password in it: the password goes in TWINFLOW_REDIS_PASSWORD)."""
         return "redis+sentinel://" + ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels) + f"/{self.service}/0"
 
     @classmethod
     def start(cls, base_dir: str, replicas: int = 1, sentinels: int = 3, deadline_s: float = 30.0,
-              down_after_ms: int = 1000, service: str = "mymaster") -> "LocalSentinel":
-        group = cls(base_dir, service=service, down_after_ms=down_after_ms)
+              down_after_ms: int = 1000, service: str = "mymaster", password: str = "") -> "LocalSentinel":
+        group = cls(base_dir, service=service, down_after_ms=down_after_ms, password=password)
+        Path(base_dir).mkdir(parents=True, exist_ok=True)
         try:
-            group.servers.append(_start_answering(_start_redis, Path(base_dir) / "redis0", deadline_s))
+            group.servers.append(_start_answering(group._start_data, Path(base_dir) / "redis0", deadline_s))
             primary = group.servers[0].port
             for i in range(replicas):
                 group.servers.append(_start_answering(
-                    lambda d: _start_redis(d, "--replicaof", "127.0.0.1", str(primary)),
+                    lambda d: group._start_data(d, "--replicaof", "127.0.0.1", str(primary)),
                     Path(base_dir) / f"redis{i + 1}", deadline_s))
             for i in range(sentinels):
                 group.sentinels.append(_start_answering(
@@ -539,13 +542,28 @@ class LocalSentinel:
             raise
         return group
 
+    def _start_data(self, directory: Path, *extra: str, port: int | None = None) -> Server:
+        """A data server; with a password, from a configuration file (mode 0600) that holds it."""
+        config = None
+        if self.password:
+            directory.mkdir(parents=True, exist_ok=True)
+            config = directory / "auth.conf"
+            config.touch(mode=0o600)
+            config.write_text(f"requirepass {_conf_quote(self.password)}\nmasterauth {_conf_quote(self.password)}\n")
+        server = _start_redis(directory, *extra, port=port, config=config)
+        server.secured = bool(self.password)
+        return server
+
     def _start_sentinel(self, directory: Path, primary: int, quorum: int) -> Server:
         directory.mkdir(parents=True, exist_ok=True)
         port = free_port()
         conf = directory / "sentinel.conf"  # Sentinel rewrites it: its own copy, writable
+        conf.touch(mode=0o600)
         conf.write_text(SENTINEL_CONF.format(port=port, dir=directory, service=self.service, primary=primary,
                                              quorum=quorum, down_after_ms=self.down_after_ms,
-                                             failover_timeout_ms=max(3000, 4 * self.down_after_ms)))
+                                             failover_timeout_ms=max(3000, 4 * self.down_after_ms))
+                        + (f"sentinel auth-pass {self.service} {_conf_quote(self.password)}\n"
+                           if self.password else ""))
         log = directory / "sentinel.log"
         pid = _spawn(["redis-server", str(conf), "--sentinel"], log)
         return Server("redis", port, pid, str(log))
@@ -572,7 +590,7 @@ class LocalSentinel:
             want = (len(live) - 1, len(self.sentinels) - 1)
             views = [self.sentinel_view(i) for i in range(len(self.sentinels))]
             if all(v.get("flags") == "master" and (int(v.get("num-slaves", -1)), int(v.get("num-other-sentinels", -1)))
-                   >= want for v in views) and all(_replica_synced(s.port) for s in live):
+                   >= want for v in views) and all(_replica_synced(s.port, self.password) for s in live):
                 return
             if time.monotonic() > end:
                 raise ServiceError(f"the Sentinels did not see the primary, {want[0]} replica(s) and each other "
@@ -596,7 +614,7 @@ class LocalSentinel:
         a former primary starts as a primary; the Sentinels then make it a replica)."""
         old = self.servers[i]
         extra = () if i == 0 else ("--replicaof", "127.0.0.1", str(self.servers[0].port))
-        self.servers[i] = _start_redis(Path(old.log).parent, *extra, port=old.port)
+        self.servers[i] = self._start_data(Path(old.log).parent, *extra, port=old.port)
         _wait_answering(self.servers[i], deadline_s)
 
     def stop(self, deadline_s: float = 10.0) -> None:
@@ -687,9 +705,13 @@ class LocalZkEnsemble:
             _stop_pid(s.pid, deadline_s)
 
 
-def _replica_synced(port: int) -> bool:
+def _replica_synced(port: int, password: str = "") -> bool:
     """True for a primary, and for a replica whose link to its primary is up."""
-    info = _reply(port, b"*2\r\n$4\r\nINFO\r\n$11\r\nreplication\r\n")
+    auth = b""
+    if password:
+        pw = password.encode()
+        auth = b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw)
+    info = _reply(port, auth + b"*2\r\n$4\r\nINFO\r\n$11\r\nreplication\r\n")
     return b"role:master" in info or b"master_link_status:up" in info
 
 
