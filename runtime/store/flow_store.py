@@ -571,20 +571,33 @@ class FlowStore:
         self._call("surface_unclaimed", write)
 
     # -- uplink -----------------------------------------------------------
-    def publish(self, bodies: Iterable[bytes], deadline_s: float | None = None) -> list[str]:
+    def publish(self, bodies: Iterable[bytes], deadline_s: float | None = None, *, replicas: int = 0,
+                replica_wait_ms: int = 1000) -> list[str]:
         """Append documents to the uplink; returns their entry IDs.
 
-        RedisUnavailable once ``deadline_s`` passes without Redis answering.
+        RedisUnavailable once ``deadline_s`` passes without Redis answering. With
+        ``replicas`` > 0 (``cluster.wait_replicas``, for the gRPC ingest) it returns only
+        once ``WAIT`` confirms that many replicas have the entries, so that a Redis
+        failover cannot erase an entry the producer was told is written.
         """
         bodies = list(bodies)
+        began = self._monotonic()
 
         def write():
             pipe = self.r.pipeline(transaction=False)
             for b in bodies:
                 pipe.xadd(self.keys.uplink, {"data": b})
-            return [p.decode() if isinstance(p, bytes) else p for p in pipe.execute()]
+            if replicas:
+                pipe.execute_command("WAIT", replicas, replica_wait_ms)
+            out = pipe.execute()
+            acked = int(out.pop()) if replicas else 0
+            return [p.decode() if isinstance(p, bytes) else p for p in out], acked
 
-        return self._call("publish", write, deadline_s)
+        positions, acked = self._call("publish", write, deadline_s)
+        if acked < replicas:
+            left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
+            self._await_replicas(replicas, replica_wait_ms, left)
+        return positions
 
     def read_uplink(self, after: str | None, upto: str, count: int, max_body: int, *,
                     max_bytes: int = 64 << 20, deadline_s: float | None = None

@@ -59,8 +59,13 @@ def test_raise_epoch_waits_for_the_replicas_and_gives_up_without_them(primary_an
     with pytest.raises(RedisUnavailable, match="replicas"):
         store.raise_epoch(2, deadline_s=1.0, replicas=1, replica_wait_ms=200)
     assert time.monotonic() - began < 5.0
+    # The gRPC ingest's publish too: not acknowledged while no replica has the entries.
+    with pytest.raises(RedisUnavailable, match="replicas"):
+        store.publish([b'{"id": "x"}'], deadline_s=0.5, replicas=1, replica_wait_ms=200)
     os.kill(replica.pid, signal.SIGCONT)
     assert store.raise_epoch(3, deadline_s=5, replicas=1, replica_wait_ms=200) == 3
+    (position,) = store.publish([b'{"id": "y"}'], deadline_s=5, replicas=1, replica_wait_ms=200)
+    assert redis.Redis(port=replica.port).xrange(store.keys.uplink, position, position)
     assert redis.Redis(port=replica.port).get(store.keys.epoch) == b"3"
 
 
