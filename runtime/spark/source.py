@@ -499,9 +499,12 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
                     self._use(found)
                 raise
 
+        from twinflow.runtime.store.flow_store import transient
+
+        # Connection trouble, MOVED, and the replies a Redis gives while it cannot serve for
+        # now (CLUSTERDOWN during a cluster failover, TRYAGAIN, READONLY, LOADING...).
         result = retry(attempt,
-                       retryable=lambda exc: isinstance(exc, (redis.ConnectionError, redis.TimeoutError,
-                                                              redis.exceptions.MovedError)),
+                       retryable=lambda exc: isinstance(exc, redis.RedisError) and transient(exc),
                        deadline_s=self.connect_deadline_s, give_up=give_up, on_retry=before_pause,
                        max_backoff_s=_MAX_BACKOFF_S)
         if waiting["logged"]:
@@ -590,6 +593,10 @@ def _wait_for_entry(client: Any, stream: str, after: str, block_ms: int) -> bool
             message = line[1:].decode(errors="replace")
             if message.startswith("LOADING"):
                 raise redis.BusyLoadingError(message)  # a ConnectionError: retried
+            if message.startswith("MOVED "):  # the uplink's slot moved (a cluster failover): followed
+                raise redis.exceptions.MovedError(message[len("MOVED "):])
+            if message.startswith(("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")):
+                raise redis.exceptions.ClusterDownError(message)  # transient: retried
             raise redis.ResponseError(message)
         return True
     finally:
