@@ -15,6 +15,16 @@ proxy               link
 ``producer``        the producer to the uplink
 ==================  ============================================
 
+With ``redis_mode="sentinel"`` the nodes are given a ``redis+sentinel://``
+URL (a primary, two replicas and three Sentinels,
+:class:`~twinflow.cluster.services.LocalSentinel`), with ``"cluster"`` the URL
+of the node that owns the flow's slot on a three-primary Redis Cluster with a
+replica each (:class:`~twinflow.cluster.services.LocalRedisCluster`): no proxy
+sits on their Redis links, so that a failover is theirs to follow. The
+producer and the checker then follow the primary too (``redis_slot.relocate``);
+with ``wait_replicas`` the producer's XADDs wait for that many replicas
+(``WAIT``), as a producer that must not lose an acknowledged message does.
+
 With ``zk_members=3`` the cluster runs on a three-server ZooKeeper
 ensemble (:class:`~twinflow.cluster.services.LocalZkEnsemble`) and each
 node's connect string names all three members, each through its own proxy.
@@ -39,7 +49,7 @@ from pathlib import Path
 import redis
 
 from ..cluster.process import NodeProcess
-from ..cluster.services import LocalServices, LocalZkEnsemble, free_port
+from ..cluster.services import LocalRedisCluster, LocalSentinel, LocalServices, LocalZkEnsemble, free_port
 from ..runtime.flowgraph import load_graph
 from ..runtime.store.flow_store import FlowKeys
 from ..runtime.waiting import wait_for
@@ -49,7 +59,8 @@ NODES = ("a", "b")
 
 
 class DrillCluster:
-    def __init__(self, flow_text: str, flow: str = "drill", workdir: str | None = None, zk_members: int = 1):
+    def __init__(self, flow_text: str, flow: str = "drill", workdir: str | None = None, zk_members: int = 1,
+                 redis_mode: str = "single", wait_replicas: int = 0):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="twinflow-drill-"))
         self.flow = flow
         self.flow_path = self.workdir / "flow.yaml"
@@ -65,20 +76,32 @@ class DrillCluster:
         self.nodes: dict[str, NodeProcess] = {}
         self.redis: redis.Redis | None = None    # direct, for the checker
         self.producer: redis.Redis | None = None  # through the producer's proxy
+        self.redis_mode = redis_mode              # single, sentinel or cluster (see module)
+        self.wait_replicas = wait_replicas        # the producer's WAIT (HA modes)
+        self.ha: LocalSentinel | LocalRedisCluster | None = None
+        self.redis_url = ""                       # what the nodes are given
 
     # -- life cycle -------------------------------------------------------
     def start(self) -> "DrillCluster":
         try:
+            single = self.redis_mode == "single"
             self.services = LocalServices.start(base_dir=str(self.workdir / "services"),
-                                                zookeeper=self.zk_members == 1)
+                                                zookeeper=self.zk_members == 1, redis=single)
             if self.zk_members > 1:
                 self.ensemble = LocalZkEnsemble.start(str(self.workdir / "ensemble"), self.zk_members)
-            self.redis = redis.Redis.from_url(self.services.redis_url)
+            if single:
+                self.redis = redis.Redis.from_url(self.services.redis_url)
+            else:
+                self._start_ha()
             self._start_proxy()
-            redis_up = f"127.0.0.1:{self.services.redis.port}"
+            redis_up = f"127.0.0.1:{self.services.redis.port}" if single else ""
             for node_id in NODES:
                 grpc_port = free_port()
-                self._proxy(f"redis-{node_id}", redis_up)
+                if single:
+                    self._proxy(f"redis-{node_id}", redis_up)
+                    node_redis = f"redis://{self.proxies[f'redis-{node_id}'].listen}/0"
+                else:
+                    node_redis = self.redis_url
                 if self.ensemble is None:
                     zk = self._proxy(f"zk-{node_id}", self.services.zk_hosts).listen
                 else:
@@ -86,18 +109,65 @@ class DrillCluster:
                                   for i, m in enumerate(self.ensemble.servers))
                 grpc = self._proxy(f"grpc-{node_id}", f"127.0.0.1:{grpc_port}")
                 self.nodes[node_id] = NodeProcess(
-                    node_id, str(self.flow_path), f"redis://{self.proxies[f'redis-{node_id}'].listen}/0",
-                    zk, str(self.workdir / "state"),
+                    node_id, str(self.flow_path), node_redis, zk, str(self.workdir / "state"),
                     str(self.workdir / f"{node_id}.log"),
                     extra_args=["--listen", f"127.0.0.1:{grpc_port}", "--advertise", grpc.listen])
-            producer = self._proxy("producer", redis_up)
-            self.producer = redis.Redis.from_url(f"redis://{producer.listen}/0", socket_timeout=10)
+            if single:
+                producer = self._proxy("producer", redis_up)
+                self.producer = redis.Redis.from_url(f"redis://{producer.listen}/0", socket_timeout=10)
             for node in self.nodes.values():
                 node.start()
             return self
         except BaseException:
             self.stop()
             raise
+
+    def _start_ha(self) -> None:
+        """A Sentinel group or a Redis Cluster with replicas; the checker's and producer's clients."""
+        if self.redis_mode == "sentinel":
+            self.ha = LocalSentinel.start(str(self.workdir / "redis-sentinel"), replicas=2, sentinels=3)
+            self.redis_url = self.ha.url
+        elif self.redis_mode == "cluster":
+            self.ha = LocalRedisCluster.start(str(self.workdir / "redis-cluster"), n=3, replicas=1,
+                                              node_timeout_ms=1000)
+            # The node that owns the flow's slot: the one the drill kills (the URL's node dies).
+            self.redis_url = self.ha.urls[self.ha.owner(self.keys.uplink)]
+        else:
+            raise ValueError(f"unknown redis_mode {self.redis_mode!r} (single, sentinel, cluster)")
+        self.redis = self._ha_client()
+        self.producer = self._ha_client()
+
+    def _ha_client(self) -> redis.Redis:
+        from ..runtime.store.redis_slot import client_from_url
+
+        return client_from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=1,
+                               slot_key=self.keys.uplink)
+
+    def _on_ha(self, which: str, call, deadline_s: float = 30.0):
+        """``call(client)`` on the checker's or producer's client (``which``), following a Redis
+        failover: on a connection error the client looks for the primary again; retried up to the
+        deadline."""
+        from ..runtime.store.flow_store import transient
+        from ..runtime.store.redis_slot import follow_moved, relocate
+
+        end = time.monotonic() + deadline_s
+        while True:
+            client = getattr(self, which)
+            try:
+                return call(client)
+            except redis.exceptions.MovedError as moved:
+                setattr(self, which, follow_moved(client, moved))
+            except (redis.ConnectionError, redis.TimeoutError):
+                try:
+                    setattr(self, which, relocate(client))
+                except redis.RedisError:
+                    pass
+            except redis.RedisError as exc:
+                if not transient(exc):
+                    raise
+            if time.monotonic() > end:
+                raise RuntimeError(f"Redis did not answer the drill's {which} within {deadline_s:.0f} s")
+            time.sleep(0.1)
 
     def _start_proxy(self) -> None:
         from toxiproxy import Toxiproxy
@@ -129,6 +199,8 @@ class DrillCluster:
             self.services.stop()
         if self.ensemble is not None:
             self.ensemble.stop()
+        if self.ha is not None:
+            self.ha.stop()
 
     @property
     def zk_hosts(self) -> str:
@@ -140,7 +212,10 @@ class DrillCluster:
 
     # -- looking ----------------------------------------------------------
     def status(self, node_id: str) -> dict:
-        raw = self.redis.hgetall(self.keys.node(node_id))
+        if self.ha is not None:
+            raw = self._on_ha("redis", lambda r: r.hgetall(self.keys.node(node_id)))
+        else:
+            raw = self.redis.hgetall(self.keys.node(node_id))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def master(self) -> str | None:
@@ -181,7 +256,26 @@ class DrillCluster:
     def outputs(self) -> dict:
         from ..cluster.master_flow import outlink_streams
 
+        if self.ha is not None:
+            return self._on_ha("redis", lambda r: read_outputs(r, outlink_streams(self.graph, self.keys)))
         return read_outputs(self.redis, outlink_streams(self.graph, self.keys))
+
+    def uplink_ids(self) -> set[str]:
+        """The IDs of every entry the uplink holds (for telling a lost uplink write from a
+        message the flow lost)."""
+        def read(r):
+            out, start = set(), "-"
+            while True:
+                page = r.xrange(self.keys.uplink, min=start, max="+", count=10_000)
+                for eid, fields in page:
+                    try:
+                        out.add(str(json.loads(fields[b"data"]).get("id")))
+                    except (ValueError, KeyError, AttributeError):
+                        pass
+                if len(page) < 10_000:
+                    return out
+                start = "(" + page[-1][0].decode()
+        return self._on_ha("redis", read) if self.ha is not None else read(self.redis)
 
     def logs(self, lines: int = 30) -> str:
         return "\n".join(f"--- {n} ---\n{p.log_tail(lines)}" for n, p in self.nodes.items())
@@ -195,6 +289,8 @@ class DrillCluster:
         message of the batch (the redis-restart drill found it: 50 messages counted lost
         that were never sent). A retry after a lost reply may append a batch twice; the
         flow's ID cache takes each message once."""
+        if self.ha is not None:
+            return self._publish_ha(docs)
         deadline = time.monotonic() + 30
         while True:
             pipe = self.producer.pipeline(transaction=False)
@@ -210,3 +306,23 @@ class DrillCluster:
             if len(positions) != len(docs):
                 raise RuntimeError(f"published {len(positions)} of {len(docs)} documents")
             return positions
+
+    def _publish_ha(self, docs: list[dict]) -> list[str]:
+        """XADD on the primary of the moment; with ``wait_replicas``, acknowledged only once WAIT
+        says that many replicas have the batch (else the batch is sent again: the ID cache takes
+        each message once)."""
+        def send(r):
+            pipe = r.pipeline(transaction=False)
+            for doc in docs:
+                pipe.xadd(self.keys.uplink, {"data": json.dumps(doc)})
+            if self.wait_replicas:
+                pipe.execute_command("WAIT", self.wait_replicas, 1000)
+            out = pipe.execute()
+            if self.wait_replicas and int(out.pop()) < self.wait_replicas:
+                raise redis.ConnectionError(f"WAIT: fewer than {self.wait_replicas} replicas have the batch")
+            return [p.decode() for p in out]
+
+        positions = self._on_ha("producer", send)
+        if len(positions) != len(docs):
+            raise RuntimeError(f"published {len(positions)} of {len(docs)} documents")
+        return positions

@@ -17,6 +17,12 @@ the checker reads every outlink and counts:
 - ``rto_s``: for each fault, the last sink write before it to the first
   after it (the largest, when a drill faults twice).
 
+The Redis failover drills (``redis-failover`` on Sentinel,
+``redis-cluster-failover`` on a Redis Cluster) run with ``cluster.wait_replicas``
+(default 1: ``wait_replicas`` in :func:`run_drill`, ``--wait-replicas`` on the
+command line) and count, of the lost messages, those whose uplink entry is gone
+too (``lost_in_uplink``: the producer's write itself did not survive).
+
 A drill passes with nothing lost, duplicated, out of order or written
 stale, and (for the drills that kill the master) ``rto_s`` under 3 s. The
 ``seed`` fixes every random choice; the command that reruns a drill is in
@@ -273,6 +279,47 @@ def zk_member_restart(d: Drill) -> None:
         raise RuntimeError(f"no master after the ZooKeeper restart:\n{d.cluster.logs()}")
 
 
+def redis_failover(d: Drill) -> None:
+    """Redis with Sentinel (a primary, two replicas, three Sentinels): the primary SIGKILLed under
+    load; the Sentinels promote a replica and the nodes follow it."""
+    ha = d.cluster.ha
+    d.wait_sent(0.4)
+    old = ha.primary()
+    if old is None:
+        raise RuntimeError("the Sentinels name no primary before the fault")
+    d.fault(f"SIGKILL the Redis primary (127.0.0.1:{ha.servers[old].port})", lasts=True)
+    ha.kill(old)
+    new = wait_for(lambda: (lambda p: p if p not in (None, old) else None)(ha.primary()), 60, 0.05)
+    if new is None:
+        raise RuntimeError(f"the Sentinels promoted no replica within 60 s:\n{ha.logs()}")
+    d.healed()
+    d.say(f"  the Sentinels promoted 127.0.0.1:{ha.servers[new].port}")
+    if not wait_for(d.cluster.master, 60, 0.2):
+        raise RuntimeError(f"no master after the Redis failover:\n{d.cluster.logs()}")
+
+
+def redis_cluster_failover(d: Drill) -> None:
+    """A three-primary Redis Cluster with a replica each: the primary that owns the flow's slot
+    SIGKILLed under load; its replica takes the slot over (the cluster's own failover); the
+    killed server is started again and rejoins as the new primary's replica."""
+    cl, key = d.cluster.ha, d.cluster.keys.uplink
+    d.wait_sent(0.4)
+    old = cl.owner(key)
+    d.fault(f"SIGKILL the Redis Cluster primary of the flow's slot (127.0.0.1:{cl.servers[old].port})", lasts=True)
+    cl.kill(old)
+    new = wait_for(lambda: (lambda o: o if o != old else None)(cl.owner(key)), 60, 0.05)
+    if new is None:
+        raise RuntimeError("no replica took the flow's slot over within 60 s")
+    d.healed()
+    d.say(f"  127.0.0.1:{cl.servers[new].port} owns the slot; starting the killed server again")
+    cl.start_again(old)
+    if not wait_for(lambda: old in cl.replicas_of(new), 60, 0.1):
+        raise RuntimeError("the killed server did not rejoin as a replica within 60 s")
+    d.say("  it rejoined as a replica")
+    if not wait_for(d.cluster.master, 60, 0.2):
+        raise RuntimeError(f"no master after the Redis Cluster failover:\n{d.cluster.logs()}")
+
+
 DRILLS: dict[str, Callable[[Drill], None]] = {
     "kill-master": kill_master,
     "pause-master": pause_master,
@@ -286,7 +333,11 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "kill-during-rollback": kill_during_rollback,
     "zk-member-restart": zk_member_restart,
     "zk-drop-master": zk_drop_master,
+    "redis-failover": redis_failover,
+    "redis-cluster-failover": redis_cluster_failover,
 }
+# The drills on a Redis with replicas, and which (see DrillCluster's redis_mode).
+REDIS_HA = {"redis-failover": "sentinel", "redis-cluster-failover": "cluster"}
 # The drills that run on a three-server ZooKeeper ensemble (the others on one server).
 ON_ENSEMBLE = {"zk-member-restart"}
 # The drills that need their own network namespace (kernel faults; twinflow drill makes one).
@@ -294,7 +345,7 @@ IN_NETNS = {"zk-drop-master"}
 # The drills whose recovery time is held to the target: they kill the master and leave a
 # node to take over (kill-during-rollback kills both; its recovery includes a restart).
 KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-during-rollback", "zk-member-restart",
-                              "zk-drop-master"}
+                              "zk-drop-master", *REDIS_HA}
 
 
 # -- running one ------------------------------------------------------------------------------------
@@ -328,11 +379,20 @@ class Producer(threading.Thread):
 
 def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str | None = None,
               rate: float = 1000.0, settle_s: float = 90.0, say: Callable[[str], None] = lambda text: None,
-              keep: bool = False) -> dict:
-    """Run one drill on a fresh cluster and check it; returns the result (see the module docstring)."""
+              keep: bool = False, wait_replicas: int | None = None) -> dict:
+    """Run one drill on a fresh cluster and check it; returns the result (see the module docstring).
+
+    ``wait_replicas``: the flow's ``cluster.wait_replicas`` (and the producer's WAIT) for the
+    Redis failover drills; None: 1 for them, the flow's own for the others."""
     if name not in DRILLS:
         raise KeyError(f"unknown drill {name!r} (known: {', '.join(DRILLS)})")
-    cluster = DrillCluster(flow_text or CHAINED.read_text(), zk_members=3 if name in ON_ENSEMBLE else 1).start()
+    flow_text = flow_text or CHAINED.read_text()
+    if name in REDIS_HA and wait_replicas is None:
+        wait_replicas = 1
+    if wait_replicas is not None:
+        flow_text = with_wait_replicas(flow_text, wait_replicas)
+    cluster = DrillCluster(flow_text, zk_members=3 if name in ON_ENSEMBLE else 1,
+                           redis_mode=REDIS_HA.get(name, "single"), wait_replicas=wait_replicas or 0).start()
     try:
         master = cluster.wait_ready()
         worker = cluster.other(master)
@@ -350,8 +410,14 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
                  settle_s, 0.5)
         result = check(cluster, producer.ids, drill.faults, kills_master=name in KILLS_MASTER)
         result.update(drill=name, seed=seed, messages=messages)
+        if name in REDIS_HA:
+            result["wait_replicas"] = wait_replicas
+            out = {m for entries in cluster.outputs().values() for e in entries for m in e.id.split("+")}
+            lost = set(producer.ids) - out
+            result["lost_in_uplink"] = len(lost - cluster.uplink_ids()) if lost else 0
         result["timeline"] = timeline(cluster.outputs(), drill.windows)
-        result["rerun"] = f"twinflow drill {name} --seed {seed} --messages {messages}"
+        result["rerun"] = f"twinflow drill {name} --seed {seed} --messages {messages}" + (
+            f" --wait-replicas {wait_replicas}" if name in REDIS_HA else "")
         if not result["passed"]:
             result["logs"] = cluster.logs(20)
         return result
@@ -414,3 +480,15 @@ def _out_of_order(cluster: DrillCluster, outputs: dict) -> int:
                 bad += 1
             last[group] = seq
     return bad
+
+
+def with_wait_replicas(flow_text: str, n: int) -> str:
+    """The flow file with ``cluster.wait_replicas: n`` (replica_wait_ms 500 unless set)."""
+    import yaml
+
+    doc = yaml.safe_load(flow_text)
+    cluster = doc.setdefault("cluster", {}) or {}
+    cluster["wait_replicas"] = n
+    cluster.setdefault("replica_wait_ms", 500)
+    doc["cluster"] = cluster
+    return yaml.safe_dump(doc, sort_keys=False)

@@ -2,7 +2,7 @@
 
 ``python -m twinflow.chaos.results FILE.jsonl`` prints, per drill: runs,
 passed, lost and duplicated (summed over its runs), and the recovery time's
-p50 and max. A run that could not reach its check (``error``) counts as
+p50 and max; the Redis failover drills one row per ``wait_replicas``. A run that could not reach its check (``error``) counts as
 run and not passed, and its reason is listed under the table.
 
 >>> rows = [{"drill": "kill-master", "seed": s, "lost": 0, "duplicated": 0, "rto_s": r, "passed": True}
@@ -22,7 +22,8 @@ from collections import defaultdict
 def table(rows: list[dict]) -> str:
     by_drill: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
-        by_drill[r["drill"]].append(r)
+        name = r["drill"] + (f" (wait_replicas {r['wait_replicas']})" if "wait_replicas" in r else "")
+        by_drill[name].append(r)
     lines = ["| drill | runs | passed | lost | duplicated | RTO p50 (s) | RTO max (s) |",
              "|---|---|---|---|---|---|---|"]
     errors = []

@@ -781,7 +781,10 @@ class FlowNode:
         if not self._work.acquire(timeout=max(5.0, 5 * self.lease_s)):
             raise RuntimeError("a batch in flight did not finish (waiting for Redis?); not taking the role")
         try:
-            in_force = self.store.raise_epoch(epoch, deadline_s=self.lease_s)
+            # Confirmed by WAIT with cluster.wait_replicas (as a COMMIT is): else this raises and
+            # the election demotes the node and queues it again (issue 18, item 6).
+            in_force = self.store.raise_epoch(epoch, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
+                                              replica_wait_ms=self.spec.replica_wait_ms)
             if in_force > epoch:
                 # Redis has seen a newer epoch than ZooKeeper just gave us (ZooKeeper
                 # was reset?): our writes would all be refused. Stay a worker.

@@ -96,7 +96,9 @@ class RealParts:
         return create_server(
             node.cfg.listen,
             escalation=EscalationServicer(node.name, node.on_claims, node.admit_escalation),
-            ingest=IngestServicer(node.name, node.store.publish),
+            # With cluster.wait_replicas a publish is acknowledged once that many replicas have it.
+            ingest=IngestServicer(node.name, lambda bodies, deadline_s: node.store.publish(
+                bodies, deadline_s, replicas=node.spec.wait_replicas, replica_wait_ms=node.spec.replica_wait_ms)),
             admin=AdminServicer(node.status, node.handover),
             security=node.cfg.security,
             health=node.health.servicer,

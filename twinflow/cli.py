@@ -385,7 +385,7 @@ def cmd_drill(args) -> int:
         say(f"[{i}/{len(plan)}] drill {name} (seed {seed}, {args.messages} messages)...")
         try:
             result = run_drill(name, seed=seed, messages=args.messages, flow_text=flow_text, rate=args.rate,
-                               say=say)
+                               say=say, wait_replicas=args.wait_replicas)
         except Exception as exc:  # the drill could not run to its check: a failure, with its reason
             rerun = f"twinflow drill {name} --seed {seed} --messages {args.messages}"
             result = {"drill": name, "seed": seed, "messages": args.messages, "lost": None, "duplicated": None,
@@ -393,7 +393,7 @@ def cmd_drill(args) -> int:
                       "error": f"{type(exc).__name__}: {exc}"[:2000]}
         results.append(result)
         if args.json:
-            keys = DRILL_KEYS + (["error"] if "error" in result else [])
+            keys = DRILL_KEYS + [k for k in ("wait_replicas", "lost_in_uplink", "error") if k in result]
             print(json.dumps({k: result.get(k) for k in keys}), flush=True)
         else:
             say(f"  {'passed' if result['passed'] else 'FAILED'}: lost {result['lost']}, duplicated "
@@ -574,6 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--messages", type=int, default=10_000)
     dr.add_argument("--rate", type=float, default=1000.0, help="messages per second the producer sends")
     dr.add_argument("--flow", help="flow file (default: the chained flow)")
+    dr.add_argument("--wait-replicas", type=int, default=None,
+                    help="cluster.wait_replicas for the flow and the producer's WAIT (default: 1 for "
+                         "redis-failover and redis-cluster-failover, the flow's own for the others)")
     dr.add_argument("--json", action="store_true", help="one JSON object per drill")
     dr.add_argument("--report", help="write a PNG timeline per drill and report.md here "
                                      "(default for `all`: drill-report)")

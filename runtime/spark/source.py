@@ -127,7 +127,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_rows
-from twinflow.runtime.store.redis_slot import client_from_url
+from twinflow.runtime.store.redis_slot import client_from_url, follow_moved, relocate
 from twinflow.runtime.waiting import retry
 
 log = logging.getLogger(__name__)
@@ -201,8 +201,10 @@ def register_source(spark: Any) -> None:
 
 def _where(url: str) -> str:
     # For logs: host, port and db only; a URL may carry a password.
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
+    # Hosts, ports and db only (a Sentinel URL names several hosts); a URL may carry a password.
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{path.partition('?')[0]}"
 
 
 class RedisStreamDataSource(DataSource):
@@ -480,15 +482,29 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         def attempt():
             if self._client is None:
                 self._connect()
+            client = self._client
             try:
-                return call(self._client)
-            except redis.exceptions.MovedError:
-                self._client = None  # the uplink's slot moved: find its owner again
+                return call(client)
+            except redis.exceptions.MovedError as moved:
+                self._use(follow_moved(client, moved))  # the uplink's slot moved: go to its owner
+                raise
+            except (redis.ConnectionError, redis.TimeoutError):
+                # A Redis Cluster primary that crashed answers nothing, not MOVED: ask the
+                # cluster nodes known who serves the slot now (store/redis_slot.py).
+                try:
+                    found = relocate(client)
+                except redis.RedisError:
+                    found = client
+                if found is not client:
+                    self._use(found)
                 raise
 
+        from twinflow.runtime.store.flow_store import transient
+
+        # Connection trouble, MOVED, and the replies a Redis gives while it cannot serve for
+        # now (CLUSTERDOWN during a cluster failover, TRYAGAIN, READONLY, LOADING...).
         result = retry(attempt,
-                       retryable=lambda exc: isinstance(exc, (redis.ConnectionError, redis.TimeoutError,
-                                                              redis.exceptions.MovedError)),
+                       retryable=lambda exc: isinstance(exc, redis.RedisError) and transient(exc),
                        deadline_s=self.connect_deadline_s, give_up=give_up, on_retry=before_pause,
                        max_backoff_s=_MAX_BACKOFF_S)
         if waiting["logged"]:
@@ -505,11 +521,14 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         # and keep to one deadline. On a Redis Cluster the client is on the
         # primary that owns the uplink's slot (see store/redis_slot.py), which
         # asks that node, so connecting is part of the waiting too.
-        self._client = client_from_url(
+        self._use(client_from_url(
             self.url, retry=Retry(NoBackoff(), 0), socket_timeout=10, socket_connect_timeout=2,
             decode_responses=False, slot_key=self.stream,
-        )
-        self._script = self._client.register_script(READ_BATCH)
+        ))
+
+    def _use(self, client: Any) -> None:
+        self._client = client
+        self._script = client.register_script(READ_BATCH)
 
 
 class _Paused(Exception):
@@ -574,6 +593,10 @@ def _wait_for_entry(client: Any, stream: str, after: str, block_ms: int) -> bool
             message = line[1:].decode(errors="replace")
             if message.startswith("LOADING"):
                 raise redis.BusyLoadingError(message)  # a ConnectionError: retried
+            if message.startswith("MOVED "):  # the uplink's slot moved (a cluster failover): followed
+                raise redis.exceptions.MovedError(message[len("MOVED "):])
+            if message.startswith(("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")):
+                raise redis.exceptions.ClusterDownError(message)  # transient: retried
             raise redis.ResponseError(message)
         return True
     finally:

@@ -6,7 +6,14 @@ Under failure: when Redis is down, times out, is out of memory or read-only
 (a replica after a failover), a call waits and retries with a bounded
 back-off (logging what it waits for) until Redis answers, the store is
 closed (:class:`StoreClosed`) or the call's deadline passes
-(:class:`RedisUnavailable`); it never drops a write silently. The first
+(:class:`RedisUnavailable`); it never drops a write silently. Every call
+has a deadline: the caller's, else the store's ``call_deadline_s`` (300 s by
+default, as the Spark reader's), so no thread waits for Redis for ever.
+Where the flow's primary is can change: on a Redis Cluster a crashed
+primary gives only connection errors until its replica takes over, so on a
+connection error the store asks every cluster node it knows who owns the
+flow's slot now and moves there (``redis_slot.relocate``); with Sentinel
+the client asks the Sentinels for the primary as it reconnects. The first
 call that fails logs the outage once (``redis_down``), the first answer
 after it its end and length (``redis_back``), whichever thread sees them. Retrying a
 write is safe even when Redis applied it and only the reply was lost: a
@@ -37,7 +44,7 @@ from redis.retry import Retry
 from ...logs import event
 from ..message import Message, position_order
 from ..waiting import retry
-from .redis_slot import follow_moved
+from .redis_slot import follow_moved, relocate
 from . import scripts
 
 if TYPE_CHECKING:
@@ -57,6 +64,8 @@ TRANSIENT_REPLIES = ("OOM", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN",
 TRANSIENT_ERRORS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
                     redis.exceptions.MasterDownError, redis.exceptions.TryAgainError,
                     redis.exceptions.ClusterDownError, redis.exceptions.MovedError)
+
+DEFAULT_CALL_DEADLINE_S = 300.0  # a call's deadline when its caller gives none (see module)
 
 DELIVER_MAX_MESSAGES = 1000      # per delivery script: keeps each script short
 DELIVER_MAX_BYTES = 16 << 20     # per delivery script: far below Redis's 1 GiB query buffer
@@ -208,8 +217,11 @@ class FlowStore:
         id_ttl: int = 7 * 86400,
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
+        call_deadline_s: float = DEFAULT_CALL_DEADLINE_S,
     ):
         self.keys = keys
+        self.call_deadline_s = call_deadline_s
+        self._relocating = threading.Lock()  # one thread at a time looks for the flow's primary
         self.node_id = node_id
         self.id_ttl = id_ttl
         self._sleep = sleep
@@ -236,12 +248,23 @@ class FlowStore:
     def _call(self, what: str, fn: Callable[[], T], deadline_s: float | None = None) -> T:
         """``fn()``, retried while Redis is unreachable or refuses writes for now.
 
-        ``deadline_s`` None waits as long as it takes (until closed); 0 tries
-        once; otherwise RedisUnavailable once that many seconds have passed.
+        ``deadline_s`` None waits up to the store's ``call_deadline_s`` (or until
+        closed); 0 tries once; otherwise RedisUnavailable once that many seconds
+        have passed. A connection error makes the store look for the flow's
+        primary again (see module) and, when it moved, try there at once.
         """
+        if deadline_s is None:
+            deadline_s = self.call_deadline_s
+
         def attempt() -> T:
+            client = self.r
             try:
-                result = fn()
+                try:
+                    result = fn()
+                except (redis.ConnectionError, redis.TimeoutError):
+                    if not self._relocate(client):
+                        raise
+                    result = fn()  # the flow's primary is elsewhere now: once more, there
             except redis.exceptions.MovedError as moved:
                 # The flow's slot has a new owner (a cluster failover or a reshard): go there.
                 log.warning("Redis Cluster moved the flow's slot to %s:%s; reconnecting", moved.host, moved.port)
@@ -264,6 +287,21 @@ class FlowStore:
         return retry(attempt, retryable=lambda exc: isinstance(exc, redis.RedisError) and transient(exc),
                      deadline_s=deadline_s, give_up=lambda exc, waited: RedisUnavailable(what, waited, exc),
                      on_retry=before_pause, sleep=self._sleep, monotonic=self._monotonic)
+
+    def _relocate(self, failed: redis.Redis) -> bool:
+        """After ``failed`` gave a connection error: True when the store now uses a client on
+        another node (the primary that serves the flow now), else False."""
+        with self._relocating:
+            if self.r is not failed:  # another thread moved the store already
+                return True
+            try:
+                moved = relocate(failed)
+            except redis.RedisError:
+                return False
+            if moved is failed:
+                return False
+            self._use(moved)
+            return True
 
     def _went_down(self, what: str, exc: BaseException) -> None:
         with self._outage:
@@ -294,7 +332,7 @@ class FlowStore:
     def ping(self) -> bool:
         """One PING, no retry: whether Redis answers now."""
         try:
-            self._call("ping", self.r.ping, deadline_s=0)
+            self._call("ping", lambda: self.r.ping(), deadline_s=0)
             return True
         except (RedisUnavailable, redis.RedisError):
             return False
@@ -326,10 +364,32 @@ class FlowStore:
         return problems
 
     # -- epochs -----------------------------------------------------------
-    def raise_epoch(self, epoch: int, deadline_s: float | None = None) -> int:
-        """Make ``epoch`` the fencing epoch unless a newer one exists; returns the one in force."""
-        in_force = int(self._call("raise_epoch", lambda: self._scripts["raise_epoch"](
-            keys=[self.keys.epoch], args=[epoch]), deadline_s))
+    def raise_epoch(self, epoch: int, deadline_s: float | None = None, *, replicas: int = 0,
+                    replica_wait_ms: int = 1000) -> int:
+        """Make ``epoch`` the fencing epoch unless a newer one exists; returns the one in force.
+
+        With ``replicas`` > 0 (``cluster.wait_replicas``) it returns only once ``WAIT``
+        confirms that many replicas have the epoch, as a COMMIT does, else raises
+        RedisUnavailable at ``deadline_s``: a Redis failover right after a promotion
+        cannot bring back the old epoch, under which the old master's COMMITs would pass.
+        """
+        began = self._monotonic()
+
+        def write():
+            if not replicas:
+                return self._scripts["raise_epoch"](keys=[self.keys.epoch], args=[epoch]), replicas
+            # WAIT counts the writes of its own connection: same pipeline.
+            pipe = self.r.pipeline(transaction=False)
+            self._scripts["raise_epoch"](keys=[self.keys.epoch], args=[epoch], client=pipe)
+            pipe.execute_command("WAIT", replicas, replica_wait_ms)
+            raised, acked = pipe.execute()
+            return raised, int(acked)
+
+        raised, acked = self._call("raise_epoch", write, deadline_s)
+        in_force = int(raised)
+        if acked < replicas:
+            left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
+            self._await_replicas(replicas, replica_wait_ms, left)
         self.epoch_seen = max(self.epoch_seen, in_force)
         return in_force
 
@@ -518,20 +578,33 @@ class FlowStore:
         self._call("surface_unclaimed", write)
 
     # -- uplink -----------------------------------------------------------
-    def publish(self, bodies: Iterable[bytes], deadline_s: float | None = None) -> list[str]:
+    def publish(self, bodies: Iterable[bytes], deadline_s: float | None = None, *, replicas: int = 0,
+                replica_wait_ms: int = 1000) -> list[str]:
         """Append documents to the uplink; returns their entry IDs.
 
-        RedisUnavailable once ``deadline_s`` passes without Redis answering.
+        RedisUnavailable once ``deadline_s`` passes without Redis answering. With
+        ``replicas`` > 0 (``cluster.wait_replicas``, for the gRPC ingest) it returns only
+        once ``WAIT`` confirms that many replicas have the entries, so that a Redis
+        failover cannot erase an entry the producer was told is written.
         """
         bodies = list(bodies)
+        began = self._monotonic()
 
         def write():
             pipe = self.r.pipeline(transaction=False)
             for b in bodies:
                 pipe.xadd(self.keys.uplink, {"data": b})
-            return [p.decode() if isinstance(p, bytes) else p for p in pipe.execute()]
+            if replicas:
+                pipe.execute_command("WAIT", replicas, replica_wait_ms)
+            out = pipe.execute()
+            acked = int(out.pop()) if replicas else 0
+            return [p.decode() if isinstance(p, bytes) else p for p in out], acked
 
-        return self._call("publish", write, deadline_s)
+        positions, acked = self._call("publish", write, deadline_s)
+        if acked < replicas:
+            left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
+            self._await_replicas(replicas, replica_wait_ms, left)
+        return positions
 
     def read_uplink(self, after: str | None, upto: str, count: int, max_body: int, *,
                     max_bytes: int = 64 << 20, deadline_s: float | None = None

@@ -14,6 +14,12 @@ them into redis-py keyword arguments, and ``redis_slot.client_from_url``
 - ``TWINFLOW_REDIS_CERT`` / ``TWINFLOW_REDIS_KEY``: this client's certificate
   and key, for a Redis with ``tls-auth-clients yes``.
 
+- ``TWINFLOW_REDIS_SENTINEL_PASSWORD``: with a ``redis+sentinel://`` URL, a
+  secret reference to the password the Sentinels ask for (``requirepass`` in
+  sentinel.conf), when they ask for one; the URL's and
+  ``TWINFLOW_REDIS_PASSWORD``'s password is the primary's. The Sentinels get
+  the same TLS files as the primary (``rediss+sentinel://``).
+
 The TLS variables need a ``rediss://`` URL: set with ``redis://`` they raise,
 since the client would otherwise talk in clear text to a server the operator
 meant to reach over TLS. Nothing here talks to Redis: AUTH goes with each
@@ -54,6 +60,8 @@ ENV_PASSWORD = "TWINFLOW_REDIS_PASSWORD"
 ENV_CA = "TWINFLOW_REDIS_CA"
 ENV_CERT = "TWINFLOW_REDIS_CERT"
 ENV_KEY = "TWINFLOW_REDIS_KEY"
+ENV_SENTINEL_PASSWORD = "TWINFLOW_REDIS_SENTINEL_PASSWORD"
+TLS_SCHEMES = ("rediss", "rediss+sentinel")
 
 # Environment variable -> redis-py SSLConnection argument.
 _TLS_FILES = {ENV_CA: "ssl_ca_certs", ENV_CERT: "ssl_certfile", ENV_KEY: "ssl_keyfile"}
@@ -75,7 +83,7 @@ def client_options(url: str, environ: Mapping[str, str] | None = None) -> dict[s
         except SecretError as exc:
             raise RedisSettingsError(f"{ENV_PASSWORD}: {exc}") from None
     files = {name: env[name] for name in _TLS_FILES if env.get(name, "").strip()}
-    if files and urlsplit(url).scheme != "rediss":
+    if files and urlsplit(url).scheme.lower() not in TLS_SCHEMES:
         raise RedisSettingsError(f"{', '.join(files)} {'is' if len(files) == 1 else 'are'} set but "
                                  f"{redact_url(url)} is not a rediss:// URL (TLS)")
     if (ENV_CERT in files) != (ENV_KEY in files):
@@ -87,6 +95,18 @@ def client_options(url: str, environ: Mapping[str, str] | None = None) -> dict[s
             raise RedisSettingsError(f"{name}: no file {path}")
         options[_TLS_FILES[name]] = path
     return options
+
+
+def sentinel_options(url: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """redis-py keyword arguments for the connections to the Sentinels themselves (their password)."""
+    env = os.environ if environ is None else environ
+    ref = env.get(ENV_SENTINEL_PASSWORD, "").strip()
+    if not ref:
+        return {}
+    try:
+        return {"password": read_secret(ref)}
+    except SecretError as exc:
+        raise RedisSettingsError(f"{ENV_SENTINEL_PASSWORD}: {exc}") from None
 
 
 def scrub(text: str, url: str, options: Mapping[str, Any] | None = None) -> str:

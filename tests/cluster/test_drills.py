@@ -56,3 +56,23 @@ def test_kernel_faults_refuse_outside_the_drills_own_network_namespace(monkeypat
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     came_from, netns = out.stdout.split()
     assert out.returncode == 0 and came_from == os.readlink("/proc/self/ns/net") != netns
+
+
+@pytest.mark.parametrize("drill", ["redis-failover", "redis-cluster-failover"])
+def test_redis_failover_drill_loses_nothing_with_wait_replicas(drill, tmp_path):
+    """Issue 18: the Redis primary SIGKILLed under load (Sentinel promotes a replica; on a Redis
+    Cluster the slot owner's replica takes over), with cluster.wait_replicas: 1 (the default of
+    these drills): nothing lost, nothing duplicated, and the loss count split by where it happened."""
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(CHAINED.read_text().replace("timeout: 10 ", "timeout: 3 "))
+    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", drill, "--seed", "3", "--messages", "2000",
+                        "--rate", "500", "--flow", str(flow), "--json"], capture_output=True, text=True, timeout=240)
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, (r.stdout[-2000:], r.stderr[-3000:])
+    result = lines[0]
+    assert set(result) == {"drill", "seed", "messages", "lost", "duplicated", "out_of_order", "rto_s", "passed",
+                           "wait_replicas", "lost_in_uplink"}, result
+    assert (result["drill"], result["wait_replicas"]) == (drill, 1)
+    assert result["lost"] == 0 and result["duplicated"] == 0 and result["lost_in_uplink"] == 0, result
+    assert result["rto_s"] is not None and result["rto_s"] < 30, result  # the flow went on after the failover
+    assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])

@@ -1,6 +1,10 @@
-"""Two ``twinflow run`` nodes on a real Redis Cluster (three primaries on loopback), pointed at a
-node that does not own the flow's slot: they find the owner, run the chained flow (history -> AND
-join -> action, with the claim pair), fail over, and every message leaves the flow exactly once."""
+"""Two ``twinflow run`` nodes on a real Redis Cluster (three primaries on loopback, a replica each),
+pointed at a node that does not own the flow's slot: they find the owner, run the chained flow
+(history -> AND join -> action, with the claim pair), fail over, and every message leaves the flow
+exactly once. Then the primary that owns the flow's slot is SIGKILLed and its replica takes over
+(``CLUSTER FAILOVER TAKEOVER``): a crashed primary answers nothing, not MOVED, and before issue 18's
+fix both nodes kept dialling its port and the flow stopped for good (the last 400 messages never
+left it); now they ask the cluster nodes they know who owns the slot, and the flow goes on."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import signal
 from types import SimpleNamespace
 
 import pytest
+import redis
 
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
@@ -25,13 +30,14 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture
 def flow(tmp_path, services, flow_name):
-    cluster = LocalRedisCluster.start(str(tmp_path / "redis-cluster"))
+    cluster = LocalRedisCluster.start(str(tmp_path / "redis-cluster"), replicas=1, node_timeout_ms=15000)
     owner, other = owner_and_other(cluster, f"tf:{{{flow_name}}}:uplink")
     # The test reads and writes on the owner; the nodes are given another node's address.
     on_owner = SimpleNamespace(redis_url=f"redis://127.0.0.1:{owner}/0", zk_hosts=services.zk_hosts)
     # Join time-out 2 s, so that time-outs fire on both masters.
     f = Flow(tmp_path, flow_name, on_owner, text=CHAINED.read_text().replace("timeout: 10 ", "timeout: 2 "))
     f.other_url = f"redis://127.0.0.1:{other}/0"
+    f.redis_cluster = cluster
     yield f
     f.stop_all()
     cluster.stop()
@@ -66,3 +72,21 @@ def test_the_chained_flow_on_a_redis_cluster_fails_over_and_loses_nothing(flow):
     # Joined on both masters, and the lone orders' time-outs fired too.
     assert {e.node for e in outputs["deliver.done"]} == {"a", "b"}
     assert outputs.get("match.expired") and outputs.get("guard.duplicate")
+
+    # The slot owner crashes; its replica takes the slot over (issue 18, item 4).
+    cluster, key = flow.redis_cluster, FlowKeys(flow.name).uplink
+    dead = cluster.owner(key)
+    (replica,) = cluster.replicas_of(dead)
+    flow.r.execute_command("WAIT", 1, 5000)  # everything so far is on the replica
+    cluster.kill(dead)
+    cluster.takeover(replica)
+    wait_until(lambda: cluster.owner(key) == replica, 30, what="the replica to own the flow's slot")
+    flow.r = redis.Redis(port=cluster.servers[replica].port, socket_timeout=5)
+    publish(800, 400)
+    try:
+        result = wait_until(report, 60, interval_s=0.25, what=f"all {len(sent)} messages out after the Redis failover")
+    except AssertionError:
+        print(flow.logs())
+        raise
+    assert result.duplicated == 0 and result.unexpected == 0, result
+    assert flow.nodes["b"].alive(), flow.logs()
