@@ -58,11 +58,14 @@ def test_kernel_faults_refuse_outside_the_drills_own_network_namespace(monkeypat
     assert out.returncode == 0 and came_from == os.readlink("/proc/self/ns/net") != netns
 
 
-@pytest.mark.parametrize("drill", ["redis-failover", "redis-cluster-failover"])
+# redis-cluster-failover runs outside make test (`twinflow drill redis-cluster-failover`, its
+# figures in chaos/RESULTS.md): test_redis_cluster_node kills the slot owner under two node
+# processes already, and the whole run must stay under 15 minutes.
+@pytest.mark.parametrize("drill", ["redis-failover"])
 def test_redis_failover_drill_loses_nothing_with_wait_replicas(drill, tmp_path):
-    """Issue 18: the Redis primary SIGKILLed under load (Sentinel promotes a replica; on a Redis
-    Cluster the slot owner's replica takes over), with cluster.wait_replicas: 1 (the default of
-    these drills): nothing lost, nothing duplicated, and the loss count split by where it happened."""
+    """Issue 18: the Redis primary SIGKILLed under load (Sentinel promotes a replica), with
+    cluster.wait_replicas: 1 (the default of this drill): nothing lost, nothing duplicated, and
+    the loss count split by where it happened."""
     flow = tmp_path / "flow.yaml"
     flow.write_text(CHAINED.read_text().replace("timeout: 10 ", "timeout: 3 "))
     r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", drill, "--seed", "3", "--messages", "2000",
