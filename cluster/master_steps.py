@@ -237,7 +237,6 @@ def _isolate(side: MasterSide, msgs: list[Message], epoch: int, now: Callable[[]
             return i  # another writer moved the state: the caller carries on from Redis's view
         except _Unwritable as bad:
             reason = f"a value of this message cannot be written to Redis: {type(bad.exc).__name__}: {bad.exc}"[:500]
-            log.error("message %r at %s leaves through the failure stream: %s", m.id, m.position, reason)
             if not _record_failure(side, m, reason):
                 return None
             return i + 1
@@ -248,6 +247,7 @@ def _isolate(side: MasterSide, msgs: list[Message], epoch: int, now: Callable[[]
 def _record_failure(side: MasterSide, m: Message, reason: str) -> bool:
     """Put ``m`` on the failure stream (once per uplink position): False when Redis could not
     be reached (the side acted on it)."""
+    log.error("message %r at %s leaves through the failure stream: %s", m.id, m.position, reason)
     try:
         record_bad(side.store, side.spec, [(m.position, reason, m.body, len(m.body or b""))],
                    deadline_s=side.spec.write_lease)
@@ -321,7 +321,6 @@ def _build(side: MasterSide, writing: _InFlight, fresh: list[Message], epoch: in
             if not writing.settle():
                 return None
             side.drop()
-            log.error("message %r at %s leaves through the failure stream: %s", bad.msg.id, bad.msg.position, bad.reason)
             if not _record_failure(side, bad.msg, bad.reason):
                 return None
             fresh = [m for m in fresh if m is not bad.msg]

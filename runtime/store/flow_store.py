@@ -442,7 +442,7 @@ class FlowStore:
 
     def load_state(self, nodes: Iterable[str], deadline_s: float | None = None) -> dict[str, dict[str, Any]]:
         """Every node's state entries (node -> key -> JSON value), in one round trip."""
-        return self.load_state_and_mark(nodes, deadline_s)[0]
+        return self.load_state_version(nodes, deadline_s)[0]
 
     def load_state_and_mark(self, nodes: Iterable[str], deadline_s: float | None = None
                             ) -> tuple[dict[str, dict[str, Any]], str | None]:

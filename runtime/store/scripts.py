@@ -79,7 +79,7 @@ return cur
 # process, or another attempt of the same task, committed in between, or the
 # step was built on a flow loaded before a step still in flight) it would
 # apply to state its writer never saw, so it is refused and the writer loads
-# the state again. Loaded with the state (FlowStore.load_state_and_mark).
+# the state again. Loaded with the state (FlowStore.load_state_version).
 # None of a step's IDs may be in the ID cache either, guess or not: the IDs
 # are the messages it takes as new, and one processed meanwhile is not.
 # Returns {-1, epoch in force} when the writer is stale (nothing written),
