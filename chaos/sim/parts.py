@@ -199,7 +199,8 @@ class SimParts:
         self.connected = connected
 
     def store(self, node: "FlowNode") -> FlowStore:
-        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits, self.world.replica)
+        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits, self.world.replica,
+                          self.world.cached_at)
         return FlowStore(client, node.keys, node.cfg.node_id, id_ttl=node.spec.message.id_ttl,
                          sleep=self.world.wait, monotonic=self.world.clock.now)
 

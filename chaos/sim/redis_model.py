@@ -148,14 +148,29 @@ class SimRedis(fakeredis.FakeRedis):
 
     ``commits`` counts the COMMIT scripts this client ran (only COMMIT writes
     a flow's outputs), so that a checker can tell cheaply whether anything
-    may have left the flow since it last looked."""
+    may have left the flow since it last looked. ``cached_at`` records, per
+    ID-cache key, the virtual time of the first COMMIT that wrote it, so
+    that a checker can date an ID's entry into the cache even when the entry
+    expired before any check looked."""
 
     def __init__(self, server: fakeredis.FakeServer, link: RedisLink, commits: list[int] | None = None,
-                 replica: Replica | None = None) -> None:
+                 replica: Replica | None = None, cached_at: dict[str, float] | None = None) -> None:
         super().__init__(server=server)
         self.link = link
         self.commits = commits if commits is not None else [0]
         self.replica = replica
+        self.cached_at = cached_at if cached_at is not None else {}
+
+    def _note_commit(self, args: tuple, result) -> None:
+        """After an applied COMMIT: when each ID-cache key it wrote entered the cache."""
+        if not isinstance(result, list) or not result or result[0] != 1:
+            return
+        numkeys = int(args[2])
+        keys, argv = args[3:3 + numkeys], args[3 + numkeys:]
+        n = int(argv[4])   # ARGV[5]: how many ID-cache keys follow the first four keys
+        now = _VIRTUAL.time()
+        for key in keys[4:4 + n]:
+            self.cached_at.setdefault(key.decode() if isinstance(key, bytes) else str(key), now)
 
     def execute_command(self, *args, **options):
         what = str(args[0]) if args else "command"
@@ -164,11 +179,14 @@ class SimRedis(fakeredis.FakeRedis):
             result = self.replica.wait() if self.replica is not None else 0
             self.link.after(what)
             return result
-        if what == "EVALSHA" and args[1] == _sha(scripts.ALL["commit"]):
+        commit = what == "EVALSHA" and args[1] == _sha(scripts.ALL["commit"])
+        if commit:
             self.commits[0] += 1
         if what == "EVALSHA" and args[1] == _sha(scripts.ALL["record_failure"]) and len(self.commits) > 1:
             self.commits[1] += 1
         result = super().execute_command(*args, **options)
+        if commit:
+            self._note_commit(args, result)
         if what == "EVALSHA" and args[1] == _sha(scripts.ALL["trim_uplink"]) and len(self.commits) > 2:
             self.commits[2] += int(result[0])  # uplink entries trimmed
         if self.replica is not None and what.upper() not in _READS:
@@ -191,7 +209,11 @@ class SimRedis(fakeredis.FakeRedis):
             commit = _sha(scripts.ALL["commit"])
             client.commits[0] += sum(1 for c in stack if str(c[0][0]).upper() == "EVALSHA" and c[0][1] == commit)
             if stack:
+                sent = list(stack)   # execute() empties the stack
                 result = list(execute(raise_on_error))
+                for c, r in zip(sent, result):
+                    if str(c[0][0]).upper() == "EVALSHA" and c[0][1] == commit:
+                        client._note_commit(c[0], r)
                 if client.replica is not None and writes:
                     client.replica.wrote()
             else:

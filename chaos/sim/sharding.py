@@ -65,7 +65,7 @@ class Executor:
             world = self.sim.world
             ctx = shard_task._Context(plan)
             graph = shard_graph(ctx.graph, SHARD)
-            client = SimRedis(world.redis_server, self.sim.redis_link, world.commits, world.replica)
+            client = SimRedis(world.redis_server, self.sim.redis_link, world.commits, world.replica, world.cached_at)
             store = FlowStore(client, flow_keys(graph), plan.node_id, id_ttl=graph.cluster.message.id_ttl,
                               sleep=world.wait, monotonic=world.clock.now)
             ctx.stores[SHARD] = (graph, store)

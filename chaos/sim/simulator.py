@@ -127,8 +127,9 @@ class Checker:
     Re-published IDs and ID expiry: a producer's retry of a message whose ID expired from the ID
     cache (``message.id_ttl``) is a new message to the flow, and may leave again; any other
     second leave is a duplicate. The second leave is taken as after expiry only when the check
-    that saw it is at least ``id_ttl`` after the start of the step that saw the first (so a
-    duplicate is never excused), and only for IDs the producer published more than once.
+    that saw it is at least ``id_ttl`` after the first COMMIT that put the ID in the cache (the
+    Redis model records when, ``World.cached_at``), and only for IDs the producer published more
+    than once.
 
     Hostile messages (``hostile.py``) leave exactly once, through the flow (by their ID) or by
     the failure path (by their uplink position, with a reason); never both, never neither.
@@ -138,12 +139,9 @@ class Checker:
     without, what it erased is counted (``RunResult.counts``).
     """
 
-    def __init__(self, world: World, published: Counter, hostiles: dict, good: dict, id_ttl: float,
-                 first_published: dict | None = None):
+    def __init__(self, world: World, published: Counter, hostiles: dict, good: dict, id_ttl: float):
         keys = flow_keys(world.graph)
         self.id_prefix = keys.id_prefix
-        self.first_published = first_published if first_published is not None else {}
-        self.cached_at: dict[str, float] = {}   # ID -> the start of the step that first saw it cached
         self.world = world
         self.streams = list(outlink_streams(world.graph, keys).values())
         self.failure = keys.failure
@@ -185,19 +183,6 @@ class Checker:
             self.counts["failover_erased_failures"] += sum(gone.values())
             self.erased_failures.update(gone)
 
-    def _watch_cache(self) -> None:
-        """When each ID first entered the ID cache (its first COMMIT came after the
-        start of that step): a second leave is excused only id_ttl after that."""
-        watch = [m for m in self.published if m not in self.cached_at]
-        if not watch or self.id_ttl > 100_000:
-            return
-        pipe = self.world.redis.pipeline(transaction=False)
-        for m in watch:
-            pipe.exists(self.id_prefix + m)
-        for m, there in zip(watch, pipe.execute()):
-            if there:
-                self.cached_at[m] = self.step_began
-
     def check(self) -> list[str]:
         problems: list[str] = []
         replica = self.world.replica
@@ -212,7 +197,6 @@ class Checker:
         if self.world.commits[0] == self._commits_seen:
             return problems  # no commit since the last check: no output can have been written
         self._commits_seen = self.world.commits[0]
-        self._watch_cache()
         self._read_outputs(problems)
         return problems
 
@@ -224,10 +208,6 @@ class Checker:
                 for member in e.id.split("+"):
                     self.left[member] += 1
                     self.first_left.setdefault(member, self.step_began)
-                    # Not seen cached before it left (its ID expired within the step that
-                    # committed it): its first COMMIT came after it was first published.
-                    if member in self.first_published:
-                        self.cached_at.setdefault(member, self.first_published[member])
                     if recount:
                         continue
                     if self.left[member] > 1:
@@ -250,9 +230,8 @@ class Checker:
     def _expired_again(self, member: str, now: float) -> bool:
         """A second leave that a re-published message may make once its ID expired."""
         extra = self.left[member] - 1
-        # Its first COMMIT came after the step that first saw it cached began (or after it was
-        # published, if no check saw it cached); only id_ttl after that can it be new again.
-        since = self.cached_at.get(member, self.first_published.get(member))
+        # Only id_ttl after the first COMMIT that put it in the ID cache can it be new again.
+        since = self.world.cached_at.get(self.id_prefix + member)
         if (since is not None and now - since >= self.id_ttl and self.published[member] > extra
                 and self.allowed[member] < extra):
             self.allowed[member] += 1
@@ -307,7 +286,6 @@ class Schedule:
         self.keys = flow_keys(world.graph)
         self.sent: list[str] = []
         self.published: Counter = Counter()   # ID -> times the producer published it
-        self.first_published: dict[str, float] = {}
         self.good: dict[str, str] = {}         # uplink position -> ID, for the flow's own messages
         self.hostiles: dict[str, str | None] = {}  # uplink position -> the ID it may leave under
         self.counts: Counter = Counter()
@@ -387,7 +365,6 @@ class Schedule:
             else:
                 self.good[position] = mid
                 self.published[mid] += 1
-                self.first_published.setdefault(mid, self.world.clock.now())
         self.sent.extend(d["id"] for d in fresh)
         span = f" ({docs[0]['id']}..{docs[-1]['id']})" if docs else ""
         return f"{len(bodies)} messages{span}{again}{bad}"
@@ -599,7 +576,7 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
     schedule = Schedule(world, rng, messages, world.say)
     world.interleave_hook = schedule.while_writing
     checker = Checker(world, schedule.published, schedule.hostiles, schedule.good,
-                      world.graph.cluster.message.id_ttl, schedule.first_published)
+                      world.graph.cluster.message.id_ttl)
     for sim in world.nodes.values():
         world.say(f"start {sim.node_id}: {world.start(sim)}")
     try:

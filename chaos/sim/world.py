@@ -113,6 +113,7 @@ class World:
         self.redis_server = fakeredis.FakeServer()
         self.commits = [0, 0, 0]   # COMMIT scripts (only they write outputs), RECORD_FAILURE scripts, entries trimmed
         self.replica = Replica(self.redis_server) if self.dims.replica else None
+        self.cached_at: dict[str, float] = {}   # ID-cache key -> when a COMMIT first wrote it
         self.redis = SimRedis(self.redis_server, RedisLink(), replica=self.replica)  # the producer's and checker's
         self.busy: set[str] = set()    # nodes with a write held in flight (see interleave)
         self.interleaved = 0
