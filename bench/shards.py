@@ -34,7 +34,7 @@ from common import save  # noqa: E402
 import redis  # noqa: E402
 
 from twinflow.cluster.demo import CHAINED, order_or_payment  # noqa: E402
-from twinflow.cluster.node import flow_keys  # noqa: E402
+from twinflow.cluster.on_cluster import flow_keys  # noqa: E402
 from twinflow.cluster.process import NodeProcess  # noqa: E402
 from twinflow.cluster.services import LocalServices  # noqa: E402
 from twinflow.cluster.spark_standalone import StandaloneSpark  # noqa: E402

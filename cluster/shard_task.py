@@ -117,7 +117,7 @@ class _Context:
 
     def shard(self, k: int) -> tuple[FlowGraph, FlowStore]:
         if k not in self.stores:
-            from .node import flow_keys
+            from .on_cluster import flow_keys
             from .node_parts import open_store
 
             graph = shard_graph(self.graph, k)

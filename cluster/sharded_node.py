@@ -46,7 +46,11 @@ from .connect import connect_zookeeper
 from .escalation import EscalationServicer
 from .grpc_server import AdminServicer, IngestServicer, create_server
 from .metrics import BatchTimings
-from .node import MASTER, FlowNode, NodeConfig, NodeStopping, cluster_flow, run_until_stopped, start_metrics
+from .roles import MASTER
+from .node import FlowNode
+from .host import NodeConfig, run_until_stopped, start_metrics
+from .batch_intake import NodeStopping
+from .on_cluster import cluster_flow
 from .health import NodeHealth
 from .node_parts import RealParts
 from .shard_task import RESULT_SCHEMA, ShardPlan, run_partition

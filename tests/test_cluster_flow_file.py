@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.cluster.node import StartRefused, cluster_flow
+from twinflow.cluster.on_cluster import StartRefused, cluster_flow
 from twinflow.runtime.flowgraph import FlowFileError, load_graph, parse_graph
 
 GOOD = """\
@@ -57,7 +57,7 @@ def test_the_limits_are_read():
 
 
 def test_shards_and_their_names_keys_and_routing():
-    from twinflow.cluster.node import flow_keys
+    from twinflow.cluster.on_cluster import flow_keys
     from twinflow.runtime.shards import ShardRouter, shard_graph
 
     g = parse_graph(GOOD.replace("uplink: {stream: up}", 'uplink: {stream: up, shards: 3, shard_key: "{c.id}"}'))

@@ -50,7 +50,7 @@ def _load_flow(path: str, cluster: bool = True):
         print(f"twinflow: flow file refused: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_FLOW) from None
     if cluster:
-        from twinflow.cluster.node import StartRefused, cluster_flow
+        from twinflow.cluster.on_cluster import StartRefused, cluster_flow
 
         try:
             cluster_flow(graph)
@@ -120,7 +120,9 @@ def cmd_run(args) -> int:
     # fork handlers have nothing to protect there and can break it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from twinflow.cluster.connect import ServiceUnavailable
-    from twinflow.cluster.node import FlowNode, NodeConfig, StartRefused
+    from twinflow.cluster.node import FlowNode
+    from twinflow.cluster.host import NodeConfig
+    from twinflow.cluster.on_cluster import StartRefused
     from twinflow.grpc_security import SecurityConfigError
     from twinflow.cluster.zk_auth import ZkAccessDenied
     from twinflow.runtime.store.redis_auth import RedisSettingsError
@@ -181,7 +183,7 @@ def _flow_stores(args):
     """The flow and one store per uplink shard (one for an unsharded flow)."""
     import redis
 
-    from twinflow.cluster.node import flow_keys
+    from twinflow.cluster.on_cluster import flow_keys
     from twinflow.runtime.shards import shard_graph
     from twinflow.runtime.store.flow_store import FlowStore
     from twinflow.runtime.store.redis_slot import client_from_url

@@ -37,7 +37,7 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from ...cluster import shard_task
-from ...cluster.node import flow_keys
+from ...cluster.on_cluster import flow_keys
 from ...runtime.shards import shard_graph
 from ...runtime.store.flow_store import FlowStore
 from .parts import SimWrites

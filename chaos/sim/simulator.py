@@ -43,7 +43,7 @@ import yaml
 
 from ...cluster.demo import order_or_payment
 from ...cluster.master_flow import outlink_streams
-from ...cluster.node import flow_keys
+from ...cluster.on_cluster import flow_keys
 from ...runtime.flowgraph import parse_graph
 from ...runtime.shards import shard_graph
 from ..invariants import sink_entry

@@ -24,7 +24,9 @@ from typing import Any, Callable
 
 import fakeredis
 
-from ...cluster.node import FlowNode, NodeConfig
+from ...cluster.node import FlowNode
+
+from ...cluster.host import NodeConfig
 from ...runtime.clock import FakeClock
 from ...runtime.flowgraph import FlowGraph
 from .escalation_model import EscalationNet
@@ -222,7 +224,7 @@ class World:
         """A batch raised: Spark fails the query (or, for a batch that ran ahead, the node stops),
         so the process exits. Redis being away is a fault's doing; anything else means the flow
         stops on it (every retry, catch-up and promotion would read the same entries again)."""
-        from ...cluster.node import NodeStopping
+        from ...cluster.batch_intake import NodeStopping
         from ...runtime.store.flow_store import RedisUnavailable
 
         if isinstance(exc, (RedisUnavailable, NodeStopping)):

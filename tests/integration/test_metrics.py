@@ -21,7 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_until
 from tests.integration.test_escalation_admission import NoSpark
-from twinflow.cluster.node import FlowNode, NodeConfig, StartRefused
+from twinflow.cluster.node import FlowNode
+from twinflow.cluster.host import NodeConfig
+from twinflow.cluster.on_cluster import StartRefused
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
 

@@ -15,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from twinflow.cluster.node import FlowNode, NodeConfig
+from twinflow.cluster.node import FlowNode
+
+from twinflow.cluster.host import NodeConfig
 from twinflow.cluster.node_parts import RealParts
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph

@@ -23,7 +23,7 @@ import redis
 
 from twinflow.chaos.invariants import read_outputs
 from twinflow.cluster.master_flow import outlink_streams
-from twinflow.cluster.node import flow_keys
+from twinflow.cluster.on_cluster import flow_keys
 from twinflow.cluster.shard_task import ShardPlan, run_shard
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.store.flow_store import FlowStore

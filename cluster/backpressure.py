@@ -1,0 +1,46 @@
+"""Backpressure and pace: how fast a node's reader may plan batches.
+
+Under failure (promise 5): a worker stops reading while another batch could
+take its bake past ``max_pending``; it never drops. A worker plans at most
+every ``worker_pace_ms``; a master reads as fast as it can.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .roles import MASTER
+
+log = logging.getLogger("twinflow.node")
+
+
+class Backpressure:
+    """A node's reader hold and pace (mixed into FlowNode)."""
+
+    def _pace(self) -> None:
+        """A worker's reader plans at most every ``worker_pace_ms``: its batches only bake, and
+        fewer, larger ones leave the cores to the master. A master reads as fast as it can."""
+        want = 0 if self.role == MASTER else self.cfg.worker_pace_ms
+        if want != self._paced_ms and self.query is not None:
+            self.parts.pace(self.query, want)
+            self._paced_ms = want
+
+    # -- backpressure -----------------------------------------------------
+    def _update_backpressure(self) -> None:
+        """Hold the reader while the next batch might take the bake past max_pending."""
+        with self._lock:
+            want = self.role != MASTER and self.sort.pending + self.max_read_size > self.spec.max_pending
+            if want == self.held:
+                return
+            self.held = want
+            pending = self.sort.pending
+        if self.query is not None:
+            self.parts.hold(self.query, want)
+        if want:
+            self._event(logging.WARNING, "backpressure_on",
+                        "%s holds %d messages (max_pending %d): stopped reading until claims free room",
+                        self.cfg.node_id, pending, self.spec.max_pending, pending=pending,
+                        max_pending=self.spec.max_pending)
+        else:
+            self._event(logging.INFO, "backpressure_off", "%s reads again (%d messages held)",
+                        self.cfg.node_id, pending, pending=pending)

@@ -1,0 +1,40 @@
+"""What a flow file needs to run on the cluster, and the Redis keys it runs on.
+
+Under failure: a flow that cannot run on the cluster is refused before
+anything starts (:class:`StartRefused`, with the reason).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..runtime.flowgraph import FlowGraph
+from ..runtime.store.flow_store import FlowKeys
+from .master_flow import not_on_cluster
+
+log = logging.getLogger("twinflow.node")
+
+
+class StartRefused(RuntimeError):
+    """The node will not start: reading from here, or on this Redis, could break a promise."""
+
+
+def cluster_flow(graph: FlowGraph):
+    """The flow's cluster sections; StartRefused when the flow cannot run on the cluster."""
+    if graph.cluster is None:
+        raise StartRefused(f"{graph.source}: flow {graph.name!r} has no uplink section, so it runs in "
+                           f"replay only (README 'Flow files')")
+    local = not_on_cluster(graph)
+    if local:
+        raise StartRefused(f"{graph.source}: these nodes keep their state in one process only so far and "
+                           f"run in replay only: {', '.join(local)}")
+    return graph.cluster
+
+
+def flow_keys(graph: FlowGraph) -> FlowKeys:
+    """The flow's Redis keys: its uplink, and as its sink the paired action's (or the only action's)."""
+    spec = graph.cluster
+    actions = [n for n in graph.nodes.values() if getattr(n, "sink", None)]
+    pair_action = graph.nodes.get(spec.pair.action) if spec and spec.pair else None
+    sink = getattr(pair_action, "sink", None) or (actions[0].sink if len(actions) == 1 else None)
+    return FlowKeys(graph.name, spec.uplink_stream if spec else "uplink", sink or "sink")
