@@ -51,7 +51,7 @@ import redis
 from ..cluster.process import NodeProcess
 from ..cluster.services import LocalRedisCluster, LocalSentinel, LocalServices, LocalZkEnsemble, free_port
 from ..runtime.flowgraph import load_graph
-from ..runtime.store.flow_store import FlowKeys
+from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.waiting import wait_for
 from .invariants import read_outputs
 

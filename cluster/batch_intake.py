@@ -15,7 +15,9 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..runtime.message import Message, position_order
+from ..runtime.message import Message
+
+from ..runtime.positions import position_order
 from ..runtime.store.flow_store import Fenced, RedisUnavailable
 from .roles import MASTER, WORKER
 from .uplink_rows import decode_rows, last_position, processed_as_worker, record_bad

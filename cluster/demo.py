@@ -31,7 +31,7 @@ import redis
 
 from ..chaos.invariants import check_outputs, failover_seconds, read_outputs, read_sink
 from ..runtime.flowgraph import load_graph
-from ..runtime.store.flow_store import FlowKeys
+from ..runtime.store.flow_keys import FlowKeys
 from ..client import publish
 from .master_flow import outlink_streams
 from ..runtime.waiting import wait_for

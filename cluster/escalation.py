@@ -55,6 +55,7 @@ from typing import Callable
 
 import grpc
 
+from twinflow.grpc_keepalive import CHANNEL_OPTIONS
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
 from twinflow.logs import event
 from twinflow.wire import twinflow_pb2 as pb
@@ -75,21 +76,6 @@ TARGETS_REFRESH_S = 0.5
 MAX_CLAIMS_PER_BATCH = 10_000
 MAX_BACKOFF_FACTOR = 10  # at the default 0.2 s a returning target is found within about 2 s
 
-CHANNEL_OPTIONS = [
-    # Ping every 1 s and give up 1 s after an unanswered ping: a dead peer is
-    # noticed in 1-2 s. The server side allows this (grpc_server.SERVER_OPTIONS).
-    # With grpcio 1.85 keepalive_timeout_ms alone did not end the stream of a
-    # SIGSTOPped peer (the ping timer stayed at its 60 s default);
-    # http2.ping_timeout_ms does, and also bounds a connect to a frozen peer.
-    ("grpc.keepalive_time_ms", 1000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.http2.ping_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    # A fresh connection per attempt: a shared subchannel could still be in
-    # gRPC's own reconnect back-off from the previous attempt.
-    ("grpc.use_local_subchannel_pool", 1),
-]
 
 
 class StaleEpoch(Exception):

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 
 import redis
 
-from ..runtime.message import position_order
-from ..runtime.store.flow_store import FlowKeys, FlowStore
+from ..runtime.positions import position_order
+from ..runtime.store.flow_keys import FlowKeys
+from ..runtime.store.flow_store import FlowStore
 from ..runtime.waiting import wait_for
 from .demo import CHAINED, Cluster, order_or_payment
 from .services import LocalServices
@@ -112,7 +113,7 @@ def passthrough_doc(seq: int) -> dict:
 def _passthrough_child(redis_url: str, load: Load, batch_sizes: tuple[int, ...], workdir: str) -> dict:
     """Run in the child: every batch size's burst, then latency at the best one."""
     from ..runtime.spark.session import build_session
-    from ..runtime.spark.source import WARMUP_POSITION
+    from ..runtime.positions import WARMUP_POSITION
     from ..runtime.spark.stream import start_stream, stop_stream
 
     spark = build_session("twinflow-bench-passthrough")

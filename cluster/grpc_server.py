@@ -57,18 +57,12 @@ from grpc_health.v1.health import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from twinflow.cluster.escalation import EscalationServicer
+from twinflow.grpc_keepalive import SERVER_OPTIONS
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity, SecurityConfigError
 from twinflow.runtime.store.flow_store import RedisUnavailable, StoreClosed
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
-SERVER_OPTIONS = [
-    ("grpc.so_reuseport", 0),
-    # Let clients ping often (escalation keepalive is 1 s) and never strike them for it.
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 500),
-    ("grpc.http2.max_ping_strikes", 0),
-]
 
 DEFAULT_INGEST_LIMIT = 8  # Publish calls at once
 DEFAULT_ADMIN_LIMIT = 4  # Status and Handover calls at once

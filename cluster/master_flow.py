@@ -49,10 +49,12 @@ from typing import Any
 from ..runtime.engine import Engine
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.json_text import compact
-from ..runtime.message import Message, position_order
+from ..runtime.message import Message
+from ..runtime.positions import position_order
 from ..runtime.nodes.action import ActionNode
 from ..runtime.nodes.base import Emit
-from ..runtime.store.flow_store import FlowKeys, FlowStore
+from ..runtime.store.flow_keys import FlowKeys
+from ..runtime.store.flow_store import FlowStore
 from ..runtime.store.step import Step
 
 

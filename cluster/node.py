@@ -59,7 +59,7 @@ from .leadership import Leadership
 from .master_flow import MasterFlow
 from .master_side import MasterSide
 from .metrics import LATENESS_BUCKETS, BatchTimings, MetricsServer, Timings
-from .node_parts import NodeParts, RealParts
+from .node_parts import NodeParts
 from .node_timers import NodeTimers
 from .on_cluster import cluster_flow, flow_keys
 from .promotion import Promotion
@@ -75,13 +75,13 @@ log = logging.getLogger("twinflow.node")
 class FlowNode(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpressure, NodeTimers):
     """One flow node of an active-active pair (see the module doc)."""
 
-    def __init__(self, graph: FlowGraph, config: NodeConfig, clock: Clock | None = None,
-                 parts: NodeParts | None = None, monotonic=time.monotonic, pause=None):
-        """``parts`` builds the node's collaborators (default: real servers and Spark, see node_parts);
+    def __init__(self, graph: FlowGraph, config: NodeConfig, *, parts: NodeParts, clock: Clock | None = None,
+                 monotonic=time.monotonic, pause=None):
+        """``parts`` builds the node's collaborators (``real_parts.RealParts`` for real servers and Spark);
         ``clock`` gives the flow's time, ``monotonic`` the timers' local intervals and ``pause(s)``
         the wait of a held batch (default: until stopped); a simulator passes its virtual clock."""
         spec = cluster_flow(graph)
-        self.parts = parts or RealParts()
+        self.parts = parts
         self.writes = self.parts.writes()  # where the master's COMMITs go from (master_steps)
         self.ahead = self.parts.batches_ahead()  # where a master's batch runs ahead of Spark (or None)
         self._ahead: Future | None = None     # the batch running ahead, if any

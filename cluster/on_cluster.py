@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from ..runtime.flowgraph import FlowGraph
-from ..runtime.store.flow_store import FlowKeys
+from ..runtime.store.flow_keys import FlowKeys
 from .master_flow import not_on_cluster
 
 log = logging.getLogger("twinflow.node")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from ..runtime.message import position_order
+from ..runtime.positions import position_order
 from .roles import MASTER, WORKER
 from .uplink_rows import record_bad
 

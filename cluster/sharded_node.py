@@ -52,7 +52,7 @@ from .host import NodeConfig, run_until_stopped, start_metrics
 from .batch_intake import NodeStopping
 from .on_cluster import cluster_flow
 from .health import NodeHealth
-from .node_parts import RealParts
+from .real_parts import RealParts
 from .shard_task import RESULT_SCHEMA, ShardPlan, run_partition
 
 log = logging.getLogger("twinflow.sharded")

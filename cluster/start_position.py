@@ -15,7 +15,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..runtime.message import position_order
+from ..runtime.positions import position_order
 from ..secrets import redact_url
 
 log = logging.getLogger("twinflow.node")

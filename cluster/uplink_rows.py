@@ -16,7 +16,7 @@ import redis
 from ..runtime.cluster_spec import ClusterSpec
 from ..runtime.fields import BadInput
 from ..runtime.message import Message, MessageSpec, decode
-from ..runtime.spark.source import WARMUP_POSITION
+from ..runtime.positions import WARMUP_POSITION
 from ..runtime.store.flow_store import FlowStore
 
 log = logging.getLogger("twinflow.node")

@@ -261,9 +261,3 @@ def _refuse_lone_surrogates(doc: dict) -> None:
 @lru_cache(maxsize=64)
 def _path(path: str) -> FieldPath:
     return FieldPath(path)
-
-
-def position_order(position: str) -> tuple[int, int]:
-    """A Redis stream entry ID ("<ms>-<seq>") as a tuple that sorts in uplink order."""
-    ms, _, seq = position.partition("-")
-    return int(ms), int(seq or 0)

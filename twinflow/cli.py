@@ -121,6 +121,7 @@ def cmd_run(args) -> int:
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from twinflow.cluster.connect import ServiceUnavailable
     from twinflow.cluster.node import FlowNode
+    from twinflow.cluster.real_parts import RealParts
     from twinflow.cluster.host import NodeConfig
     from twinflow.cluster.on_cluster import StartRefused
     from twinflow.grpc_security import SecurityConfigError
@@ -155,7 +156,7 @@ def cmd_run(args) -> int:
 
         node = ShardedNode(graph, cfg)
     else:
-        node = FlowNode(graph, cfg)
+        node = FlowNode(graph, cfg, parts=RealParts())
     signal.signal(signal.SIGTERM, lambda *_: node.request_term())
     try:
         return node.run_forever()

@@ -77,7 +77,7 @@ from typing import Callable, Iterable, Mapping
 
 import grpc
 
-from twinflow.cluster.escalation import CHANNEL_OPTIONS as ESCALATION_CHANNEL_OPTIONS
+from twinflow.grpc_keepalive import CHANNEL_OPTIONS as ESCALATION_CHANNEL_OPTIONS
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc

@@ -16,7 +16,7 @@ link. The seed decides, per batch:
 - whether the task runs twice at once (Spark speculation, or an executor
   declared lost while still working): the second attempt runs on the other
   executor, either while the first one's COMMIT is in flight (if that
-  COMMIT is held, see ``parts.SimWrites``) or right after it, and Spark keeps the
+  COMMIT is held, see ``stepped_threads.SimWrites``) or right after it, and Spark keeps the
   result of whichever finished first (the seed's choice when both did);
 - whether an attempt is declared lost: the driver runs the task again on the
   other executor at once, and the lost attempt runs later, at a step of its
@@ -40,7 +40,7 @@ from ...cluster import shard_task
 from ...cluster.on_cluster import flow_keys
 from ...runtime.shards import shard_graph
 from ...runtime.store.flow_store import FlowStore
-from .parts import SimWrites
+from .stepped_threads import SimWrites
 from .redis_model import SimRedis
 
 if TYPE_CHECKING:
@@ -110,8 +110,7 @@ def plan_for(sim: "SimNode") -> shard_task.ShardPlan:
 
 def run_on_executors(sim: "SimNode", batch_id: int, rows: list[tuple]) -> str:
     """One micro-batch of the shard, as a sharded node runs it; says what happened (for the trace)."""
-    from ...runtime.spark.source import WARMUP_POSITION
-
+    from ...runtime.positions import WARMUP_POSITION
     node, world, rng = sim.node, sim.world, sim.world.rng
     real = [r for r in rows if r[0] != WARMUP_POSITION]
     node._work.acquire()

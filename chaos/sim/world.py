@@ -91,7 +91,7 @@ class SimNode:
     alive: bool = False
     paused_until: float = float("-inf")
     zk_cut: bool = False
-    ahead: Any = None                           # the incarnation's batch thread (parts.AheadBatch)
+    ahead: Any = None                           # the incarnation's batch thread (stepped_threads.AheadBatch)
     executors: list = field(default_factory=list)  # sharded: this node's executor processes (sharding.Executor)
 
     def running(self) -> bool:

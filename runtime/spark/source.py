@@ -128,6 +128,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_rows
 from twinflow.runtime.store.redis_slot import client_from_url, follow_moved, relocate
+from twinflow.runtime.positions import WARMUP_POSITION
 from twinflow.runtime.waiting import retry
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,6 @@ SCHEMA = StructType(
 DEFAULT_BATCH_SIZE = 2000
 DEFAULT_BATCH_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-WARMUP_POSITION = "warmup"  # never a Redis entry ID, which is always "<ms>-<seq>"
 DEFAULT_CONNECT_DEADLINE_S = 300.0
 DEFAULT_BLOCK_MS = 100
 _MAX_BACKOFF_S = 1.0

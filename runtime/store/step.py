@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..json_text import compact
-from .flow_store import FlowKeys
-
-
+from .flow_keys import FlowKeys
 @dataclass
 class Step:
     mark: str | None = None                                              # last uplink position handled

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from twinflow.cluster.master_flow import outlink_streams
 from twinflow.runtime.flowgraph import FlowGraph, load_graph
-from twinflow.runtime.store.flow_store import FlowKeys
+from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.replay import replay
 
 FLOW = Path(__file__).parents[2] / "examples" / "cluster-every-node.yaml"

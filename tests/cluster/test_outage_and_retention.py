@@ -16,8 +16,9 @@ import redis
 from twinflow.chaos.invariants import check_sink, read_sink
 from twinflow.cluster.demo import FLOW, Cluster
 from twinflow.cluster.grpc_server import node_status
-from twinflow.runtime.message import position_order
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
+from twinflow.runtime.positions import position_order
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.runtime.store.step import Step
 from tests.conftest import wait_until
 

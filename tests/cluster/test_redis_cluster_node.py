@@ -23,8 +23,7 @@ from twinflow.cluster.demo import CHAINED, order_or_payment
 from twinflow.cluster.master_flow import outlink_streams
 from twinflow.cluster.services import LocalRedisCluster
 from twinflow.runtime.flowgraph import load_graph
-from twinflow.runtime.store.flow_store import FlowKeys
-
+from twinflow.runtime.store.flow_keys import FlowKeys
 pytestmark = pytest.mark.cluster
 
 

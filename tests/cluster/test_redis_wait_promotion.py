@@ -21,8 +21,8 @@ import redis
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
 from twinflow.cluster.services import LocalSentinel
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore, RedisUnavailable
-
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore, RedisUnavailable
 pytestmark = pytest.mark.cluster
 
 FLOW = """\

@@ -19,8 +19,7 @@ import pytest
 from tests.cluster.every_node import events, graph, replay_outputs, stream_suffix, unlinked
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
-from twinflow.runtime.message import position_order
-
+from twinflow.runtime.positions import position_order
 pytestmark = pytest.mark.cluster
 
 

@@ -22,7 +22,7 @@ from twinflow.client import EscalationClient
 from twinflow.cluster.connect import connect_zookeeper
 from twinflow.cluster.node import FlowNode
 from twinflow.cluster.host import NodeConfig
-from twinflow.cluster.node_parts import RealParts
+from twinflow.cluster.real_parts import RealParts
 from twinflow.runtime.flowgraph import parse_graph
 
 FLOW = """\

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from twinflow.cluster.grpc_server import IngestServicer, create_server
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
-
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "external_service.py"
 
 

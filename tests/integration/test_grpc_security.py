@@ -23,7 +23,8 @@ from twinflow.cluster.escalation import EscalationServicer
 from twinflow.cluster.grpc_server import AdminServicer, IngestServicer, create_server
 from twinflow.cluster.health import NodeHealth
 from twinflow.grpc_security import GrpcSecurity, SecurityConfigError, TlsFiles, warn_insecure
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 

@@ -29,7 +29,8 @@ from twinflow.cluster.grpc_server import (
     request_handover,
 )
 from twinflow.cluster.services import LocalServices, redis_answers
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 

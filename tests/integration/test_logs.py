@@ -27,7 +27,8 @@ from twinflow.cluster.leadership import Leadership
 from twinflow.cluster.services import free_port
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
 from tests.conftest import wait_until
 from tests.integration.test_node_parts import FLOW, node
 

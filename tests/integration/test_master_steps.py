@@ -11,8 +11,8 @@ from twinflow.cluster.master_flow import MasterFlow
 from twinflow.cluster.master_steps import run_master_batch
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.message import Message
-from twinflow.runtime.store.flow_store import DELIVER_MAX_MESSAGES, FlowKeys, FlowStore, Fenced
-
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import DELIVER_MAX_MESSAGES, FlowStore, Fenced
 DELIVER = parse_graph("flow: f\nuplink: {stream: uplink}\nnodes:\n  deliver: {type: action, sink: {stream: sink}}\n")
 
 

@@ -18,7 +18,7 @@ import redis
 from twinflow.cluster.node import FlowNode
 
 from twinflow.cluster.host import NodeConfig
-from twinflow.cluster.node_parts import RealParts
+from twinflow.cluster.real_parts import RealParts
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.store.flow_store import FlowStore

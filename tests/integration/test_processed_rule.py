@@ -15,8 +15,8 @@ import redis
 from tests.cluster.every_node import graph, stream_suffix
 from twinflow.cluster.master_flow import MasterFlow
 from twinflow.runtime.message import Message
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
-
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
 # (what the message is, its document, where its effect is: ("out", node, outlink) or ("state", node))
 CASES = [
     ("an order waits in an AND join", {"id": "o1", "type": "order", "order_id": 1}, ("state", "match")),

@@ -18,7 +18,8 @@ import trustme
 
 from twinflow.cluster.connect import ServiceUnavailable, connect_redis
 from twinflow.cluster.services import LocalRedis, RedisTls
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.runtime.store.redis_auth import (ENV_CA, ENV_CERT, ENV_KEY, ENV_PASSWORD, RedisSettingsError,
                                                client_options)
 from twinflow.runtime.store.redis_slot import client_from_url, follow_moved

@@ -11,8 +11,8 @@ from twinflow.cluster.master_flow import MasterFlow
 from twinflow.cluster.services import LocalRedisCluster
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.message import Message
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
-
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
 FLOW = """\
 flow: {name}
 uplink: {{stream: uplink}}

@@ -14,7 +14,8 @@ from tests.conftest import wait_until
 from twinflow.cluster.connect import connect_redis
 from twinflow.cluster.services import LocalSentinel
 from twinflow.runtime.message import Message
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore, RedisUnavailable
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore, RedisUnavailable
 from twinflow.runtime.store.redis_auth import RedisSettingsError, client_options
 from twinflow.runtime.store.redis_slot import client_from_url, is_sentinel_url, parse_sentinel_url
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from twinflow.runtime import message as message_module
 from twinflow.runtime.fields import BadInput
-from twinflow.runtime.message import Message, MessageSpec, decode, position_order
-
+from twinflow.runtime.message import Message, MessageSpec, decode
+from twinflow.runtime.positions import position_order
 SPEC = MessageSpec(id_path="meta.id", key_path="seq", key_type="int", max_bytes=200)
 
 

@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinflow.runtime.clock import FakeClock
-from twinflow.runtime.message import Message, position_order
+from twinflow.runtime.message import Message
+from twinflow.runtime.positions import position_order
 from twinflow.runtime.nodes.sort import ClaimSortNode
 
 

@@ -145,14 +145,14 @@ def test_failure_records_written_without_wait_are_caught_as_erased_by_a_failover
     # With wait_replicas, failure records wait for the replicas like a COMMIT: a record a
     # failover erases after the processed mark moved past its entry never leaves. Seed 301
     # (found among 1,500 pair runs with the WAIT left out, 7 failed) shows it.
-    from twinflow.cluster import master_steps, node, shard_task, uplink_rows
+    from twinflow.cluster import batch_intake, master_steps, promotion, shard_task, uplink_rows
 
     assert run_once(301, kind="pair").passed
 
     def without_wait(store, spec, bad, deadline_s=None):
         return store.record_failures(bad, max_entries=spec.failure_max_entries, max_body=spec.message.max_bytes,
                                      deadline_s=deadline_s)
-    for module in (uplink_rows, node, master_steps, shard_task):
+    for module in (uplink_rows, batch_intake, promotion, master_steps, shard_task):
         monkeypatch.setattr(module, "record_bad", without_wait)
     r = run_once(301, kind="pair")
     assert not r.passed and any("failure records erased by a Redis failover" in p for p in r.problems)

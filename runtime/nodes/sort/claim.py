@@ -9,10 +9,13 @@ server.
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...message import Message, position_order
+from ...positions import position_order
 from .min_queue import MinQueue
+
+if TYPE_CHECKING:
+    from ...message import Message
 
 DONE, BYPASS, FAILURE = "done", "bypass", "failure"
 
@@ -229,6 +232,7 @@ class ClaimSortNode:
     Nothing here reads a clock or touches a server: callers pass ``now`` and
     call :meth:`tick` at :meth:`next_deadline`.
 
+    >>> from twinflow.runtime.message import Message
     >>> node = ClaimSortNode(bake_time=5.0)
     >>> node.offer(Message("a", 1, "10-0", b"{}"), now=0.0) is None  # baked
     True

@@ -1,0 +1,9 @@
+"""Uplink positions: Redis stream entry IDs, and the order they sort in."""
+
+WARMUP_POSITION = "warmup"  # the reader's first row, never a Redis entry ID (always "<ms>-<seq>")
+
+
+def position_order(position: str) -> tuple[int, int]:
+    """A Redis stream entry ID ("<ms>-<seq>") as a tuple that sorts in uplink order."""
+    ms, _, seq = position.partition("-")
+    return int(ms), int(seq or 0)

@@ -1,0 +1,86 @@
+"""The Redis keys of one flow.
+
+Every key of a flow shares the hash tag ``{flow}``, so a Redis Cluster keeps
+them in one slot and a script may touch any of them at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FlowKeys:
+    flow: str
+    uplink_stream: str = "uplink"
+    sink_stream: str = "sink"
+
+    @property
+    def prefix(self) -> str:
+        return f"tf:{{{self.flow}}}:"
+
+    @property
+    def uplink(self) -> str:
+        return self.prefix + self.uplink_stream
+
+    @property
+    def sink(self) -> str:
+        return self.prefix + self.sink_stream
+
+    @property
+    def failure(self) -> str:
+        return self.prefix + "failure"
+
+    @property
+    def unclaimed(self) -> str:
+        return self.prefix + "unclaimed"
+
+    @property
+    def epoch(self) -> str:
+        return self.prefix + "epoch"
+
+    @property
+    def id_prefix(self) -> str:
+        return self.prefix + "id:"
+
+    @property
+    def processed(self) -> str:
+        """The uplink position up to which the flow's masters processed every entry."""
+        return self.prefix + "processed"
+
+    @property
+    def version(self) -> str:
+        """The state version: moved by every committed step (see scripts.COMMIT)."""
+        return self.prefix + "version"
+
+    @property
+    def failed_prefix(self) -> str:
+        return self.prefix + "failed:"
+
+    @property
+    def trimmed(self) -> str:
+        """The first uplink entry kept by the last trim (every entry before it is gone)."""
+        return self.prefix + "trimmed"
+
+    @property
+    def nodes(self) -> str:
+        return self.prefix + "nodes"
+
+    def node(self, node_id: str) -> str:
+        return self.prefix + "node:" + node_id
+
+    def state(self, node: str) -> str:
+        """The hash of a flow node's state entries (key -> JSON)."""
+        return self.prefix + "state:" + node
+
+    def out(self, node: str, outlink: str) -> str:
+        """The stream of what leaves the flow through ``node``'s unlinked ``outlink``."""
+        return self.prefix + "out:" + node + ":" + outlink
+
+    def step(self, token: str) -> str:
+        """The marker of one committed master step (see scripts.COMMIT)."""
+        return self.prefix + "step:" + token
+
+    def read(self, node_id: str) -> str:
+        """Where a node's uplink reader records how far it has read (read_n, read_id)."""
+        return self.prefix + "read:" + node_id
