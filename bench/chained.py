@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import TICKS, cpu_ticks, save  # noqa: E402
 
-from twinflow.chaos.invariants import check_outputs  # noqa: E402
-from twinflow.cluster.demo import Cluster  # noqa: E402
-from twinflow.cluster.flow_bench import percentile_ms as pct  # noqa: E402
+from twinflow.testing.checker import check_outputs  # noqa: E402
+from twinflow.testing.demo import Cluster  # noqa: E402
+from twinflow.testing.flow_bench import percentile_ms as pct  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 from twinflow.runtime.message import position_order  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import save  # noqa: E402
 
-from twinflow.chaos.invariants import check_sink, read_sink  # noqa: E402
-from twinflow.cluster.demo import Cluster, Publisher  # noqa: E402
+from twinflow.testing.checker import check_sink, read_sink  # noqa: E402
+from twinflow.testing.demo import Cluster, Publisher  # noqa: E402
 from twinflow.cluster.grpc_server import request_handover  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 

@@ -23,9 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import TICKS, process_ticks, process_tree  # noqa: E402
-from twinflow.cluster.demo import CHAINED, Cluster, order_or_payment  # noqa: E402
-from twinflow.cluster.flow_bench import Publisher  # noqa: E402
-from twinflow.cluster.services import LocalServices  # noqa: E402
+from twinflow.testing.demo import Cluster  # noqa: E402
+from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
+from twinflow.testing.flow_bench import Publisher  # noqa: E402
+from twinflow.testing.services import LocalServices  # noqa: E402
 from twinflow.runtime.message import position_order  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import save, tree_rss_mib  # noqa: E402
 
-from twinflow.cluster.demo import Cluster  # noqa: E402
+from twinflow.testing.demo import Cluster  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
 

@@ -17,16 +17,16 @@ proxy               link
 
 With ``redis_mode="sentinel"`` the nodes are given a ``redis+sentinel://``
 URL (a primary, two replicas and three Sentinels,
-:class:`~twinflow.cluster.services.LocalSentinel`), with ``"cluster"`` the URL
+:class:`~twinflow.testing.redis_ha.LocalSentinel`), with ``"cluster"`` the URL
 of the node that owns the flow's slot on a three-primary Redis Cluster with a
-replica each (:class:`~twinflow.cluster.services.LocalRedisCluster`): no proxy
+replica each (:class:`~twinflow.testing.redis_ha.LocalRedisCluster`): no proxy
 sits on their Redis links, so that a failover is theirs to follow. The
 producer and the checker then follow the primary too (``redis_slot.relocate``);
 with ``wait_replicas`` the producer's XADDs wait for that many replicas
 (``WAIT``), as a producer that must not lose an acknowledged message does.
 
 With ``zk_members=3`` the cluster runs on a three-server ZooKeeper
-ensemble (:class:`~twinflow.cluster.services.LocalZkEnsemble`) and each
+ensemble (:class:`~twinflow.testing.zk_ensemble.LocalZkEnsemble`) and each
 node's connect string names all three members, each through its own proxy.
 
 Each node listens for gRPC on a port picked here and advertises its proxy's
@@ -48,12 +48,15 @@ from pathlib import Path
 
 import redis
 
-from ..cluster.process import NodeProcess
-from ..cluster.services import LocalRedisCluster, LocalSentinel, LocalServices, LocalZkEnsemble, free_port
+from ..testing.processes import NodeProcess
+from ..testing.redis_ha import LocalRedisCluster, LocalSentinel
+from ..testing.servers import free_port
+from ..testing.services import LocalServices
+from ..testing.zk_ensemble import LocalZkEnsemble
 from ..runtime.flowgraph import load_graph
 from ..runtime.store.flow_store import FlowKeys
 from ..runtime.waiting import wait_for
-from .invariants import read_outputs
+from ..testing.checker import read_outputs
 
 NODES = ("a", "b")
 

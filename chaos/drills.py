@@ -5,7 +5,7 @@ Each drill runs on a fresh :class:`~twinflow.chaos.drill_cluster.DrillCluster`
 (every link through the fault proxy) with the chained flow by default
 (history -> AND join -> action, with the claim pair), so faults also hit
 pending joins and their time-outs. A producer publishes ``messages`` orders
-and payments (cluster/demo.py's mix) at ``rate`` per second; the drill
+and payments (twinflow/testing/demo.py's mix) at ``rate`` per second; the drill
 injects its fault at a point given as a share of the messages sent. Then
 the checker reads every outlink and counts:
 
@@ -35,16 +35,14 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-from ..cluster.demo import order_or_payment
 from ..runtime.waiting import wait_for
+from ..testing.messages import CHAINED, order_or_payment
 from .drill_cluster import DrillCluster
-from .invariants import check_outputs
+from ..testing.checker import check_outputs
 from .report import timeline
 
-CHAINED = Path(__file__).resolve().parent.parent / "examples" / "cluster-chained.yaml"
 RTO_TARGET_S = 3.0
 
 

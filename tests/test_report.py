@@ -1,6 +1,6 @@
 """The drill report: timeline data from outputs, and the picture and Markdown drawn from it."""
 
-from twinflow.chaos.invariants import SinkEntry
+from twinflow.testing.checker import SinkEntry
 from twinflow.chaos.report import timeline, write_report
 
 COLUMNS = ["drill", "seed", "messages", "lost", "duplicated", "rto_s", "passed"]

@@ -24,7 +24,7 @@ EXIT_REFUSED = 4
 
 
 def _local_services():
-    from twinflow.cluster.services import LocalServices
+    from twinflow.testing.services import LocalServices
 
     return LocalServices.load(SERVICES_STATE) if SERVICES_STATE.exists() else None
 
@@ -275,7 +275,7 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 # -- services ----------------------------------------------------------------
 def cmd_services(args) -> int:
-    from twinflow.cluster.services import LocalServices, ServiceError
+    from twinflow.testing.services import LocalServices, ServiceError
 
     state = Path(args.state)
     if args.action == "up":
@@ -464,7 +464,7 @@ def _simulate_text(out: dict, failures: list, rerun: str) -> str:
 
 # -- bench -------------------------------------------------------------------
 def cmd_bench(args) -> int:
-    from twinflow.cluster.flow_bench import Load, flow_vs_passthrough
+    from twinflow.testing.flow_bench import Load, flow_vs_passthrough
 
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     out = flow_vs_passthrough(Load(args.messages, args.rate, args.seconds), say)
@@ -494,7 +494,7 @@ def cmd_certs(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from twinflow.cluster.demo import run_demo
+    from twinflow.testing.demo import run_demo
 
     result = run_demo(messages=args.messages, rate=args.rate, kill_at=args.kill_at,
                       progress=not args.json, keep=args.keep, flow=args.flow)

@@ -41,12 +41,12 @@ from typing import Callable
 
 import yaml
 
-from ...cluster.demo import order_or_payment
+from ...testing.messages import order_or_payment
 from ...cluster.master_flow import outlink_streams
 from ...cluster.node import flow_keys
 from ...runtime.flowgraph import parse_graph
 from ...runtime.shards import shard_graph
-from ..invariants import sink_entry
+from ...testing.checker import sink_entry
 from . import hostile
 from .redis_model import virtual_time
 from .world import START_TIME, Dims, Killed, SimNode, SimulationStuck, World

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.chaos.invariants import check_sink, failover_seconds, read_sink
-from twinflow.cluster.demo import Cluster, Publisher
+from twinflow.testing.checker import check_sink, failover_seconds, read_sink
+from twinflow.testing.demo import Cluster, Publisher
 from twinflow.cluster.grpc_server import node_status, publish, request_handover
 from tests.conftest import wait_until
 from tests.integration.test_metrics import scrape, value

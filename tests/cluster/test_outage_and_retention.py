@@ -13,8 +13,8 @@ import time
 import pytest
 import redis
 
-from twinflow.chaos.invariants import check_sink, read_sink
-from twinflow.cluster.demo import FLOW, Cluster
+from twinflow.testing.checker import check_sink, read_sink
+from twinflow.testing.demo import FLOW, Cluster
 from twinflow.cluster.grpc_server import node_status
 from twinflow.runtime.message import position_order
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore

@@ -20,7 +20,7 @@ import redis
 
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
-from twinflow.cluster.services import LocalSentinel
+from twinflow.testing.redis_ha import LocalSentinel
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore, RedisUnavailable
 
 pytestmark = pytest.mark.cluster

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.cluster.services import free_port
+from twinflow.testing.servers import free_port
 from twinflow.runtime.store.flow_store import FlowKeys, FlowStore
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "cluster.yaml")

@@ -20,7 +20,8 @@ from kazoo.security import make_digest_acl
 from tests.conftest import wait_until
 from twinflow.cluster.connect import ServiceUnavailable, connect_zookeeper
 from twinflow.cluster.leadership import Leadership
-from twinflow.cluster.services import LocalServices, free_port
+from twinflow.testing.servers import free_port
+from twinflow.testing.services import LocalServices
 from twinflow.cluster.zk_auth import PARENT_ACL, ZK_AUTH_ENV, ZkAccessDenied
 from twinflow.secrets import SecretError
 

@@ -29,17 +29,16 @@ from typing import Callable
 
 import redis
 
-from ..chaos.invariants import check_outputs, failover_seconds, read_outputs, read_sink
+from .checker import check_outputs, failover_seconds, read_outputs, read_sink
 from ..runtime.flowgraph import load_graph
 from ..runtime.store.flow_store import FlowKeys
 from ..client import publish
-from .master_flow import outlink_streams
+from ..cluster.master_flow import outlink_streams
 from ..runtime.waiting import wait_for
-from .process import NodeProcess
+from .processes import NodeProcess
+from .messages import CHAINED, order_or_payment
 from .services import LocalServices
 
-# The demo runs from a source checkout (`make demo`), where the example lives.
-CHAINED = Path(__file__).resolve().parent.parent / "examples" / "cluster-chained.yaml"
 FLOWS = ("chained", "claim-pair")
 
 FLOW = """\
@@ -183,21 +182,6 @@ class Publisher(threading.Thread):
                     if time.monotonic() > deadline:
                         raise
             time.sleep(0.05)
-
-
-def order_or_payment(seq: int) -> dict:
-    """Message ``seq`` of the chained demo: orders and their payments, in pairs. Order 10k+9
-    never gets a payment (it expires); order 10k+4's second message is the order sent again
-    under a new message ID (the history sends it to ``duplicate``)."""
-    k, second = divmod(seq, 2)
-    doc = {"id": f"o{k:06d}", "uuid": f"order-{k}", "type": "order", "order_id": k, "seq": seq}
-    if second and k % 10 == 9:
-        return {**doc, "id": f"x{k:06d}", "uuid": f"lone-{k}", "order_id": -k}  # an order alone
-    if second and k % 10 == 4:
-        return {**doc, "id": f"d{k:06d}"}  # the same order again
-    if second:
-        return {"id": f"p{k:06d}", "uuid": f"payment-{k}", "type": "payment", "order_id": k, "seq": seq}
-    return doc
 
 
 def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, progress: bool = True,

@@ -39,7 +39,8 @@ import redis
 from ..runtime.message import position_order
 from ..runtime.store.flow_store import FlowKeys, FlowStore
 from ..runtime.waiting import wait_for
-from .demo import CHAINED, Cluster, order_or_payment
+from .demo import Cluster
+from .messages import CHAINED, order_or_payment
 from .services import LocalServices
 
 PASSTHROUGH_BATCH_SIZES = (2000, 10_000, 50_000)
