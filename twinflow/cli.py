@@ -348,12 +348,24 @@ def cmd_proxy(args) -> int:
 
 
 # -- drill -------------------------------------------------------------------
+def _need_extra(extra: str, *modules: str) -> None:
+    """Exit EXIT_UNAVAILABLE naming the extra to install when one of ``modules`` is missing: the
+    chaos tools' dependencies are not a node's (``pip install 'twinflow[chaos]'``)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"twinflow: this command needs {', '.join(missing)}: pip install 'twinflow[{extra}]'", file=sys.stderr)
+        raise SystemExit(EXIT_UNAVAILABLE)
+
+
 # --json prints these (stale writes count into "passed"; the table shows them too).
 DRILL_KEYS = ["drill", "seed", "messages", "lost", "duplicated", "out_of_order", "rto_s", "passed"]
 DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 
 
 def cmd_drill(args) -> int:
+    _need_extra("chaos", "toxiproxy", *(["matplotlib"] if args.report or args.name == "all" else []))
     from twinflow.chaos.drills import DRILLS, IN_NETNS, run_drill
     from twinflow.chaos.kernel_faults import KernelFaultsUnavailable, in_private_netns, netns_command
 
@@ -412,6 +424,7 @@ def cmd_drill(args) -> int:
 
 # -- simulate ----------------------------------------------------------------
 def cmd_simulate(args) -> int:
+    _need_extra("chaos", "fakeredis", "lupa")
     from twinflow.chaos.sim.simulator import run_once, simulate
 
     flow_text = None
