@@ -56,7 +56,7 @@ from ..testing.zk_ensemble import LocalZkEnsemble
 from ..runtime.flowgraph import load_graph
 from ..runtime.store.flow_store import FlowKeys
 from ..runtime.waiting import wait_for
-from ..testing.checker import read_outputs
+from ..testing.checker import read_outputs, read_sequences
 
 NODES = ("a", "b")
 
@@ -262,6 +262,12 @@ class DrillCluster:
         if self.ha is not None:
             return self._on_ha("redis", lambda r: read_outputs(r, outlink_streams(self.graph, self.keys)))
         return read_outputs(self.redis, outlink_streams(self.graph, self.keys))
+
+    def sequences(self) -> dict:
+        """Each resequence node's outputs as (group, seq), for the checker."""
+        if self.ha is not None:
+            return self._on_ha("redis", lambda r: read_sequences(r, self.graph, self.keys))
+        return read_sequences(self.redis, self.graph, self.keys)
 
     def uplink_ids(self) -> set[str]:
         """The IDs of every entry the uplink holds (for telling a lost uplink write from a

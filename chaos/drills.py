@@ -40,6 +40,7 @@ from typing import Callable
 from ..runtime.waiting import wait_for
 from ..testing.messages import CHAINED, order_or_payment
 from .drill_cluster import DrillCluster
+from ..testing import checker
 from ..testing.checker import check_outputs
 from .report import timeline
 
@@ -426,58 +427,14 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
 
 
 def check(cluster: DrillCluster, sent: list[str], faults: list[float], kills_master: bool) -> dict:
-    """The promises, counted over every outlink (see the module docstring)."""
-    outputs = cluster.outputs()
-    report = check_outputs(outputs, sent)
-    everything = sorted((e for entries in outputs.values() for e in entries), key=lambda e: e.written_ms)
-    stale, newest = 0, 0
-    for e in everything:  # one writer per epoch: nothing from an older epoch after a newer one wrote
-        if e.epoch < newest:
-            stale += 1
-        newest = max(newest, e.epoch)
-    rto = None
-    for at in faults:
-        gap = recovery_s(everything, at)
-        if gap is not None:
-            rto = gap if rto is None else max(rto, gap)
-    out_of_order = _out_of_order(cluster, outputs)
-    passed = (report.lost == 0 and report.duplicated == 0 and report.unexpected == 0 and stale == 0
-              and out_of_order == 0 and (not kills_master or (rto is not None and rto < RTO_TARGET_S)))
-    return {"lost": report.lost, "duplicated": report.duplicated, "out_of_order": out_of_order,
-            "stale_writes": stale, "rto_s": None if rto is None else round(rto, 3), "passed": passed,
+    """The promises, counted over every outlink by the one checker (see the module docstring)."""
+    report = checker.check(cluster.outputs(), sent, faults, sequences=cluster.sequences())
+    rto = report.rto_s
+    passed = report.promises_kept and (not kills_master or (rto is not None and rto < RTO_TARGET_S))
+    return {"lost": report.lost, "duplicated": report.duplicated, "out_of_order": report.out_of_order,
+            "stale_writes": report.stale_writes + report.two_writers,
+            "rto_s": None if rto is None else round(rto, 3), "passed": passed,
             "lost_ids": report.lost_ids, "duplicated_ids": report.duplicated_ids}
-
-
-def recovery_s(writes: list, at: float) -> float | None:
-    """Seconds from the last write before a fault at ``at`` (epoch s) to the first write after
-    it; when a newer epoch wrote after the fault, to that epoch's first write: a dying master's
-    commit in flight as the fault began is not a recovery. ``writes``: SinkEntry in time order."""
-    before = [w for w in writes if w.written_ms / 1000 <= at]
-    after = [w for w in writes if w.written_ms / 1000 > at]
-    if not before or not after:
-        return None
-    newer = [w for w in after if w.epoch > before[-1].epoch]
-    first = (newer or after)[0]
-    return (first.written_ms - before[-1].written_ms) / 1000
-
-
-def _out_of_order(cluster: DrillCluster, outputs: dict) -> int:
-    """Resequence outputs whose sequence number is not above the one before in their group."""
-    import json
-
-    bad = 0
-    for name, node in cluster.graph.nodes.items():
-        if node.kind != "resequence":
-            continue
-        last: dict = {}
-        key = cluster.keys.out(name, "out")
-        for _, fields in cluster.redis.xrange(key):
-            info = json.loads(fields.get(b"info", b"{}"))
-            group, seq = info.get("group"), info.get("seq")
-            if group in last and seq <= last[group]:
-                bad += 1
-            last[group] = seq
-    return bad
 
 
 def with_wait_replicas(flow_text: str, n: int) -> str:
