@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import TICKS, cpu_ticks  # noqa: E402
 from common import save  # noqa: E402
 
-from twinflow.testing.demo import Cluster  # noqa: E402
+from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
 from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
 from twinflow.testing.flow_bench import Publisher  # noqa: E402
 from twinflow.runtime.message import position_order  # noqa: E402
@@ -32,7 +32,7 @@ UPLINK = "uplink: {stream: uplink, batch_size: 2000}"
 def bursts(cap: int, messages: int, runs: int = 2) -> list[dict]:
     text = CHAINED.read_text().replace(UPLINK, f"uplink: {{stream: uplink, batch_size: 2000, max_batch_size: {cap}}}")
     assert f"max_batch_size: {cap}" in text
-    cluster = Cluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow="admission", text=text)
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow="admission", text=text).start(nodes=False)
     store = FlowStore(cluster.redis, FlowKeys("admission"), "bench")
     out = []
     try:

@@ -1,7 +1,7 @@
 """Chaos drills: a fault on one link or process of a live two-node cluster while a producer
 publishes, then a check of the promises (``twinflow drill NAME``).
 
-Each drill runs on a fresh :class:`~twinflow.chaos.drill_cluster.DrillCluster`
+Each drill runs on a fresh :class:`~twinflow.testing.local_cluster.LocalCluster`
 (every link through the fault proxy) with the chained flow by default
 (history -> AND join -> action, with the claim pair), so faults also hit
 pending joins and their time-outs. A producer publishes ``messages`` orders
@@ -39,9 +39,9 @@ from typing import Callable
 
 from ..runtime.waiting import wait_for
 from ..testing.messages import CHAINED, order_or_payment
-from .drill_cluster import DrillCluster
 from ..testing import checker
 from ..testing.checker import check_outputs
+from ..testing.local_cluster import LocalCluster
 from .report import timeline
 
 RTO_TARGET_S = 3.0
@@ -51,7 +51,7 @@ RTO_TARGET_S = 3.0
 class Drill:
     """What a drill function sees: the cluster, the roles at the start, the seeded random source."""
 
-    cluster: DrillCluster
+    cluster: LocalCluster
     master: str
     worker: str
     rng: random.Random
@@ -335,7 +335,7 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "redis-failover": redis_failover,
     "redis-cluster-failover": redis_cluster_failover,
 }
-# The drills on a Redis with replicas, and which (see DrillCluster's redis_mode).
+# The drills on a Redis with replicas, and which (see LocalCluster's redis_mode).
 REDIS_HA = {"redis-failover": "sentinel", "redis-cluster-failover": "cluster"}
 # The drills that run on a three-server ZooKeeper ensemble (the others on one server).
 ON_ENSEMBLE = {"zk-member-restart"}
@@ -351,7 +351,7 @@ KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-duri
 class Producer(threading.Thread):
     """Publishes the drill's messages at ``rate``; waits (and restarts its pacing) while ``gate`` is clear."""
 
-    def __init__(self, cluster: DrillCluster, total: int, rate: float, gate: threading.Event, batch: int = 50):
+    def __init__(self, cluster: LocalCluster, total: int, rate: float, gate: threading.Event, batch: int = 50):
         super().__init__(daemon=True, name="drill-producer")
         self.cluster, self.total, self.rate, self.gate, self.batch = cluster, total, rate, gate, batch
         self.ids: list[str] = []
@@ -390,8 +390,9 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
         wait_replicas = 1
     if wait_replicas is not None:
         flow_text = with_wait_replicas(flow_text, wait_replicas)
-    cluster = DrillCluster(flow_text, zk_members=3 if name in ON_ENSEMBLE else 1,
-                           redis_mode=REDIS_HA.get(name, "single"), wait_replicas=wait_replicas or 0).start()
+    cluster = LocalCluster(flow="drill", text=flow_text, nodes=("a", "b"), proxied=True,
+                           zk_members=3 if name in ON_ENSEMBLE else 1, redis_mode=REDIS_HA.get(name, "single"),
+                           wait_replicas=wait_replicas or 0).start()
     try:
         master = cluster.wait_ready()
         worker = cluster.other(master)
@@ -426,7 +427,7 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
             cluster.remove()
 
 
-def check(cluster: DrillCluster, sent: list[str], faults: list[float], kills_master: bool) -> dict:
+def check(cluster: LocalCluster, sent: list[str], faults: list[float], kills_master: bool) -> dict:
     """The promises, counted over every outlink by the one checker (see the module docstring)."""
     report = checker.check(cluster.outputs(), sent, faults, sequences=cluster.sequences())
     rto = report.rto_s
