@@ -5,15 +5,15 @@ Each drill runs on a fresh :class:`~twinflow.testing.local_cluster.LocalCluster`
 (every link through the fault proxy) with the chained flow by default
 (history -> AND join -> action, with the claim pair), so faults also hit
 pending joins and their time-outs. A producer publishes ``messages`` orders
-and payments (twinflow/testing/demo.py's mix) at ``rate`` per second; the drill
+and payments (twinflow/testing/messages.py) at ``rate`` per second; the drill
 injects its fault at a point given as a share of the messages sent. Then
-the checker reads every outlink and counts:
+the one checker (:mod:`twinflow.testing.checker`) reads every outlink and counts:
 
 - ``lost``: sent messages that never left the flow;
 - ``duplicated``: leavings beyond the first per message;
 - ``out_of_order``: resequence outputs out of sequence within a group;
 - ``stale_writes``: outputs written by a master after a newer epoch's first
-  write (one writer per epoch);
+  write, or at an epoch another node wrote at (one writer per epoch);
 - ``rto_s``: for each fault, the last sink write before it to the first
   after it (the largest, when a drill faults twice).
 
