@@ -37,7 +37,8 @@ def bursts(cap: int, messages: int, runs: int = 2) -> list[dict]:
     out = []
     try:
         cluster.start_nodes()
-        roles = {n: s["role"] for n, s in cluster.wait_ready().items()}
+        cluster.wait_ready()
+        roles = {n: s["role"] for n, s in cluster.statuses().items()}
         pids = {**{n: p.pid for n, p in cluster.nodes.items()}, "redis": cluster.services.redis.pid}
         for run in range(runs):
             pub = Publisher(cluster.redis, store.keys.uplink, order_or_payment)

@@ -46,7 +46,8 @@ def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow
     store = FlowStore(cluster.redis, FlowKeys(flow_name), "test")
     try:
         cluster.start_nodes()
-        statuses = cluster.wait_ready(timeout_s=150)
+        cluster.wait_ready(timeout_s=150)
+        statuses = cluster.statuses()
         addresses = [s["grpc_address"] for s in statuses.values()]
         sent = publish(store, 0, 4000)
         wait_until(lambda: cluster.sink_count() >= 500, 60, what="the master delivering")
