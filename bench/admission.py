@@ -19,10 +19,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import TICKS, cpu_ticks  # noqa: E402
 from common import save  # noqa: E402
 
-from twinflow.cluster.demo import CHAINED, Cluster, order_or_payment  # noqa: E402
-from twinflow.cluster.flow_bench import Publisher  # noqa: E402
-from twinflow.runtime.message import position_order  # noqa: E402
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
+from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
+from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
+from twinflow.testing.flow_bench import Publisher  # noqa: E402
+from twinflow.runtime.positions import position_order  # noqa: E402
+from twinflow.runtime.store.flow_keys import FlowKeys  # noqa: E402
+from twinflow.runtime.store.flow_store import FlowStore  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 
 UPLINK = "uplink: {stream: uplink, batch_size: 2000}"
@@ -31,12 +33,13 @@ UPLINK = "uplink: {stream: uplink, batch_size: 2000}"
 def bursts(cap: int, messages: int, runs: int = 2) -> list[dict]:
     text = CHAINED.read_text().replace(UPLINK, f"uplink: {{stream: uplink, batch_size: 2000, max_batch_size: {cap}}}")
     assert f"max_batch_size: {cap}" in text
-    cluster = Cluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow="admission", text=text)
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow="admission", text=text).start(nodes=False)
     store = FlowStore(cluster.redis, FlowKeys("admission"), "bench")
     out = []
     try:
         cluster.start_nodes()
-        roles = {n: s["role"] for n, s in cluster.wait_ready().items()}
+        cluster.wait_ready()
+        roles = {n: s["role"] for n, s in cluster.statuses().items()}
         pids = {**{n: p.pid for n, p in cluster.nodes.items()}, "redis": cluster.services.redis.pid}
         for run in range(runs):
             pub = Publisher(cluster.redis, store.keys.uplink, order_or_payment)

@@ -30,12 +30,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import TICKS, cpu_ticks, save  # noqa: E402
 
-from twinflow.chaos.invariants import check_outputs  # noqa: E402
-from twinflow.cluster.demo import Cluster  # noqa: E402
-from twinflow.cluster.flow_bench import percentile_ms as pct  # noqa: E402
+from twinflow.testing.checker import check_outputs  # noqa: E402
+from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
+from twinflow.testing.flow_bench import percentile_ms as pct  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
-from twinflow.runtime.message import position_order  # noqa: E402
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
+from twinflow.runtime.positions import position_order  # noqa: E402
+from twinflow.runtime.store.flow_keys import FlowKeys  # noqa: E402
+from twinflow.runtime.store.flow_store import FlowStore  # noqa: E402
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 
@@ -55,7 +56,7 @@ def chained_doc(seq: int, lone_every: int = 20) -> dict:
 class Run:
     def __init__(self, name: str, text: str, document):
         self.name, self.document = name, document
-        self.cluster = Cluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow=name, text=text)
+        self.cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow=name, text=text).start(nodes=False)
         self.store = FlowStore(self.cluster.redis, FlowKeys(name), "bench")
         self.seq = 0
         self.written: dict[str, float] = {}  # message ID -> uplink write time (s)

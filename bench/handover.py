@@ -17,8 +17,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import save  # noqa: E402
 
-from twinflow.chaos.invariants import check_sink, read_sink  # noqa: E402
-from twinflow.cluster.demo import Cluster, Publisher  # noqa: E402
+from twinflow.testing.checker import check_sink, read_sink  # noqa: E402
+from twinflow.testing.demo import Publisher  # noqa: E402
+from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
 from twinflow.cluster.grpc_server import request_handover  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 
@@ -27,7 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    cluster = Cluster(tempfile.mkdtemp(prefix="twinflow-bench-"))
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-")).start(nodes=False)
     try:
         cluster.start_nodes()
         cluster.wait_ready()
@@ -36,7 +37,7 @@ def main() -> None:
         runs = []
         for _ in range(args.runs):
             time.sleep(2.0)  # pacing between handovers under steady load, not a wait for a condition
-            master, epoch = cluster.master()
+            master, epoch = cluster.master_epoch()
             asked = time.time()
             r = request_handover(cluster.statuses()[master]["grpc_address"], timeout_s=5)
             assert r["ok"], r

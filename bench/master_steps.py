@@ -15,11 +15,11 @@ import time
 
 import redis
 
-from twinflow.cluster.demo import CHAINED, order_or_payment
+from twinflow.testing.messages import CHAINED, order_or_payment
 from twinflow.cluster.master_flow import MasterFlow
 from twinflow.cluster.master_steps import run_master_batch, write_pool
 from twinflow.cluster.on_cluster import flow_keys
-from twinflow.cluster.services import LocalServices
+from twinflow.testing.services import LocalServices
 from twinflow.cluster.uplink_rows import decode_rows
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.store.flow_store import FlowStore

@@ -23,11 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import TICKS, process_ticks, process_tree  # noqa: E402
-from twinflow.cluster.demo import CHAINED, Cluster, order_or_payment  # noqa: E402
-from twinflow.cluster.flow_bench import Publisher  # noqa: E402
-from twinflow.cluster.services import LocalServices  # noqa: E402
-from twinflow.runtime.message import position_order  # noqa: E402
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
+from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
+from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
+from twinflow.testing.flow_bench import Publisher  # noqa: E402
+from twinflow.testing.services import LocalServices  # noqa: E402
+from twinflow.runtime.positions import position_order  # noqa: E402
+from twinflow.runtime.store.flow_keys import FlowKeys  # noqa: E402
+from twinflow.runtime.store.flow_store import FlowStore  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 
 def tree_cpu(pid: int) -> dict[str, int]:
@@ -53,12 +55,12 @@ def main() -> None:
     base = tempfile.mkdtemp(prefix="twinflow-pair-profile-")
     services = LocalServices.start(base_dir=base, deadline_s=60)
     os.makedirs(f"{base}/cluster")
-    cluster = Cluster(f"{base}/cluster", flow="benchflow", services=services, text=CHAINED.read_text())
+    cluster = LocalCluster(f"{base}/cluster", flow="benchflow", services=services, text=CHAINED.read_text()).start(nodes=False)
     store = FlowStore(cluster.redis, FlowKeys("benchflow"), "bench")
     try:
         cluster.start_nodes()
         cluster.wait_ready()
-        master = cluster.master()[0]
+        master = cluster.master_epoch()[0]
         pids = {n: p.pid for n, p in cluster.nodes.items()}
         pub = Publisher(cluster.redis, store.keys.uplink, order_or_payment)
         for burst in range(args.bursts):

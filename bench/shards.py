@@ -33,13 +33,13 @@ from common import save  # noqa: E402
 
 import redis  # noqa: E402
 
-from twinflow.cluster.demo import CHAINED, order_or_payment  # noqa: E402
+from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
 from twinflow.cluster.on_cluster import flow_keys  # noqa: E402
-from twinflow.cluster.process import NodeProcess  # noqa: E402
-from twinflow.cluster.services import LocalServices  # noqa: E402
-from twinflow.cluster.spark_standalone import StandaloneSpark  # noqa: E402
+from twinflow.testing.processes import NodeProcess  # noqa: E402
+from twinflow.testing.services import LocalServices  # noqa: E402
+from twinflow.testing.spark_standalone import StandaloneSpark  # noqa: E402
 from twinflow.runtime.flowgraph import parse_graph  # noqa: E402
-from twinflow.runtime.message import position_order  # noqa: E402
+from twinflow.runtime.positions import position_order  # noqa: E402
 from twinflow.runtime.shards import ShardRouter, shard_graph  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 

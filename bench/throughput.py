@@ -19,22 +19,23 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import save, tree_rss_mib  # noqa: E402
 
-from twinflow.cluster.demo import Cluster  # noqa: E402
+from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
-from twinflow.runtime.store.flow_store import FlowKeys, FlowStore  # noqa: E402
+from twinflow.runtime.store.flow_keys import FlowKeys  # noqa: E402
+from twinflow.runtime.store.flow_store import FlowStore  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=50_000)
     args = ap.parse_args()
-    cluster = Cluster(tempfile.mkdtemp(prefix="twinflow-bench-"))
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-")).start(nodes=False)
     try:
         cluster.start_nodes()
         cluster.wait_ready()
         idle_mem = {n: round(tree_rss_mib(p.pid)) for n, p in cluster.nodes.items()}
         store = FlowStore(cluster.redis, FlowKeys(cluster.flow), "bench")
-        master, _ = cluster.master()
+        master, _ = cluster.master_epoch()
         worker = next(n for n in cluster.nodes if n != master)
         t0 = time.monotonic()
         for i in range(0, args.messages, 5000):

@@ -1,1 +1,2 @@
-"""Fault drills and the invariants they check (no loss, no double feed, order)."""
+"""Fault drills, the fault proxy and the failover simulator (the ``twinflow[chaos]`` extra); the
+promises they check are judged by :mod:`twinflow.testing.checker`."""

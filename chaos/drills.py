@@ -1,19 +1,19 @@
 """Chaos drills: a fault on one link or process of a live two-node cluster while a producer
 publishes, then a check of the promises (``twinflow drill NAME``).
 
-Each drill runs on a fresh :class:`~twinflow.chaos.drill_cluster.DrillCluster`
+Each drill runs on a fresh :class:`~twinflow.testing.local_cluster.LocalCluster`
 (every link through the fault proxy) with the chained flow by default
 (history -> AND join -> action, with the claim pair), so faults also hit
 pending joins and their time-outs. A producer publishes ``messages`` orders
-and payments (cluster/demo.py's mix) at ``rate`` per second; the drill
+and payments (twinflow/testing/messages.py) at ``rate`` per second; the drill
 injects its fault at a point given as a share of the messages sent. Then
-the checker reads every outlink and counts:
+the one checker (:mod:`twinflow.testing.checker`) reads every outlink and counts:
 
 - ``lost``: sent messages that never left the flow;
 - ``duplicated``: leavings beyond the first per message;
 - ``out_of_order``: resequence outputs out of sequence within a group;
 - ``stale_writes``: outputs written by a master after a newer epoch's first
-  write (one writer per epoch);
+  write, or at an epoch another node wrote at (one writer per epoch);
 - ``rto_s``: for each fault, the last sink write before it to the first
   after it (the largest, when a drill faults twice).
 
@@ -35,16 +35,15 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-from ..cluster.demo import order_or_payment
 from ..runtime.waiting import wait_for
-from .drill_cluster import DrillCluster
-from .invariants import check_outputs
+from ..testing.messages import CHAINED, order_or_payment
+from ..testing import checker
+from ..testing.checker import check_outputs
+from ..testing.local_cluster import LocalCluster
 from .report import timeline
 
-CHAINED = Path(__file__).resolve().parent.parent / "examples" / "cluster-chained.yaml"
 RTO_TARGET_S = 3.0
 
 
@@ -52,7 +51,7 @@ RTO_TARGET_S = 3.0
 class Drill:
     """What a drill function sees: the cluster, the roles at the start, the seeded random source."""
 
-    cluster: DrillCluster
+    cluster: LocalCluster
     master: str
     worker: str
     rng: random.Random
@@ -336,7 +335,7 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "redis-failover": redis_failover,
     "redis-cluster-failover": redis_cluster_failover,
 }
-# The drills on a Redis with replicas, and which (see DrillCluster's redis_mode).
+# The drills on a Redis with replicas, and which (see LocalCluster's redis_mode).
 REDIS_HA = {"redis-failover": "sentinel", "redis-cluster-failover": "cluster"}
 # The drills that run on a three-server ZooKeeper ensemble (the others on one server).
 ON_ENSEMBLE = {"zk-member-restart"}
@@ -352,7 +351,7 @@ KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-duri
 class Producer(threading.Thread):
     """Publishes the drill's messages at ``rate``; waits (and restarts its pacing) while ``gate`` is clear."""
 
-    def __init__(self, cluster: DrillCluster, total: int, rate: float, gate: threading.Event, batch: int = 50):
+    def __init__(self, cluster: LocalCluster, total: int, rate: float, gate: threading.Event, batch: int = 50):
         super().__init__(daemon=True, name="drill-producer")
         self.cluster, self.total, self.rate, self.gate, self.batch = cluster, total, rate, gate, batch
         self.ids: list[str] = []
@@ -391,8 +390,9 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
         wait_replicas = 1
     if wait_replicas is not None:
         flow_text = with_wait_replicas(flow_text, wait_replicas)
-    cluster = DrillCluster(flow_text, zk_members=3 if name in ON_ENSEMBLE else 1,
-                           redis_mode=REDIS_HA.get(name, "single"), wait_replicas=wait_replicas or 0).start()
+    cluster = LocalCluster(flow="drill", text=flow_text, nodes=("a", "b"), proxied=True,
+                           zk_members=3 if name in ON_ENSEMBLE else 1, redis_mode=REDIS_HA.get(name, "single"),
+                           wait_replicas=wait_replicas or 0).start()
     try:
         master = cluster.wait_ready()
         worker = cluster.other(master)
@@ -427,59 +427,15 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
             cluster.remove()
 
 
-def check(cluster: DrillCluster, sent: list[str], faults: list[float], kills_master: bool) -> dict:
-    """The promises, counted over every outlink (see the module docstring)."""
-    outputs = cluster.outputs()
-    report = check_outputs(outputs, sent)
-    everything = sorted((e for entries in outputs.values() for e in entries), key=lambda e: e.written_ms)
-    stale, newest = 0, 0
-    for e in everything:  # one writer per epoch: nothing from an older epoch after a newer one wrote
-        if e.epoch < newest:
-            stale += 1
-        newest = max(newest, e.epoch)
-    rto = None
-    for at in faults:
-        gap = recovery_s(everything, at)
-        if gap is not None:
-            rto = gap if rto is None else max(rto, gap)
-    out_of_order = _out_of_order(cluster, outputs)
-    passed = (report.lost == 0 and report.duplicated == 0 and report.unexpected == 0 and stale == 0
-              and out_of_order == 0 and (not kills_master or (rto is not None and rto < RTO_TARGET_S)))
-    return {"lost": report.lost, "duplicated": report.duplicated, "out_of_order": out_of_order,
-            "stale_writes": stale, "rto_s": None if rto is None else round(rto, 3), "passed": passed,
+def check(cluster: LocalCluster, sent: list[str], faults: list[float], kills_master: bool) -> dict:
+    """The promises, counted over every outlink by the one checker (see the module docstring)."""
+    report = checker.check(cluster.outputs(), sent, faults, sequences=cluster.sequences())
+    rto = report.rto_s
+    passed = report.promises_kept and (not kills_master or (rto is not None and rto < RTO_TARGET_S))
+    return {"lost": report.lost, "duplicated": report.duplicated, "out_of_order": report.out_of_order,
+            "stale_writes": report.stale_writes + report.two_writers,
+            "rto_s": None if rto is None else round(rto, 3), "passed": passed,
             "lost_ids": report.lost_ids, "duplicated_ids": report.duplicated_ids}
-
-
-def recovery_s(writes: list, at: float) -> float | None:
-    """Seconds from the last write before a fault at ``at`` (epoch s) to the first write after
-    it; when a newer epoch wrote after the fault, to that epoch's first write: a dying master's
-    commit in flight as the fault began is not a recovery. ``writes``: SinkEntry in time order."""
-    before = [w for w in writes if w.written_ms / 1000 <= at]
-    after = [w for w in writes if w.written_ms / 1000 > at]
-    if not before or not after:
-        return None
-    newer = [w for w in after if w.epoch > before[-1].epoch]
-    first = (newer or after)[0]
-    return (first.written_ms - before[-1].written_ms) / 1000
-
-
-def _out_of_order(cluster: DrillCluster, outputs: dict) -> int:
-    """Resequence outputs whose sequence number is not above the one before in their group."""
-    import json
-
-    bad = 0
-    for name, node in cluster.graph.nodes.items():
-        if node.kind != "resequence":
-            continue
-        last: dict = {}
-        key = cluster.keys.out(name, "out")
-        for _, fields in cluster.redis.xrange(key):
-            info = json.loads(fields.get(b"info", b"{}"))
-            group, seq = info.get("group"), info.get("seq")
-            if group in last and seq <= last[group]:
-                bad += 1
-            last[group] = seq
-    return bad
 
 
 def with_wait_replicas(flow_text: str, n: int) -> str:

@@ -109,7 +109,7 @@ def redis_url(flag: str | None) -> str:
         return os.environ["TWINFLOW_REDIS"]
     recorded = Path(".twinflow") / "services.json"
     if recorded.exists():
-        from twinflow.cluster.services import LocalServices
+        from twinflow.testing.services import LocalServices
 
         return LocalServices.load(recorded).redis_url
     raise SystemExit("no Redis: pass --redis, set TWINFLOW_REDIS, or run `twinflow services up`")

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from twinflow.runtime.waiting import wait_for
-from twinflow.cluster.services import LocalServices
+from twinflow.testing.services import LocalServices
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):

@@ -1,6 +1,6 @@
 """The drill report: timeline data from outputs, and the picture and Markdown drawn from it."""
 
-from twinflow.chaos.invariants import SinkEntry
+from twinflow.testing.checker import SinkEntry
 from twinflow.chaos.report import timeline, write_report
 
 COLUMNS = ["drill", "seed", "messages", "lost", "duplicated", "rto_s", "passed"]
@@ -38,7 +38,7 @@ def test_the_report_links_a_png_per_drill_and_the_rerun_of_a_failure(tmp_path):
 
 
 def test_recovery_runs_to_the_new_epochs_first_write_not_the_dying_masters_last():
-    from twinflow.chaos.drills import recovery_s
+    from twinflow.testing.checker import recovery_s
 
     ms = 1_800_000_000_000
     writes = [SinkEntry("m1", 1, "a", ms), SinkEntry("m2", 1, "a", ms + 1_001),  # in flight as the kill began

@@ -24,7 +24,7 @@ EXIT_REFUSED = 4
 
 
 def _local_services():
-    from twinflow.cluster.services import LocalServices
+    from twinflow.testing.services import LocalServices
 
     return LocalServices.load(SERVICES_STATE) if SERVICES_STATE.exists() else None
 
@@ -278,7 +278,7 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 # -- services ----------------------------------------------------------------
 def cmd_services(args) -> int:
-    from twinflow.cluster.services import LocalServices, ServiceError
+    from twinflow.testing.services import LocalServices, ServiceError
 
     state = Path(args.state)
     if args.action == "up":
@@ -351,12 +351,24 @@ def cmd_proxy(args) -> int:
 
 
 # -- drill -------------------------------------------------------------------
+def _need_extra(extra: str, *modules: str) -> None:
+    """Exit EXIT_UNAVAILABLE naming the extra to install when one of ``modules`` is missing: the
+    chaos tools' dependencies are not a node's (``pip install 'twinflow[chaos]'``)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"twinflow: this command needs {', '.join(missing)}: pip install 'twinflow[{extra}]'", file=sys.stderr)
+        raise SystemExit(EXIT_UNAVAILABLE)
+
+
 # --json prints these (stale writes count into "passed"; the table shows them too).
 DRILL_KEYS = ["drill", "seed", "messages", "lost", "duplicated", "out_of_order", "rto_s", "passed"]
 DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 
 
 def cmd_drill(args) -> int:
+    _need_extra("chaos", "toxiproxy", *(["matplotlib"] if args.report or args.name == "all" else []))
     from twinflow.chaos.drills import DRILLS, IN_NETNS, run_drill
     from twinflow.chaos.kernel_faults import KernelFaultsUnavailable, in_private_netns, netns_command
 
@@ -415,6 +427,7 @@ def cmd_drill(args) -> int:
 
 # -- simulate ----------------------------------------------------------------
 def cmd_simulate(args) -> int:
+    _need_extra("chaos", "fakeredis", "lupa")
     from twinflow.chaos.sim.simulator import run_once, simulate
 
     flow_text = None
@@ -467,7 +480,7 @@ def _simulate_text(out: dict, failures: list, rerun: str) -> str:
 
 # -- bench -------------------------------------------------------------------
 def cmd_bench(args) -> int:
-    from twinflow.cluster.flow_bench import Load, flow_vs_passthrough
+    from twinflow.testing.flow_bench import Load, flow_vs_passthrough
 
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     out = flow_vs_passthrough(Load(args.messages, args.rate, args.seconds), say)
@@ -497,7 +510,7 @@ def cmd_certs(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from twinflow.cluster.demo import run_demo
+    from twinflow.testing.demo import run_demo
 
     result = run_demo(messages=args.messages, rate=args.rate, kill_at=args.kill_at,
                       progress=not args.json, keep=args.keep, flow=args.flow)

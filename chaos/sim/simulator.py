@@ -41,12 +41,12 @@ from typing import Callable
 
 import yaml
 
-from ...cluster.demo import order_or_payment
+from ...testing.messages import order_or_payment
 from ...cluster.master_flow import outlink_streams
 from ...cluster.on_cluster import flow_keys
 from ...runtime.flowgraph import parse_graph
 from ...runtime.shards import shard_graph
-from ..invariants import sink_entry
+from ...testing.checker import Tally, read_sink_after
 from . import hostile
 from .redis_model import virtual_time
 from .world import START_TIME, Dims, Killed, SimNode, SimulationStuck, World
@@ -146,25 +146,28 @@ class Checker:
         self.streams = list(outlink_streams(world.graph, keys).values())
         self.failure = keys.failure
         self.after = {s: "0-0" for s in [*self.streams, self.failure]}
-        self.left: Counter = Counter()
+        self.tally = Tally()                         # the shared counting core: leavings, writers per epoch
         self.failed: Counter = Counter()             # uplink position -> records on the failure stream
         self.first_left: dict[str, float] = {}
         self.first_failed: dict[str, float] = {}
         self.published, self.hostiles, self.good, self.id_ttl = published, hostiles, good, id_ttl
         self.allowed: Counter = Counter()            # leaves excused by ID expiry, per ID
         self.counts: Counter = Counter()
-        self.writer: dict[int, str] = {}
-        self.newest = 0
         self._commits_seen = -1
         self._records_seen = -1
         self._failovers = 0
         self.erased_failures: set[str] = set()   # positions whose failure record a failover erased
         self.step_began = START_TIME
 
+    @property
+    def left(self) -> Counter:
+        """Message ID -> times it left the flow."""
+        return self.tally.left
+
     def _resync(self, problems: list[str]) -> None:
         """After a Redis failover: what left is what the streams hold now."""
-        before = self.left
-        self.left = Counter()
+        before = self.tally.left
+        self.tally.left = Counter()
         for stream in self.streams:
             self.after[stream] = "0-0"
         self._read_outputs([], recount=True)
@@ -205,12 +208,12 @@ class Checker:
         for stream in self.streams:
             for position, e in read_sink_after(self.world.redis, stream, self.after[stream]):
                 self.after[stream] = position
+                again = self.tally.count(e)
                 for member in e.id.split("+"):
-                    self.left[member] += 1
                     self.first_left.setdefault(member, self.step_began)
                     if recount:
                         continue
-                    if self.left[member] > 1:
+                    if member in again:
                         if self._expired_again(member, now):
                             continue
                         problems.append(f"{member} left the flow {self.left[member]} times "
@@ -219,13 +222,7 @@ class Checker:
                         problems.append(f"{member} left the flow and by the failure path")
                 if recount:
                     continue
-                first = self.writer.setdefault(e.epoch, e.node)
-                if first != e.node:
-                    problems.append(f"two writers at epoch {e.epoch}: {first} and {e.node}")
-                if e.epoch < self.newest:
-                    problems.append(f"stale write: {e.node} wrote {e.id} at epoch {e.epoch} after epoch "
-                                    f"{self.newest} had written")
-                self.newest = max(self.newest, e.epoch)
+                problems.extend(self.tally.judge_writer(e))
 
     def _expired_again(self, member: str, now: float) -> bool:
         """A second leave that a re-published message may make once its ID expired."""
@@ -271,11 +268,6 @@ class Checker:
             hid = self.hostiles.get(position)
             if hid is not None and self.left[hid]:
                 problems.append(f"{hid!r} (at {position}) left the flow and by the failure path ({reason})")
-
-
-def read_sink_after(client, stream: str, after: str):
-    """(position, SinkEntry) for each entry of ``stream`` after ``after``."""
-    return [(eid.decode(), sink_entry(eid, fields)) for eid, fields in client.xrange(stream, min="(" + after)]
 
 
 class Schedule:
@@ -593,17 +585,16 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
             if not _step(world, schedule, checker, result, i, faults=False):
                 return result
             i += 1
-        sent = set(schedule.sent)
-        lost = sorted(sent - checker.left.keys())
-        result.sent, result.left, result.lost = len(sent), len(sent & checker.left.keys()), len(lost)
-        result.duplicated = sum(c - 1 - checker.allowed[m] for m, c in checker.left.items() if c > 1)
         hostile_ids = {h for h in schedule.hostiles.values() if h is not None}
-        unexpected = sorted(checker.left.keys() - sent - hostile_ids)
+        report = checker.tally.report(schedule.sent, checker.allowed, may_leave=hostile_ids)
+        result.sent, result.left, result.lost = report.sent, report.delivered, report.lost
+        result.duplicated = report.duplicated
+        lost, unexpected = report.lost_ids, report.unexpected_ids
         stuck = [p for p, h in schedule.hostiles.items()
                  if not ((h is not None and checker.left[h]) or checker.failed[p])]
         problems = []
         if lost:
-            problems.append(f"{len(lost)} messages never left the flow within {settle_s:.0f} s after the "
+            problems.append(f"{report.lost} messages never left the flow within {settle_s:.0f} s after the "
                             f"faults ended: {', '.join(lost[:10])}")
         erased = [p for p in stuck if p in checker.erased_failures or p in world.erased_failures]
         if erased:  # its failure record was written, then a failover erased it
@@ -657,7 +648,7 @@ def _step(world: World, schedule: Schedule, checker: Checker, result: RunResult,
     if problems:
         _report(world, result, [f"step {i}: {p}" for p in problems])
         if result.problems:
-            result.duplicated = sum(c - 1 - checker.allowed[m] for m, c in checker.left.items() if c > 1)
+            result.duplicated = checker.tally.report((), checker.allowed).duplicated
             return False
     return True
 

@@ -19,8 +19,8 @@ import redis
 from kazoo.client import KazooClient
 
 from tests.conftest import wait_until
-from twinflow.chaos.invariants import check_sink, read_sink
-from twinflow.cluster.process import NodeProcess
+from twinflow.testing.checker import check_sink, read_sink
+from twinflow.testing.processes import NodeProcess
 
 FLOW = """\
 flow: {name}

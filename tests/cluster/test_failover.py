@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.chaos.invariants import check_sink, failover_seconds, read_sink
-from twinflow.cluster.demo import Cluster, Publisher
+from twinflow.testing.checker import check_sink, failover_seconds, read_sink
+from twinflow.testing.demo import Publisher
+from twinflow.testing.local_cluster import LocalCluster
 from twinflow.cluster.grpc_server import node_status, publish, request_handover
 from tests.conftest import wait_until
 from tests.integration.test_metrics import scrape, value
@@ -25,7 +26,7 @@ BAD = [b"{not json", json.dumps({"seq": 1}).encode(), json.dumps({"id": "no-key"
 
 @pytest.fixture
 def cluster(tmp_path, services, flow_name):
-    c = Cluster(str(tmp_path), flow=flow_name, services=services)
+    c = LocalCluster(str(tmp_path), flow=flow_name, services=services).start(nodes=False)
     for n in c.nodes.values():  # a free port each, found in the node's log (metrics_address)
         n.extra_args += ["--metrics-listen", "127.0.0.1:0"]
     c.start_nodes()
@@ -57,7 +58,7 @@ def wait_all_delivered(cluster, ids, timeout_s=90):
 
 
 def test_sigkill_of_master_mid_stream_delivers_every_message_exactly_once(cluster):
-    old_master, old_epoch = cluster.master()
+    old_master, old_epoch = cluster.master_epoch()
     pub = Publisher(cluster, MESSAGES, RATE)
     pub.start()
     wait_until(lambda: len(pub.ids) >= MESSAGES * 0.4, 30, what="40% published")
@@ -73,7 +74,7 @@ def test_sigkill_of_master_mid_stream_delivers_every_message_exactly_once(cluste
     assert report.exactly_once, report
     assert report.delivered == MESSAGES
 
-    new_master, new_epoch = cluster.master()
+    new_master, new_epoch = cluster.master_epoch()
     assert new_master != old_master and new_epoch > old_epoch
     fo = failover_seconds(entries, old_epoch, killed_at)
     print(f"failover: {fo:.2f} s from SIGKILL to the first sink write of the new master")
@@ -89,7 +90,7 @@ def test_sigkill_of_master_mid_stream_delivers_every_message_exactly_once(cluste
 
 
 def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
-    first, epoch1 = cluster.master()
+    first, epoch1 = cluster.master_epoch()
     second = next(n for n in cluster.nodes if n != first)
     metrics = {n: metrics_address(cluster, n) for n in (first, second)}
     who = {n: {"flow": cluster.flow, "node": n} for n in (first, second)}
@@ -109,8 +110,8 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     result = request_handover(cluster.statuses()[first]["grpc_address"], timeout_s=5)
     assert result["ok"] and result["new_master"] == second, result
     print(f"handover by RPC: {result['seconds'] * 1000:.0f} ms")
-    wait_until(lambda: (m := cluster.master()) is not None and m[0] == second, 5, what="second as master")
-    assert cluster.master()[1] > epoch1
+    wait_until(lambda: (m := cluster.master_epoch()) is not None and m[0] == second, 5, what="second as master")
+    assert cluster.master_epoch()[1] > epoch1
     st = node_status(cluster.statuses()[first]["grpc_address"])
     assert st["role"] == "worker"  # the old master stays, as a worker
     assert metric(second, "twinflow_is_master") == 1 and metric(second, "twinflow_epoch") > epoch1
@@ -120,7 +121,7 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     # 2. SIGTERM of the new master at 70%: it hands back, then exits cleanly.
     wait_until(lambda: len(pub.ids) >= MESSAGES * 0.7, 30, what="70% published")
     assert cluster.nodes[second].terminate(deadline_s=30) == 0
-    wait_until(lambda: (m := cluster.master()) is not None and m[0] == first, 10, what="first as master again")
+    wait_until(lambda: (m := cluster.master_epoch()) is not None and m[0] == first, 10, what="first as master again")
 
     pub.join(timeout=60)
     assert pub.error is None

@@ -17,7 +17,7 @@ import pytest
 
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
-from twinflow.cluster.demo import order_or_payment
+from twinflow.testing.messages import order_or_payment
 
 pytestmark = pytest.mark.cluster
 

@@ -13,8 +13,8 @@ import time
 import pytest
 import redis
 
-from twinflow.chaos.invariants import check_sink, read_sink
-from twinflow.cluster.demo import FLOW, Cluster
+from twinflow.testing.checker import check_sink, read_sink
+from twinflow.testing.local_cluster import CLAIM_PAIR, LocalCluster
 from twinflow.cluster.grpc_server import node_status
 from twinflow.runtime.positions import position_order
 from twinflow.runtime.store.flow_keys import FlowKeys
@@ -41,13 +41,14 @@ def status_cli(flow_path, redis_url: str, nodes: list[str]) -> subprocess.Comple
 
 def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow_name):
     # retention 0: the master trims the uplink as soon as it is safe (every 10 s)
-    text = FLOW.format(name=flow_name, bake_time=5.0).replace("{stream: uplink}", "{stream: uplink, retention: 0}")
+    text = CLAIM_PAIR.format(name=flow_name, bake_time=5.0).replace("{stream: uplink}", "{stream: uplink, retention: 0}")
     assert "retention: 0" in text
-    cluster = Cluster(str(tmp_path), flow=flow_name, text=text)
+    cluster = LocalCluster(str(tmp_path), flow=flow_name, text=text).start(nodes=False)
     store = FlowStore(cluster.redis, FlowKeys(flow_name), "test")
     try:
         cluster.start_nodes()
-        statuses = cluster.wait_ready(timeout_s=150)
+        cluster.wait_ready(timeout_s=150)
+        statuses = cluster.statuses()
         addresses = [s["grpc_address"] for s in statuses.values()]
         sent = publish(store, 0, 4000)
         wait_until(lambda: cluster.sink_count() >= 500, 60, what="the master delivering")
@@ -93,7 +94,7 @@ def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow
 def test_a_node_away_longer_than_the_retention_refuses_to_resume(tmp_path, services, flow_name):
     # Its checkpoint would resume after entry 2; the master trimmed up to entry 5 meanwhile.
     flow_path = tmp_path / "flow.yaml"
-    flow_path.write_text(FLOW.format(name=flow_name, bake_time=5.0))
+    flow_path.write_text(CLAIM_PAIR.format(name=flow_name, bake_time=5.0))
     store = FlowStore(redis.Redis.from_url(services.redis_url), FlowKeys(flow_name), "node-a")
     ids = store.publish([json.dumps({"id": f"m{i}", "seq": i}).encode() for i in range(8)])
     store.commit(1, Step(mark=ids[5]))

@@ -18,10 +18,10 @@ import redis
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
 from tests.integration.test_redis_cluster import owner_and_other
-from twinflow.chaos.invariants import check_outputs, read_outputs
-from twinflow.cluster.demo import CHAINED, order_or_payment
+from twinflow.testing.checker import check_outputs, read_outputs
+from twinflow.testing.messages import CHAINED, order_or_payment
 from twinflow.cluster.master_flow import outlink_streams
-from twinflow.cluster.services import LocalRedisCluster
+from twinflow.testing.redis_ha import LocalRedisCluster
 from twinflow.runtime.flowgraph import load_graph
 from twinflow.runtime.store.flow_keys import FlowKeys
 pytestmark = pytest.mark.cluster

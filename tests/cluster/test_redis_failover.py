@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import wait_until
 from twinflow.cluster.connect import connect_redis
-from twinflow.cluster.services import LocalRedisCluster
+from twinflow.testing.redis_ha import LocalRedisCluster
 from twinflow.runtime.message import Message
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore, RedisUnavailable

@@ -20,9 +20,10 @@ import redis
 
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
-from twinflow.cluster.services import LocalSentinel
+from twinflow.testing.redis_ha import LocalSentinel
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore, RedisUnavailable
+
 pytestmark = pytest.mark.cluster
 
 FLOW = """\

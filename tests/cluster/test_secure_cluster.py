@@ -24,7 +24,7 @@ import trustme
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
 from twinflow.client import Client
-from twinflow.cluster.services import LocalRedis
+from twinflow.testing.services import LocalRedis
 from twinflow.grpc_security import GrpcSecurity, TlsFiles
 
 pytestmark = pytest.mark.cluster

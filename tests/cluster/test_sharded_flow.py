@@ -19,12 +19,12 @@ import redis
 from tests.cluster.harness import Flow
 from tests.conftest import wait_until
 from tests.integration.test_metrics import scrape
-from twinflow.chaos.invariants import check_outputs, read_outputs
-from twinflow.cluster.demo import CHAINED, order_or_payment
+from twinflow.testing.checker import check_outputs, read_outputs
+from twinflow.testing.messages import CHAINED, order_or_payment
 from twinflow.cluster.grpc_server import publish as grpc_publish
 from twinflow.cluster.master_flow import outlink_streams
 from twinflow.cluster.on_cluster import flow_keys
-from twinflow.cluster.spark_standalone import StandaloneSpark
+from twinflow.testing.spark_standalone import StandaloneSpark
 from twinflow.runtime.flowgraph import load_graph
 from twinflow.runtime.shards import ShardRouter, shard_graph
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.cluster.services import free_port
+from twinflow.testing.servers import free_port
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore
+
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "cluster.yaml")
 
 

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import wait_until
 from twinflow.cluster.escalation import MAX_IN_FLIGHT, EscalationSender, EscalationServicer, StaleEpoch
 from twinflow.cluster.grpc_server import create_server
-from twinflow.cluster.services import free_port
+from twinflow.testing.servers import free_port
 
 FLOW = "orders"
 

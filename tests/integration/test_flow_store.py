@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from twinflow.cluster.services import free_port, redis_answers
+from twinflow.testing.servers import free_port, redis_answers
 from twinflow.cluster.master_flow import MasterFlow
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.message import Message

@@ -28,7 +28,8 @@ from twinflow.cluster.grpc_server import (
     publish,
     request_handover,
 )
-from twinflow.cluster.services import LocalServices, redis_answers
+from twinflow.testing.servers import redis_answers
+from twinflow.testing.services import LocalServices
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.wire import twinflow_pb2 as pb

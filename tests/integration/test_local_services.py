@@ -2,8 +2,9 @@
 
 import socket
 
-from twinflow.cluster import services as services_module
-from twinflow.cluster.services import LocalServices, redis_answers, zk_answers
+from twinflow.testing import servers as servers_module
+from twinflow.testing.servers import redis_answers, zk_answers
+from twinflow.testing.services import LocalServices
 
 
 def test_a_port_taken_before_the_server_binds_it_is_retried(monkeypatch, tmp_path):
@@ -13,7 +14,7 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(monkeypatch, tmp_pat
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     taken = squatter.getsockname()[1]
-    real_free_port = services_module.free_port
+    real_free_port = servers_module.free_port
     picks: list[int] = []
 
     def first_pick_taken() -> int:
@@ -21,7 +22,7 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(monkeypatch, tmp_pat
         picks.append(port)
         return port
 
-    monkeypatch.setattr(services_module, "free_port", first_pick_taken)
+    monkeypatch.setattr(servers_module, "free_port", first_pick_taken)
     svc = LocalServices.start(base_dir=str(tmp_path))
     try:
         assert picks.count(taken) == 2, picks
@@ -38,7 +39,7 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(monkeypatch, tmp_pat
 def test_a_zookeeper_ensemble_survives_its_leader_restarting(tmp_path):
     from kazoo.client import KazooClient
 
-    from twinflow.cluster.services import LocalZkEnsemble
+    from twinflow.testing.zk_ensemble import LocalZkEnsemble
 
     ens = LocalZkEnsemble.start(str(tmp_path), n=3)
     zk = KazooClient(hosts=ens.hosts, timeout=10.0)

@@ -24,7 +24,7 @@ from kazoo.client import KazooClient
 from twinflow import logs
 from twinflow.cluster.connect import connect_zookeeper
 from twinflow.cluster.leadership import Leadership
-from twinflow.cluster.services import free_port
+from twinflow.testing.servers import free_port
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.store.flow_keys import FlowKeys

@@ -17,7 +17,7 @@ import redis
 import trustme
 
 from twinflow.cluster.connect import ServiceUnavailable, connect_redis
-from twinflow.cluster.services import LocalRedis, RedisTls
+from twinflow.testing.services import LocalRedis, RedisTls
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.runtime.store.redis_auth import (ENV_CA, ENV_CERT, ENV_KEY, ENV_PASSWORD, RedisSettingsError,

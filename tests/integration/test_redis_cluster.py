@@ -8,7 +8,7 @@ import redis
 
 from twinflow.cluster.connect import connect_redis
 from twinflow.cluster.master_flow import MasterFlow
-from twinflow.cluster.services import LocalRedisCluster
+from twinflow.testing.redis_ha import LocalRedisCluster
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.message import Message
 from twinflow.runtime.store.flow_keys import FlowKeys

@@ -12,7 +12,7 @@ import redis
 
 from tests.conftest import wait_until
 from twinflow.cluster.connect import connect_redis
-from twinflow.cluster.services import LocalSentinel
+from twinflow.testing.redis_ha import LocalSentinel
 from twinflow.runtime.message import Message
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore, RedisUnavailable

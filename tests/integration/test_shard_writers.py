@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 import redis
 
-from twinflow.chaos.invariants import read_outputs
+from twinflow.testing.checker import read_outputs
 from twinflow.cluster.master_flow import outlink_streams
 from twinflow.cluster.on_cluster import flow_keys
 from twinflow.cluster.shard_task import ShardPlan, run_shard

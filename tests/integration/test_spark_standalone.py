@@ -8,8 +8,8 @@ import os
 from pyspark.sql import SparkSession
 
 import twinflow
-from twinflow.cluster.services import _pid_alive
-from twinflow.cluster.spark_standalone import StandaloneSpark
+from twinflow.testing.servers import pid_alive
+from twinflow.testing.spark_standalone import StandaloneSpark
 from twinflow.runtime.spark.session import build_session
 
 
@@ -43,4 +43,4 @@ def test_tasks_run_on_the_executor_with_twinflow_importable(tmp_path):
                 spark.stop()
     finally:
         cluster.stop()
-    assert not _pid_alive(cluster.worker_pid) and not _pid_alive(cluster.master_pid)
+    assert not pid_alive(cluster.worker_pid) and not pid_alive(cluster.master_pid)

@@ -22,7 +22,7 @@ import redis
 from pyspark.sql import SparkSession
 
 from twinflow.chaos.tcp_proxy import TcpProxy
-from twinflow.cluster.services import free_port
+from twinflow.testing.servers import free_port
 from twinflow.runtime.spark.session import build_session
 from twinflow.runtime.spark.source import (
     DEFAULT_MAX_BODY_BYTES,

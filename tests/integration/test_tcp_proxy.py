@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from twinflow.chaos.tcp_proxy import TcpProxy
-from twinflow.cluster.services import free_port
+from twinflow.testing.servers import free_port
 from tests.conftest import wait_until
 
 TIMEOUT_S = 0.5

@@ -40,7 +40,8 @@ from ..runtime.positions import position_order
 from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.waiting import wait_for
-from .demo import CHAINED, Cluster, order_or_payment
+from .local_cluster import LocalCluster
+from .messages import CHAINED, order_or_payment
 from .services import LocalServices
 
 PASSTHROUGH_BATCH_SIZES = (2000, 10_000, 50_000)
@@ -188,7 +189,7 @@ def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
     """The two-node cluster on the chained flow (``text``: another flow file of orders and payments)."""
     workdir = tempfile.mkdtemp(prefix="twinflow-bench-flow-")
     name = "benchflow"
-    cluster = Cluster(workdir, flow=name, services=services, text=text or CHAINED.read_text())
+    cluster = LocalCluster(workdir, flow=name, services=services, text=text or CHAINED.read_text()).start(nodes=False)
     store = FlowStore(cluster.redis, FlowKeys(name), "bench")
     pub = Publisher(cluster.redis, store.keys.uplink, order_or_payment)
 

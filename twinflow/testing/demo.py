@@ -18,132 +18,24 @@ leave the flow exactly once, through one outlink.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
-import redis
-
-from ..chaos.invariants import check_outputs, failover_seconds, read_outputs, read_sink
-from ..runtime.flowgraph import load_graph
-from ..runtime.store.flow_keys import FlowKeys
 from ..client import publish
-from .master_flow import outlink_streams
-from ..runtime.waiting import wait_for
-from .process import NodeProcess
-from .services import LocalServices
+from .checker import check_outputs, failover_seconds, read_sink
+from .local_cluster import LocalCluster
+from .messages import CHAINED, order_or_payment
 
-# The demo runs from a source checkout (`make demo`), where the example lives.
-CHAINED = Path(__file__).resolve().parent.parent / "examples" / "cluster-chained.yaml"
 FLOWS = ("chained", "claim-pair")
-
-FLOW = """\
-flow: {name}
-uplink: {{stream: uplink}}
-message: {{id: id, id_ttl: 86400}}
-input: deliver
-nodes:
-  deliver: {{type: action, sink: {{stream: sink}}}}
-  sort: {{type: sort, pairs_with: deliver, key: seq, key_type: int, bake_time: {bake_time}, unclaimed_outlink: done}}
-cluster: {{session_timeout: 2.0}}
-"""
-
-
-class Cluster:
-    """Local services plus N node processes of one flow, for the demo, tests and benches."""
-
-    def __init__(self, workdir: str, flow: str = "demo", nodes: int = 2, bake_time: float = 5.0,
-                 services: LocalServices | None = None, text: str | None = None):
-        """``text``: the flow file to run (its ``flow:`` is replaced by ``flow``); default the claim pair."""
-        self.workdir = Path(workdir)
-        self.flow = flow
-        self.owns_services = services is None
-        self.services = services or LocalServices.start(base_dir=str(self.workdir / "services"), deadline_s=30)
-        self.redis = redis.Redis.from_url(self.services.redis_url)
-        self.flow_path = self.workdir / "flow.yaml"
-        if text is None:
-            text = FLOW.format(name=flow, bake_time=bake_time)
-        self.flow_path.write_text(re.sub(r"(?m)^flow: .*$", f"flow: {flow}", text, count=1))
-        self.graph = load_graph(self.flow_path)
-        self.nodes = {
-            f"node-{chr(ord('a') + i)}": NodeProcess(
-                f"node-{chr(ord('a') + i)}", str(self.flow_path), self.services.redis_url,
-                self.services.zk_hosts, str(self.workdir / "state"),
-                str(self.workdir / f"node-{chr(ord('a') + i)}.log"))
-            for i in range(nodes)
-        }
-        self.sink_key = f"tf:{{{flow}}}:sink"
-        self.failure_key = f"tf:{{{flow}}}:failure"
-
-    def start_nodes(self) -> None:
-        for n in self.nodes.values():
-            n.start()
-
-    def statuses(self) -> dict[str, dict]:
-        out = {}
-        for node_id in self.nodes:
-            h = self.redis.hgetall(f"tf:{{{self.flow}}}:node:{node_id}")
-            if h:
-                out[node_id] = {k.decode(): v.decode() for k, v in h.items()}
-        return out
-
-    def wait_ready(self, timeout_s: float = 120.0) -> dict[str, dict]:
-        """Until every live node streams and exactly one is master; returns the statuses."""
-
-        def ready():
-            st = self.statuses()
-            live = [n for n, p in self.nodes.items() if p.alive()]
-            if any(st.get(n, {}).get("streaming") != "1" for n in live):
-                return None
-            masters = [n for n in live if st[n]["role"] == "master"]
-            return st if len(masters) == 1 else None
-
-        st = wait_for(ready, timeout_s)
-        if st is None:
-            raise RuntimeError("cluster did not become ready:\n" + self.logs())
-        return st
-
-    def master(self) -> tuple[str, int] | None:
-        for node_id, st in self.statuses().items():
-            if st.get("role") == "master" and self.nodes[node_id].alive():
-                return node_id, int(st["epoch"])
-        return None
-
-    def live_address(self, avoid: str | None = None) -> str | None:
-        st = self.statuses()
-        for node_id, p in self.nodes.items():
-            if p.alive() and node_id != avoid and node_id in st:
-                return st[node_id]["grpc_address"]
-        return None
-
-    def sink_count(self) -> int:
-        return self.redis.xlen(self.sink_key)
-
-    def outputs(self) -> dict:
-        """What left through each outlink so far ("node.outlink" -> entries)."""
-        return read_outputs(self.redis, outlink_streams(self.graph, FlowKeys(self.flow)))
-
-    def logs(self) -> str:
-        parts = [f"--- {n} ---\n{p.log_tail()}" for n, p in self.nodes.items()]
-        return "\n".join(parts) + "\n" + self.services.logs()
-
-    def stop(self) -> None:
-        for p in self.nodes.values():
-            if p.proc is not None:
-                p.terminate(deadline_s=15)
-        if self.owns_services:
-            self.services.stop()
-
 
 class Publisher(threading.Thread):
     """Publishes documents {id, seq} through the Ingest service at a steady rate."""
 
-    def __init__(self, cluster: Cluster, count: int, rate: float, batch: int = 50, prefix: str = "m",
+    def __init__(self, cluster: LocalCluster, count: int, rate: float, batch: int = 50, prefix: str = "m",
                  document: Callable[[int], dict] | None = None):
         """``document(seq)`` builds message ``seq`` (default ``{id, seq}``)."""
         super().__init__(daemon=True, name="publisher")
@@ -185,21 +77,6 @@ class Publisher(threading.Thread):
             time.sleep(0.05)
 
 
-def order_or_payment(seq: int) -> dict:
-    """Message ``seq`` of the chained demo: orders and their payments, in pairs. Order 10k+9
-    never gets a payment (it expires); order 10k+4's second message is the order sent again
-    under a new message ID (the history sends it to ``duplicate``)."""
-    k, second = divmod(seq, 2)
-    doc = {"id": f"o{k:06d}", "uuid": f"order-{k}", "type": "order", "order_id": k, "seq": seq}
-    if second and k % 10 == 9:
-        return {**doc, "id": f"x{k:06d}", "uuid": f"lone-{k}", "order_id": -k}  # an order alone
-    if second and k % 10 == 4:
-        return {**doc, "id": f"d{k:06d}"}  # the same order again
-    if second:
-        return {"id": f"p{k:06d}", "uuid": f"payment-{k}", "type": "payment", "order_id": k, "seq": seq}
-    return doc
-
-
 def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, progress: bool = True,
              keep: bool = False, flow: str = "chained") -> dict:
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
@@ -208,14 +85,14 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
     chained = flow == "chained"
     if chained and not CHAINED.exists():
         raise RuntimeError(f"the demo runs from a source checkout ({CHAINED} is missing)")
-    cluster = Cluster(workdir, text=CHAINED.read_text() if chained else None)
+    cluster = LocalCluster(workdir, text=CHAINED.read_text() if chained else None).start(nodes=False)
     say(f"redis {cluster.services.redis_url}  zookeeper {cluster.services.zk_hosts}")
     try:
         cluster.start_nodes()
         say("starting two nodes (Spark takes 10-20 s to start)...")
         t0 = time.monotonic()
         cluster.wait_ready()
-        old_master, old_epoch = cluster.master()
+        old_master, old_epoch = cluster.master_epoch()
         say(f"ready in {time.monotonic() - t0:.1f} s: {old_master} is master (epoch {old_epoch})")
 
         pub = Publisher(cluster, messages, rate, document=order_or_payment if chained else None)
@@ -250,7 +127,7 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
             "duplicated": report.duplicated,
             "failover_s": round(fo, 3) if fo is not None else None,
             "killed": old_master,
-            "new_master": (cluster.master() or ("?", 0))[0],
+            "new_master": (cluster.master_epoch() or ("?", 0))[0],
             "outlinks": {name: len(entries) for name, entries in outputs.items() if entries},
         }
         if progress:

@@ -36,7 +36,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .services import PORT_ATTEMPTS, ServiceError, _log_tail, _pid_alive, _PortTaken, _spawn, _stop_pid, free_port
+from .servers import PORT_ATTEMPTS, PortTaken, ServiceError, free_port, log_tail, pid_alive, spawn, stop_pid
 
 # For the master and worker JVMs (not executors: their options come from the driver's conf).
 DAEMON_JAVA_OPTS = " ".join([
@@ -124,7 +124,7 @@ class StandaloneSpark:
         """Stop the worker, then the master, by PID (TERM, then KILL after the deadline)."""
         for pid in (self.worker_pid, self.master_pid):
             if pid:
-                _stop_pid(pid, deadline_s)
+                stop_pid(pid, deadline_s)
                 # The worker kills its executors when TERMed; sweep each process group (a session
                 # of its own: executors, their Python workers, spark-class's launcher JVM) in case
                 # the leader had to be KILLed or was stopped before spark-class exec'd java.
@@ -132,7 +132,7 @@ class StandaloneSpark:
 
     def logs(self) -> str:
         """The tail of both logs, for a failing test or bench."""
-        return "\n".join(f"--- {name} ({log}) ---\n{_log_tail(log)}"
+        return "\n".join(f"--- {name} ({log}) ---\n{log_tail(log)}"
                          for name, log in (("master", self.master_log), ("worker", self.worker_log)) if log)
 
     # -- start-up ----------------------------------------------------------------------------
@@ -155,7 +155,7 @@ class StandaloneSpark:
 
     def _spark_class(self, main: str, *args: str) -> list[str]:
         # `env` passes the variables without touching this process's environment and
-        # exec()s spark-class, which exec()s java: the PID _spawn returns is the JVM's.
+        # exec()s spark-class, which exec()s java: the PID spawn returns is the JVM's.
         env = [f"{k}={v}" for k, v in self._env().items()]
         return ["env", *env, str(Path(spark_home()) / "bin" / "spark-class"), main, *args]
 
@@ -163,7 +163,7 @@ class StandaloneSpark:
         self.master_log = str(Path(self.base_dir) / "master.log")
         for attempt in range(PORT_ATTEMPTS):
             self.master_port, self.master_webui_port = free_port(), free_port()
-            self.master_pid = _spawn(self._spark_class(
+            self.master_pid = spawn(self._spark_class(
                 "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                 "--port", str(self.master_port), "--webui-port", str(self.master_webui_port)),
                 Path(self.master_log))
@@ -171,7 +171,7 @@ class StandaloneSpark:
                 # The URL check also rules out some other server that took the web UI's port.
                 self._wait(end, "the master", lambda s: s.get("status") == "ALIVE" and s.get("url") == self.master_url)
                 return
-            except _PortTaken:
+            except PortTaken:
                 if attempt == PORT_ATTEMPTS - 1:
                     raise
                 self._set_aside(self.master_log, self.master_port)
@@ -181,7 +181,7 @@ class StandaloneSpark:
         for attempt in range(PORT_ATTEMPTS):
             # The worker's RPC port is Spark's pick (port 0): it tells the master itself.
             self.worker_webui_port = free_port()
-            self.worker_pid = _spawn(self._spark_class(
+            self.worker_pid = spawn(self._spark_class(
                 "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                 "--cores", str(self.cores), "--memory", self.memory,
                 "--webui-port", str(self.worker_webui_port), "--work-dir", self.work_dir, self.master_url),
@@ -191,23 +191,23 @@ class StandaloneSpark:
                     w.get("state") == "ALIVE" and w.get("cores") == self.cores and w.get("host") == "127.0.0.1"
                     for w in s.get("workers", [])))
                 return
-            except _PortTaken:
+            except PortTaken:
                 if attempt == PORT_ATTEMPTS - 1:
                     raise
                 self._set_aside(self.worker_log, self.worker_webui_port)
 
     def _wait(self, end: float, what: str, ready) -> None:
         """Poll the master's /json/ until ``ready(state)``; raise if a started process exits
-        (_PortTaken when its log says it could not bind) or at ``end``."""
+        (PortTaken when its log says it could not bind) or at ``end``."""
         while True:
             state = self.state(timeout_s=1.0)
             if state is not None and ready(state):
                 return
             for name, pid, log in (("master", self.master_pid, self.master_log),
                                    ("worker", self.worker_pid, self.worker_log)):
-                if pid and not _pid_alive(pid):
-                    tail = _log_tail(log)
-                    error = _PortTaken if any(s in tail for s in _BIND_FAILED) else ServiceError
+                if pid and not pid_alive(pid):
+                    tail = log_tail(log)
+                    error = PortTaken if any(s in tail for s in _BIND_FAILED) else ServiceError
                     raise error(f"the Spark {name} (pid {pid}) exited while waiting for {what}:\n{self.logs()}")
             if time.monotonic() > end:
                 raise ServiceError(f"no {what} at {self.webui_url}/json/ before the deadline "
