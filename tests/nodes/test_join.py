@@ -1,4 +1,4 @@
-"""Join node (seed 000): AND, OR, XOR with a fake clock, flow-file refusals, properties, examples."""
+"""Join node (webMethods join conditions): AND, OR, XOR with a fake clock, flow-file refusals, properties, examples."""
 
 from __future__ import annotations
 
