@@ -3,7 +3,7 @@
 What the master's driver does with a batch (``uplink_rows.decode_rows``, then
 ``master_steps.run_master_batch`` with the node's real writer threads and
 COMMIT script), timed per message: decoding, the whole step loop, and the
-part of it spent in the COMMIT call. Figures: bench/RESULTS.md, issue 9.
+part of it spent in the COMMIT call. Figures: docs/performance.md; history: CHANGELOG.md, issue 9.
 
     .venv/bin/python bench/master_steps.py --messages 20000 --batches 3
 """

@@ -12,7 +12,7 @@ clock starts.
   bake: bake_time = N message gaps, keys ascending with 5% late;
   session: sessions of 2N messages (N held on average), then a quiet gap;
   claim: orders bake while the master's escalation of each comes N orders later.
-  The saved ``cost_us_*`` and ``ratio`` are bake mode's, the seed's own
+  The saved ``cost_us_*`` and ``ratio`` are bake mode's, QFlow's own
   algorithm; every mode's figures are saved under ``modes``.
 
     .venv/bin/python bench/node_sort.py

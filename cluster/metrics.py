@@ -11,7 +11,7 @@ batch or per firing round.
 Each node process has a registry of its own (not prometheus-client's global
 one), so that several nodes can run in one process (the tests do). A
 sharded node serves one endpoint for all its shards: each shard's metrics
-carry the shard's flow name in ``flow``. The README ("Metrics") lists every
+carry the shard's flow name in ``flow``. docs/reference/metrics.md lists every
 metric.
 
 The endpoint is plain, unauthenticated HTTP: metrics carry no secrets, but

@@ -23,7 +23,7 @@ def cluster_flow(graph: FlowGraph):
     """The flow's cluster sections; StartRefused when the flow cannot run on the cluster."""
     if graph.cluster is None:
         raise StartRefused(f"{graph.source}: flow {graph.name!r} has no uplink section, so it runs in "
-                           f"replay only (README 'Flow files')")
+                           f"replay only (docs/reference/flow-file.md)")
     local = not_on_cluster(graph)
     if local:
         raise StartRefused(f"{graph.source}: these nodes keep their state in one process only so far and "

@@ -35,7 +35,7 @@ class StartPosition:
         text = "; ".join(problems)
         if self.spec.redis_checks == "refuse":
             raise StartRefused(f"Redis at {redact_url(self.cfg.redis_url)} cannot keep the flow's promises: "
-                               f"{text} (see README 'Redis configuration'; cluster.redis_checks: warn runs anyway)")
+                               f"{text} (see docs/operations/redis.md; cluster.redis_checks: warn runs anyway)")
         log.warning("RUNNING ON A REDIS THAT CANNOT KEEP THE PROMISES: %s", text)
 
     def checkpoint_dir(self) -> Path:

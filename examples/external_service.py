@@ -2,8 +2,8 @@
 
 It runs against the chained flow of `make demo` (examples/cluster-chained.yaml:
 history -> AND join of an order and its payment -> action). `make demo` stops
-its cluster when it ends, so start the same cluster yourself (README "Running
-nodes yourself"):
+its cluster when it ends, so start the same cluster yourself (docs/getting-started/first-flow.md,
+"Run it on two nodes"):
 
     .venv/bin/twinflow services up
     .venv/bin/twinflow run examples/cluster-chained.yaml --node-id a &

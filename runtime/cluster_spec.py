@@ -9,21 +9,21 @@ and ``twinflow replay`` ignores them; ``twinflow run`` needs ``uplink``::
     input: deliver
     nodes:
       deliver: {type: action, sink: {stream: sink}}
-      claims:                      # the worker's half of the claim pair (seed 002)
+      claims:                      # the worker's half of the claim pair
         type: sort
         pairs_with: deliver        # same uplink; on each node exactly one of the two runs
         key: seq
         bake_time: 5.0
     cluster: {session_timeout: 2.0}
     failure: {max_entries: 100000}
-    security:                      # gRPC between nodes and clients (README "Security")
+    security:                      # gRPC between nodes and clients (docs/operations/security.md)
       tls: {cert: certs/node.pem, key: certs/node-key.pem, ca: certs/ca.pem, mutual: true}
       tokens: {ingest: "env:TF_INGEST", escalation: "file:/etc/twinflow/escalation", admin: "file:/etc/twinflow/admin"}
 
 The claim pair is optional. With it, the worker bakes every uplink message in
 the paired sort until the master's escalation claims it; without it, the
 worker only tracks how far it has read. Either way a promoted worker
-re-reads the uplink after the flow's processed mark (DESIGN.md promise 1),
+re-reads the uplink after the flow's processed mark (promise 1, docs/concepts/promises.md),
 so the pair surfaces a master that falls behind but is not what keeps
 messages from being lost.
 

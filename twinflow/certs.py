@@ -1,7 +1,7 @@
 """``twinflow certs``: a development CA, node certificates and tokens for a secured flow.
 
 For trying TLS and tokens on a few machines, not for production (use your
-organisation's CA there; README "Security" shows the OpenSSL steps):
+organisation's CA there; docs/operations/security.md shows the OpenSSL steps):
 
 - ``ca.pem`` / ``ca-key.pem``: a CA made on first use and reused after, so
   certificates made later for more nodes are trusted by the earlier ones;

@@ -505,7 +505,7 @@ def cmd_certs(args) -> int:
     for path in made:
         print(path)
     print(f"twinflow: {len(made)} files made in {args.dir}; name them in the flow file's security section "
-          f"(README 'Security')", file=sys.stderr)
+          f"(docs/operations/security.md)", file=sys.stderr)
     return 0
 
 
@@ -523,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="twinflow", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
-                   help="the log on stderr as text lines (default) or one JSON object per line (README 'Logs')")
+                   help="the log on stderr as text lines (default) or one JSON object per line (docs/reference/logs.md)")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run one flow node (master or worker, as elected)")
@@ -633,7 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chained: history -> AND join -> action (default); claim-pair: the action alone")
     d.set_defaults(fn=cmd_demo)
 
-    c = sub.add_parser("certs", help="a development CA, a node certificate and tokens (README 'Security')")
+    c = sub.add_parser("certs", help="a development CA, a node certificate and tokens (docs/operations/security.md)")
     c.add_argument("dir", help="where to write them (the CA and tokens there are reused)")
     c.add_argument("--node", required=True, help="the node's name: <node>.pem and <node>-key.pem")
     c.add_argument("--name", action="append", metavar="HOST_OR_IP",

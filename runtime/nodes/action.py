@@ -1,4 +1,4 @@
-"""The ActionNode: hands each message to a handler, retrying transient errors (seeds 000, 002).
+"""The ActionNode: hands each message to a handler, retrying transient errors (as webMethods trigger services do).
 
 The handler is a Python callable named in the flow file
 (``package.module:function``) taking one :class:`Msg`. When it returns, the

@@ -1,4 +1,4 @@
-"""The aggregate node: a Direct Project monitor (seed 004) as pure logic.
+"""The aggregate node: a Direct Project message monitor as pure logic.
 
 An original message (type ``IMF``) names its recipients; notifications
 (``MDN`` and ``DSN``) name the original they answer and a recipient. The node

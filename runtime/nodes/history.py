@@ -1,9 +1,9 @@
-"""The history node: an exactly-once guard with a document history (seed 001).
+"""The history node: an exactly-once guard with a document history (after webMethods Integration Server).
 
 Every message is identified by its flow trigger and its UUID (the ``uuid``
 field, or the message ID when that field is absent, null or empty). The
 history holds, per identifier, a "processing" entry and a "completed" entry
-that share one timestamp, and the verdict follows the seed's table:
+that share one timestamp, and the verdict follows Integration Server's table:
 
     history holds                        verdict     outlink
     -----------------------------------  ----------  ---------------------------
@@ -320,7 +320,7 @@ class HistoryNode(Node):
             uuid = None
         if uuid is None or uuid == "":
             if isinstance(msg.id, str) and msg.id:
-                return msg.id  # the seed's fallback: the transport's message ID
+                return msg.id  # Integration Server's fallback: the transport's message ID
             raise BadInput(f"message has no field '{self.uuid_path.path}' and no message ID")
         if not isinstance(uuid, str):
             raise BadInput(f"field '{self.uuid_path.path}' must be a string (got {type(uuid).__name__})")

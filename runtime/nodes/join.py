@@ -1,4 +1,4 @@
-"""The join node: All (AND), Any (OR) and Only one (XOR) over message types (seed 000).
+"""The join node: All (AND), Any (OR) and Only one (XOR) over message types (after webMethods Integration Server's join conditions).
 
 A join reads each message's type (``type_field``) and, for AND and XOR, its
 activation ID (``activation_field``), the value that ties the messages of one
@@ -302,7 +302,7 @@ class AndJoin(_Timed):
 
 
 def build(name: str, p: Params) -> Node:
-    """A join node from its flow-file parameters; see docs/nodes/join.md."""
+    """A join node from its flow-file parameters; see docs/reference/nodes/join.md."""
     p.only("join_type", "types", "type_field", "activation_field", "timeout", "duplicate")
     join_type = p.choice("join_type", JOIN_TYPES, "and")
     types = _types(p)

@@ -1,4 +1,4 @@
-"""The Resequence node: messages of each sequence group leave in sequence-number order (seed 003).
+"""The Resequence node: messages of each sequence group leave in sequence-number order (after IBM App Connect Enterprise).
 
 Each message carries a sequence number (``sequence_number``, an integer
 field) and optionally a group identifier (``group``). A group instance

@@ -1,4 +1,4 @@
-"""The Sequence node: a monotonically increasing number per sequence group (seed 003).
+"""The Sequence node: a monotonically increasing number per sequence group (after IBM App Connect Enterprise).
 
 Every message leaves at once through ``out``, with the number it was given
 in ``info["seq"]`` (and ``info["last"]``, true when it ended its group
@@ -16,7 +16,7 @@ group without it).
 Bad input: a message that lacks the group field, or whose group is not a
 string or an integer, leaves through ``failure`` with ``info["reason"]``; it
 is given no number and changes nothing. A missing predicate field is not an
-error: it means "not last", as a missing node does for the seed's XPath.
+error: it means "not last", as a missing node does for ACE's XPath predicate.
 
 The node holds no messages (``pending()`` is 0); it keeps one counter per
 open group instance. With ``end.literal`` or ``end.predicate``, an instance
@@ -44,7 +44,7 @@ from ..params import Params
 from .base import Emit, Msg, Node
 from .deadlines import GroupTimers, Timed, load_order, restore_timer, timed_entry
 
-SEQ_MAX = 9223372036854775807  # the seed's range is -SEQ_MAX .. SEQ_MAX
+SEQ_MAX = 9223372036854775807  # ACE's range is -SEQ_MAX .. SEQ_MAX
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -57,7 +57,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def truth(value: Any) -> bool:
-    """The seed's truth table for a predicate value.
+    """ACE's truth table for a predicate value.
 
     A boolean is itself; a number is true unless 0; a string is true when it
     is "true" in any case; anything else (null, a list, a mapping) is false.
@@ -116,7 +116,7 @@ class Predicate:
 
 
 def read_number(p: Params, name: str, default: Any = ...) -> int:
-    """A sequence number in the seed's range."""
+    """A sequence number in ACE's range."""
     kw = {} if default is ... else {"default": default}
     return p.get(name, int, **kw, check=lambda v: -SEQ_MAX <= v <= SEQ_MAX,
                  why=f"must be between -{SEQ_MAX} and {SEQ_MAX}")

@@ -21,7 +21,7 @@ entries' ``(position, data, size)`` triples as above, pickled;
 :func:`unpack_rows` turns a batch back into one triple per entry. Spark's
 per-row work (the rows cross from this reader's Python worker into the JVM
 and back out to the driver) costs about 14 µs of JVM CPU per row here
-(measured, bench/RESULTS.md), so a reader whose caller takes the batch whole
+(measured, CHANGELOG.md, issue 9), so a reader whose caller takes the batch whole
 (``stream.start_stream`` does) pays it per N entries. The pickle travels only
 from this reader to its own query's driver, the path Spark itself pickles on.
 
@@ -68,7 +68,7 @@ up to ``max_batch_size``, and once one comes back short the cap is
 about 70 ms of JVM CPU here) is paid for many more entries, and under light
 load a batch is whatever arrived since the last one. (The cap used to
 double per full batch: a burst of 50,000 then took 6 batches instead of 4,
-measured 13,416 -> 14,278 msg/s for the pair, bench/RESULTS.md.) A batch is
+measured 13,416 -> 14,278 msg/s for the pair.) A batch is
 never larger than ``max_batch_size`` entries or ``batch_bytes`` of bodies.
 
 Hold (backpressure): while ``hold_file`` exists, each read plans nothing: it
@@ -84,7 +84,7 @@ Pace: ``pace_file`` (set by ``stream.start_stream``, written by
 the reader plans a batch at most that often (a read within the interval
 waits up to 100 ms of it, then plans nothing). A worker, whose batches
 only bake, reads so in fewer, larger batches and leaves the cores to the
-master (README "Speed"); a pause or hold is still seen within 10 ms.
+master (docs/operations/speed.md); a pause or hold is still seen within 10 ms.
 
 Under failure:
 

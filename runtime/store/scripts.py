@@ -7,7 +7,7 @@ registered once per client (``register``) and called with ``client=pipe``
 where they batch.
 
 Two rules live here rather than in any caller, so that every writer keeps
-them (promises 2 and 3 of DESIGN.md):
+them (promises 2 and 3, docs/concepts/promises.md):
 
 - The fencing epoch never goes backwards: a commit raises the stored epoch
   to the writer's, so a Redis that lost its data cannot let an older writer

@@ -2,7 +2,7 @@
 the uplink through the client, and it waits for them in the sink until they arrive or its deadline.
 
 No flow runs here: the test plays the flow's action itself, writing each order and payment pair
-to the sink as one joined entry, as the chained flow does (README "Redis keys of a flow")."""
+to the sink as one joined entry, as the chained flow does (docs/reference/redis-keys.md)."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def test_sigkill_of_master_promotes_the_other_node_with_a_new_epoch(zk_hosts, fl
         kind, epoch, at = rec.events[0]
         assert kind == "promoted" and epoch > child_epoch
         print(f"promoted {at - killed:.2f} s after SIGKILL (2 s session)")
-        assert at - killed < 6  # a generous bound: the figure itself is in bench/RESULTS.md
+        assert at - killed < 6  # a generous bound: the figure itself is in docs/performance.md
         wait_until(lambda: "child" not in me.members(), 5, what="the dead member to vanish")
     finally:
         child.kill()

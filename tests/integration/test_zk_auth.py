@@ -122,7 +122,7 @@ def test_a_protected_flow_is_closed_to_a_client_with(kind, zk_hosts, flow_name, 
     # protected flow's root is never empty and its children are out of reach.
     with pytest.raises(NotEmptyError):
         other.delete(root)
-    # What stays visible (README): ZooKeeper checks no ACL on exists(), so the
+    # What stays visible (docs/operations/security.md): ZooKeeper checks no ACL on exists(), so the
     # stat, the epoch's number with it, can be seen.
     assert other.exists(f"{root}/epoch").version == me.epoch
     # The shared parent stays open to read and create under: other flows can start.

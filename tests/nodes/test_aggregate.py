@@ -1,4 +1,4 @@
-"""Aggregate node (seed 004): completion rules, decaying timeouts, orphans, bad input, parameters.
+"""Aggregate node (Direct Project monitoring): completion rules, decaying timeouts, orphans, bad input, parameters.
 
 Unit tests pass explicit times (a fake clock); the property tests drive the
 node the way the replay engine does and check it against a whole-collection

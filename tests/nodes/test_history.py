@@ -1,4 +1,4 @@
-"""History node (seed 001): verdicts, completion, resolver, expiry, bad input, parameters (fake clock)."""
+"""History node (Integration Server's document history): verdicts, completion, resolver, expiry, bad input, parameters (fake clock)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def outlink(node, msg, now) -> str:
     return route(node, msg, now)[0]
 
 
-# -- the seed's table ------------------------------------------------------
+# -- Integration Server's table --------------------------------------------------
 def test_new_then_duplicate_with_both_entries_at_one_timestamp():
     node = HistoryNode("guard")
     assert route(node, m("m1", "u1"), 10.0) == ("new", {})

@@ -1,4 +1,4 @@
-"""Join node (seed 000): AND, OR, XOR with a fake clock, flow-file refusals, properties, examples."""
+"""Join node (webMethods join conditions): AND, OR, XOR with a fake clock, flow-file refusals, properties, examples."""
 
 from __future__ import annotations
 
@@ -417,8 +417,7 @@ def test_example_output_matches_expected(example):
 
 
 def test_the_reference_page_example_does_what_the_page_says():
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    page = readme.split("\n### join\n")[1].split("\n### ")[0]
+    page = (Path(__file__).parents[2] / "docs" / "reference" / "nodes" / "join.md").read_text()
     flow = page.split("```yaml\n")[1].split("```")[0]
     events = page.split("```json\n")[1].split("```")[0]
     assert run_flow(flow, events) == [

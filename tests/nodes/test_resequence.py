@@ -1,4 +1,4 @@
-"""Resequence node (seed 003): order per group, ends of sequence, missing messages, bad input.
+"""Resequence node (IBM ACE): order per group, ends of sequence, missing messages, bad input.
 
 Time is a plain float passed in; ``drive`` plays the engine: before each
 message it fires every deadline at or before the message's time, each at its
@@ -63,7 +63,7 @@ def test_docstring_example():
     assert result.attempted > 0 and result.failed == 0
 
 
-# -- the seed's rules ---------------------------------------------------------
+# -- ACE's rules -------------------------------------------------------------
 
 def test_seed_example_six_down_to_zero_leaves_zero_to_six():
     node = make(timeout=30)

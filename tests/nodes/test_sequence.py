@@ -1,4 +1,4 @@
-"""Sequence node (seed 003): a number per group, ending by literal, predicate or time-out.
+"""Sequence node (IBM ACE): a number per group, ending by literal, predicate or time-out.
 
 Also the pieces the Resequence node shares: the predicate and the group timers.
 """

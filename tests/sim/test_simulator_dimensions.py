@@ -1,4 +1,4 @@
-"""The simulator's dimensions beyond the pair on one flow (README "Failover simulation"):
+"""The simulator's dimensions beyond the pair on one flow (docs/contributing/simulator.md):
 sharded flows on executors, COMMITs held in flight, trimming, ID expiry, hostile producers and
 Redis failover. Each kind keeps its promises over a short seeded form, every dimension is
 exercised, and for each one a deliberately broken mechanism is caught."""

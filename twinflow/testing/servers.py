@@ -31,7 +31,7 @@ ZK_CLASSPATH = ":".join(
 # requested 2 s session to 4 s (2 x the default 2 s tick), doubling failover
 # time. The server expires sessions in buckets of one tick, so a dead master's
 # session ends up to one tick after its time-out: 200 ms rather than 500 ms
-# (chaos/RESULTS.md). initLimit and syncLimit count ticks: 5 s and 2 s.
+# (CHANGELOG.md, 2026-11-23). initLimit and syncLimit count ticks: 5 s and 2 s.
 ZOO_CFG = """\
 tickTime=200
 minSessionTimeout=1000
@@ -155,7 +155,7 @@ def start_redis(directory: Path, *extra: str, port: int | None = None, config: P
     log = directory / "redis.log"
     listen = ["--port", "0", "--tls-port", str(port)] if tls else ["--port", str(port)]
     pid = spawn(
-        # What the promises need (README "Redis configuration"): nothing evicted,
+        # What the promises need (docs/operations/redis.md): nothing evicted,
         # the epoch, ID cache and processed mark kept across a restart.
         ["redis-server", *([str(config)] if config else []), *listen, "--bind", "127.0.0.1", "--save", "",
          "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",

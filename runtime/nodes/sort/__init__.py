@@ -1,4 +1,4 @@
-"""The Sort node: each ruleset's messages leave in key order, as far as its mode promises (seed 002).
+"""The Sort node: each ruleset's messages leave in key order, as far as its mode promises (after QFlow's SortNode).
 
 Rulesets sort messages into groups: the first ruleset whose ``match`` the
 message meets takes it (a ruleset without ``match`` takes every message), and

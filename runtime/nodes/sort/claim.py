@@ -1,7 +1,7 @@
-"""The claim logic, once: messages bake until the master claims them (seed 002's claim mode).
+"""The claim logic, once: messages bake until the master claims them (QFlow's claim mode).
 
 :class:`ClaimCache` is what both claim-mode users hold: the sort node's
-claim rulesets (replay, seed 002) and :class:`ClaimSortNode`, the worker's
+claim rulesets (replay) and :class:`ClaimSortNode`, the worker's
 half of a cluster's claim pair. Nothing here reads a clock or touches a
 server.
 """
@@ -216,8 +216,8 @@ class ClaimSortNode:
     key to ``bypass``; a message whose ID is already known to be processed
     (``offer(processed=True)``) is never baked. A message that stays unclaimed
     for ``bake_time`` seconds means the master fell behind or died: :meth:`tick`
-    returns it for ``unclaimed_outlink`` (``done`` by default, as the seed's
-    text says; ``failure`` as QFlow's code did) so it is surfaced, but the node
+    returns it for ``unclaimed_outlink`` (``done`` by default, as QFlow's
+    documentation says; ``failure`` as QFlow's code did) so it is surfaced, but the node
     keeps it, because routing it out must never make it unrecoverable: it
     stays eligible for :meth:`rollback` until a claim or :meth:`release_upto` proves
     it was processed.

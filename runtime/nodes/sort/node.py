@@ -11,7 +11,7 @@ from .rules import (KEY_TYPES, NOHIT, _NO_INFO, Pattern, Ruleset, _Bake, _Claimi
                     _ident, _Session, _Static)
 
 BYPASS, ROLLBACK = "bypass", "rollback"
-OUTLINKS = (DONE, BYPASS, FAILURE, NOHIT, ROLLBACK)  # the seed's four, in its order, then ours
+OUTLINKS = (DONE, BYPASS, FAILURE, NOHIT, ROLLBACK)  # QFlow's four, in its order, then ours
 
 
 class SortNode(Node):
@@ -83,7 +83,7 @@ class SortNode(Node):
 
     @staticmethod
     def _ident(spec: Ruleset, doc: Any, key: Any) -> str:
-        return _ident(key if spec.id is None else spec.id.render(doc))  # the seed: no IDTemplate, ID = key
+        return _ident(key if spec.id is None else spec.id.render(doc))  # as QFlow: no IDTemplate, ID = key
 
     def on_time(self, now: float) -> list[Emit]:
         out: list[Emit] = []

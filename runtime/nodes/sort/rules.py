@@ -55,7 +55,7 @@ class Pattern:
 
 @dataclass(frozen=True)
 class Ruleset:
-    """One ruleset as the flow file gives it (see the module docstring and docs/nodes/sort.md)."""
+    """One ruleset as the flow file gives it (see the module docstring and docs/reference/nodes/sort.md)."""
 
     name: str
     key: Template
@@ -132,7 +132,7 @@ class _Session(_Rule):
 
 
 class _Bake(_Rule):
-    """The seed's reference-message bake, with the threshold carried from session to session."""
+    """QFlow's reference-message bake, with the threshold carried from session to session."""
 
     def __init__(self, spec: Ruleset):
         super().__init__(spec)
