@@ -1,7 +1,7 @@
 """The master's step loop alone: decode and run chained batches against a local Redis, no Spark.
 
 What the master's driver does with a batch (``uplink_rows.decode_rows``, then
-``master_steps.run_master_batch`` with the node's real writer threads and
+``master_session.MasterSession.run_batch`` with the node's real writer threads and
 COMMIT script), timed per message: decoding, the whole step loop, and the
 part of it spent in the COMMIT call. Figures: docs/performance.md; history: CHANGELOG.md, issue 9.
 
@@ -16,8 +16,7 @@ import time
 import redis
 
 from twinflow.testing.messages import CHAINED, order_or_payment
-from twinflow.cluster.master_flow import MasterFlow
-from twinflow.cluster.master_steps import run_master_batch, write_pool
+from twinflow.cluster.master_session import MasterSession, write_pool
 from twinflow.cluster.on_cluster import flow_keys
 from twinflow.testing.services import LocalServices
 from twinflow.cluster.uplink_rows import decode_rows
@@ -25,12 +24,12 @@ from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.store.flow_store import FlowStore
 
 
-class TimedSide:
-    """A master side on a real store that times its COMMIT calls."""
+class TimedSession(MasterSession):
+    """A master session on a real store that times its COMMIT calls."""
 
     def __init__(self, graph, store: FlowStore):
-        self.graph, self.store, self.spec, self.writes = graph, store, graph.cluster, write_pool()
-        self.flow = MasterFlow.load(graph, store)
+        super().__init__(graph, store, 1, write_pool())
+        self.load()
         self.commit_s = 0.0
         commit = store.commit
 
@@ -41,26 +40,6 @@ class TimedSide:
             finally:
                 self.commit_s += time.perf_counter() - t
         store.commit = timed
-
-    def still_master(self, epoch):
-        return True
-
-    def processed(self, msgs):
-        return self.store.processed(msgs)
-
-    def master_flow(self):
-        if self.flow is None:
-            self.flow = MasterFlow.load(self.graph, self.store)
-        return self.flow
-
-    def refused(self, exc):
-        raise exc
-
-    def drop(self):
-        self.flow = None
-
-    def committed_chunk(self, chunk, fresh):
-        pass
 
 
 def main() -> None:
@@ -74,7 +53,7 @@ def main() -> None:
         graph = parse_graph(CHAINED.read_text())
         client = redis.Redis.from_url(services.redis_url)
         keys = flow_keys(graph)
-        side = TimedSide(graph, FlowStore(client, keys, "bench", id_ttl=graph.cluster.message.id_ttl))
+        session = TimedSession(graph, FlowStore(client, keys, "bench", id_ttl=graph.cluster.message.id_ttl))
         seq = 0
         for batch in range(args.batches):
             bodies = [json.dumps(order_or_payment(seq + i), separators=(",", ":")).encode()
@@ -84,16 +63,18 @@ def main() -> None:
             for body in bodies:
                 pipe.xadd(keys.uplink, {"data": body})
             rows = [(p.decode(), b, len(b)) for p, b in zip(pipe.execute(), bodies)]
-            side.commit_s = 0.0
+            session.commit_s = 0.0
             t0 = time.perf_counter()
             msgs, _, _ = decode_rows(rows, graph.message)
             t1 = time.perf_counter()
-            run_master_batch(side, msgs, 1, rows[-1][0], side.flow, time.time)
+            out = session.run_batch(msgs, rows[-1][0], time.time)
+            if out.refused is not None:
+                raise out.refused
             t2 = time.perf_counter()
             n = args.messages
             print(json.dumps({"batch": batch, "decode_us": round(1e6 * (t1 - t0) / n, 1),
                               "steps_us": round(1e6 * (t2 - t1) / n, 1),
-                              "commit_call_us": round(1e6 * side.commit_s / n, 1)}), flush=True)
+                              "commit_call_us": round(1e6 * session.commit_s / n, 1)}), flush=True)
     finally:
         services.stop()
 

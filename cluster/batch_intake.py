@@ -144,7 +144,8 @@ class BatchIntake:
         if r.role != MASTER:  # bad entries: recorded by the executor already
             self._take_batch(batch_id, self._decode(r.rows)[0], [], r.last)
             return
-        self.flow = None  # the executor committed: a flow here is behind Redis
+        if self.session is not None:
+            self.session.drop()  # the executor committed: a flow here is behind Redis
         self.remote_deadline = r.next_deadline
         self.remote_batch_at = self.monotonic()
         if r.claims and self.spec.pair is not None:

@@ -1,9 +1,13 @@
-"""A node as master: its flow, the steps it commits, and stepping down.
+"""A node as master: its term's session, what it does with a session's outcome, and stepping down.
 
-Under failure (promise 3): a write the fence refuses, or one that cannot
-reach Redis within the write lease, makes the node step down; the flow is
-dropped on any failed step, so the next step is built on the state Redis
-holds (``master_steps``).
+A term begins at promotion with a :class:`~twinflow.cluster.master_session.MasterSession`
+at the new epoch, and ends when the node steps down or is demoted (the session is ended,
+so no step of it is sent after that). The session runs the batches and fires the
+deadlines; this side acts on what it returns: counts, claims to escalate, a refusal.
+
+Under failure (promise 3): a write the fence refuses, or one that cannot reach Redis
+within the write lease, makes the node step down; the session drops its flow on any
+failed step, so the next step is built on the state Redis holds.
 """
 
 from __future__ import annotations
@@ -13,40 +17,67 @@ import logging
 from ..runtime.message import Message
 from ..runtime.store.flow_store import Fenced, RedisUnavailable
 from .master_flow import MasterFlow
-from .master_steps import commit_one, run_master_batch
-from .roles import MASTER, WORKER
+from .master_session import MasterSession, Outcome
+from .roles import WORKER
 
 log = logging.getLogger("twinflow.node")
 
 
 class MasterSide:
-    """A node's master side (mixed into FlowNode; master_steps calls it back)."""
+    """A node's master term (mixed into FlowNode)."""
 
-    def master_flow(self) -> MasterFlow:
-        """The master's flow graph; loaded from Redis after a promotion or a failed step."""
-        if self.flow is None:
-            self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.lease_s)
-            self.flow.left = self.left
-            self.open_in_flow = self.flow.pending()
-        return self.flow
+    session: MasterSession | None
+
+    @property
+    def flow(self) -> MasterFlow | None:
+        """The master's flow, a cache of its state in Redis (None: not master, or not loaded)."""
+        session = self.session
+        return session.flow if session is not None else None
+
+    def _begin_term(self, epoch: int) -> MasterSession:
+        """A new session at ``epoch``, with the state the old master committed loaded."""
+        self._end_term()
+        session = MasterSession(self.graph, self.store, epoch, self.writes, left=self.left)
+        self.session = session
+        session.load()
+        self._note_open()
+        return session
+
+    def _end_term(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            session.end()
 
     def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
         """Run a batch through the flow as master at ``epoch`` (caller holds _work); None when
-        all of it was committed, else the uncommitted rest, after this node stopped being master.
-        The steps and their guesses: ``master_steps``."""
-        rest = run_master_batch(self, msgs, epoch, last, self.flow, self.clock.now)
-        self._note_open()
-        if rest is None:
+        all of it was committed, else the uncommitted rest, after this node stopped being master."""
+        session = self.session
+        if session is None or session.epoch != epoch or not session.active:
+            return msgs
+        out = session.run_batch(msgs, last, self.clock.now)
+        self._act_on(out)
+        if out.rest is None:
             self._wake.set()  # the step may have opened an earlier deadline
-        return rest
+        return out.rest
 
-    # -- master_steps.MasterSide ------------------------------------------
-    def still_master(self, epoch: int) -> bool:
+    def _fire(self, now: float) -> None:
+        """Fire the flow's deadlines due at ``now`` (caller holds _work, as master)."""
+        session = self.session
+        if session is not None and session.active:
+            self._act_on(session.fire(now))
+
+    def _act_on(self, out: Outcome) -> None:
+        """Count what a session did, escalate its claims, step down if it was refused."""
         with self._lock:
-            return self.role == MASTER and self.epoch == epoch
-
-    def processed(self, msgs: list[Message]) -> list[bool]:
-        return self.store.processed(msgs, deadline_s=self.lease_s)
+            self.delivered += out.delivered
+            self.skipped += out.skipped
+            self.failed += out.failed
+        self.driver_steps += out.steps
+        if out.claims:
+            self.sender.send(out.claims)
+        if out.refused is not None:
+            self.refused(out.refused)
+        self._note_open()
 
     def refused(self, exc: Fenced | RedisUnavailable) -> None:
         """A write of this master (here or on an executor) was refused or never got through."""
@@ -65,27 +96,6 @@ class MasterSide:
                     self.cfg.node_id, why, self.lease_s, reason=why, lease=self.lease_s)
         self._step_down("Redis unreachable")
 
-    def drop(self) -> None:
-        self.flow = None
-
-    def committed_chunk(self, chunk: list[Message], fresh: list[Message]) -> None:
-        with self._lock:
-            self.delivered += len(fresh)
-            self.skipped += len(chunk) - len(fresh)
-        self.driver_steps += 1
-        if self.spec.pair is not None and chunk:
-            self.sender.send([(m.id, str(m.key), m.position) for m in chunk])
-
-    def commit(self, epoch: int, make_step, guess: bool = False) -> bool:
-        """Build one step on the master's flow and commit it (a timer's firing); False after
-        stepping down. Any failure drops the flow: its nodes are ahead of Redis, and the next
-        step starts from the state Redis holds (``master_steps.commit_one``)."""
-        if not commit_one(self, epoch, make_step, guess):
-            return False
-        self.driver_steps += 1
-        self._note_open()
-        return True
-
     def _note_open(self) -> None:
         """Count what the flow holds open, for status (caller holds _work: status itself never
         reads the flow, which a batch may be building a step on)."""
@@ -96,5 +106,5 @@ class MasterSide:
     def _step_down(self, reason: str) -> None:
         with self._lock:
             self.role = WORKER
-        self.flow = None
+        self._end_term()
         self.leadership.step_down(reason)

@@ -56,7 +56,7 @@ from .escalation import EscalationSender
 from .health import NodeHealth
 from .host import NodeConfig, run_until_stopped, start_metrics
 from .leadership import Leadership
-from .master_flow import MasterFlow
+from .master_session import MasterSession
 from .master_side import MasterSide
 from .metrics import LATENESS_BUCKETS, BatchTimings, MetricsServer, Timings
 from .node_parts import NodeParts
@@ -82,7 +82,7 @@ class FlowNode(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpr
         the wait of a held batch (default: until stopped); a simulator passes its virtual clock."""
         spec = cluster_flow(graph)
         self.parts = parts
-        self.writes = self.parts.writes()  # where the master's COMMITs go from (master_steps)
+        self.writes = self.parts.writes()  # where the master's COMMITs go from (master_session)
         self.ahead = self.parts.batches_ahead()  # where a master's batch runs ahead of Spark (or None)
         self._ahead: Future | None = None     # the batch running ahead, if any
         self.batch_error: BaseException | None = None  # why a batch that ran ahead failed
@@ -96,7 +96,7 @@ class FlowNode(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpr
         pair = spec.pair
         self.keys = flow_keys(graph)
         self.sort = ClaimSortNode(pair.bake_time, pair.unclaimed_outlink, pair.max_pending) if pair else NoPair()
-        self.flow: MasterFlow | None = None   # the master's graph, a cache of its state in Redis
+        self.session: MasterSession | None = None  # the master's term: its flow, a cache of its state in Redis
         self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
         self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
         self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master

@@ -107,10 +107,10 @@ class NodeTimers:
                 if quiet < REMOTE_FIRE_AFTER_S:
                     return now + REMOTE_FIRE_AFTER_S - quiet
             with self._lock:
-                role, epoch = self.role, self.epoch
+                role = self.role
             if role == MASTER and self.leadership.may_write():  # a flow dropped is loaded again
                 self.lateness.observe(max(0.0, now - due))  # once per firing round: the earliest due
-                self.commit(epoch, lambda flow: flow.fire(now, epoch))
+                self._fire(now)
             flow = self.flow
             return flow.next_deadline() if flow is not None else None
         finally:

@@ -51,8 +51,7 @@ class Promotion:
                             epoch, in_force, epoch=epoch, newest=in_force)
                 self.leadership.step_down("stale epoch")
                 return
-            self.flow = None
-            self.master_flow()  # the state the old master committed
+            self._begin_term(epoch)  # a session on the state the old master committed
             self.remote_deadline = None
             with self._lock:
                 self.epoch = epoch
@@ -67,7 +66,7 @@ class Promotion:
         except BaseException:
             with self._lock:
                 self.role = WORKER
-            self.flow = None
+            self._end_term()
             raise
         finally:
             self._work.release()
@@ -103,7 +102,7 @@ class Promotion:
     def on_demoted(self, reason: str) -> None:
         with self._lock:
             self.role = WORKER
-        self.flow = None
+        self._end_term()
         # The epoch of the term that ended: the election's, also when on_promoted failed before taking it.
         epoch = getattr(self.leadership, "epoch", 0) or self.epoch
         routine = reason in ("handover", "stopping")

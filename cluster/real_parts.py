@@ -17,7 +17,7 @@ from .connect import connect_zookeeper
 from .escalation import EscalationSender, EscalationServicer
 from .grpc_server import AdminServicer, IngestServicer, create_server
 from .leadership import Leadership
-from .master_steps import write_pool
+from .master_session import write_pool
 from .node_parts import UplinkStream, open_store
 
 if TYPE_CHECKING:

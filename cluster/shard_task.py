@@ -6,7 +6,7 @@ Spark then runs :func:`run_partition` in the task that reads the shard's
 partition, on an executor, with a Redis connection of its own:
 
 - master: the flow's deadlines due are fired, then the batch is run in
-  fenced COMMIT steps (``master_steps``), exactly as a driver-side master
+  fenced COMMIT steps (``master_session``), exactly as a driver-side master
   runs it; the result carries the claims to escalate, the counts, the next
   deadline, and anything not committed. The flow is the one this process
   kept from the shard's previous batch when still valid (below), else it is
@@ -51,7 +51,7 @@ from ..runtime.message import Message
 from ..runtime.shards import shard_graph
 from ..runtime.store.flow_store import Fenced, FlowStore, RedisUnavailable
 from .master_flow import MasterFlow
-from .master_steps import commit_one, run_master_batch, write_pool
+from .master_session import MasterSession, Outcome, write_pool
 from .uplink_rows import decode_rows, last_position, processed_as_worker, record_bad
 
 MASTER, WORKER = "master", "worker"
@@ -172,76 +172,51 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
     if role != MASTER:
         r.rows = rows
         return r
-    side = _ExecutorMaster(graph, store, r)
     generation = plan.generations.get(k, 0)
     cached = ctx.flows.pop(k, None)
     # The flow this process kept from the shard's last batch it ran, if nothing but
     # executors' batches changed the shard since (same epoch, no driver-side step):
     # a batch that ran in another process moved the mark, so the first guarded
-    # COMMIT finds this flow behind and the loop reloads it (master_steps).
-    if cached is not None and cached[:2] == (epoch, generation):
-        side.flow = cached[2]
-        side.flow.left = r.left  # this batch's result counts what its steps send out
-    if not side.fire_due(epoch, plan.now):
-        r.msgs = msgs
+    # COMMIT finds this flow behind and the session reloads it (master_session).
+    kept = cached[2] if cached is not None and cached[:2] == (epoch, generation) else None
+    session = MasterSession(graph, store, epoch, write_pool(), flow=kept, left=r.left)
+    try:
+        if not _fire_due(session, plan.now, r):
+            r.msgs = msgs
+            return r
+        out = session.run_batch(msgs, r.last, lambda: plan.now)
+        _take(r, out)
+        r.msgs = out.rest or []
+        if session.flow is not None:
+            ctx.flows[k] = (epoch, generation, session.flow)
+            r.next_deadline = session.flow.next_deadline()
         return r
-    rest = run_master_batch(side, msgs, epoch, r.last, side.flow, now=lambda: plan.now)
-    r.msgs = rest or []
-    if side.flow is not None:
-        ctx.flows[k] = (epoch, generation, side.flow)
-        r.next_deadline = side.flow.next_deadline()
-    return r
+    finally:
+        r.state_loads += session.state_loads
 
 
-class _ExecutorMaster:
-    """``master_steps.MasterSide`` for a task: its role is fixed for the batch; a refused
-    write is recorded in the result for the driver to act on."""
+def _fire_due(session: MasterSession, now: float, r: ShardResult) -> bool:
+    """Fire the deadlines due at ``now`` before the batch, as a driver-side master's timer
+    would have (loading the flow if there is none); False when a write was refused."""
+    try:
+        due = session.load().next_deadline()
+    except RedisUnavailable as exc:
+        _take(r, Outcome(refused=exc))
+        return False
+    if due is None or due > now:
+        return True
+    out = session.fire(now, guess=True)  # a kept flow behind Redis fires again on a fresh one
+    _take(r, out)
+    return out.refused is None
 
-    def __init__(self, graph: FlowGraph, store: FlowStore, result: ShardResult):
-        self.graph, self.store, self.r = graph, store, result
-        self.spec = graph.cluster
-        self.writes = write_pool()
-        self.flow: MasterFlow | None = None
 
-    def still_master(self, epoch: int) -> bool:
-        return not (self.r.fenced_by or self.r.unreachable)
-
-    def processed(self, msgs: list[Message]) -> list[bool]:
-        return self.store.processed(msgs, deadline_s=self.spec.write_lease)
-
-    def master_flow(self) -> MasterFlow:
-        if self.flow is None:
-            self.r.state_loads += 1
-            self.flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
-            self.flow.left = self.r.left
-        return self.flow
-
-    def refused(self, exc: Fenced | RedisUnavailable) -> None:
-        self.flow = None
-        if isinstance(exc, Fenced):
-            self.r.fenced_by = exc.newest
-        else:
-            self.r.unreachable = str(exc)
-
-    def drop(self) -> None:
-        self.flow = None
-
-    def committed_chunk(self, chunk: list[Message], fresh: list[Message]) -> None:
-        self.r.delivered += len(fresh)
-        self.r.skipped += len(chunk) - len(fresh)
-        if self.spec.pair is not None:
-            self.r.claims.extend((m.id, str(m.key), m.position) for m in chunk)
-
-    def fire_due(self, epoch: int, now: float) -> bool:
-        """Load the flow if there is none, fire the deadlines due at ``now`` (before the
-        batch, as a driver-side master's timer would have); False when a write was refused."""
-        def fire(flow: MasterFlow):
-            return flow.fire(now, epoch)
-        try:
-            due = self.master_flow().next_deadline()
-        except RedisUnavailable as exc:
-            self.refused(exc)
-            return False
-        if due is None or due > now:
-            return True
-        return commit_one(self, epoch, fire, guess=True)  # a kept flow behind Redis fires again on a fresh one
+def _take(r: ShardResult, out: Outcome) -> None:
+    """Put what a session did in the task's result, for the driver to act on."""
+    r.delivered += out.delivered
+    r.skipped += out.skipped
+    r.failed += out.failed
+    r.claims.extend(out.claims)
+    if isinstance(out.refused, Fenced):
+        r.fenced_by = out.refused.newest
+    elif out.refused is not None:
+        r.unreachable = str(out.refused)

@@ -37,7 +37,7 @@ class _Pending(Future):
 
 
 class _Inline(Executor):
-    """The master's writer threads (``cluster.master_steps``): each write runs at once, in the
+    """The master's writer threads (``cluster.master_session``): each write runs at once, in the
     caller's thread, so virtual time stays deterministic."""
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
@@ -51,7 +51,7 @@ class SimWrites(Executor):
 
     As the seed says (``Dims.overlap``), a write runs at once (as :class:`_Inline`) or is held
     in flight: it reaches Redis only when the loop waits for it, that is after the loop built
-    the next step on the flow, which is the overlap ``master_steps`` has with real threads.
+    the next step on the flow, which is the overlap ``master_session`` has with real threads.
     While it is held, before it reaches Redis or after (its reply on the way), the world may
     let something else happen (:meth:`World.interleave`): time passes, ZooKeeper is noticed,
     the other node promotes, a shard task's other attempt runs, Redis fails over, the writer is

@@ -86,14 +86,14 @@ def test_sharded_attempts_and_kept_flows_without_the_state_version_are_caught(mo
 
 
 def test_a_hostile_value_that_decode_lets_through_is_caught_as_the_flow_stopping(monkeypatch):
-    import twinflow.cluster.master_steps as master_steps
+    import twinflow.cluster.master_session as master_session
     import twinflow.runtime.message as message
 
     monkeypatch.setattr(message, "_refuse_lone_surrogates", lambda doc: None)
-    if hasattr(master_steps, "UNWRITABLE"):
+    if hasattr(master_session, "UNWRITABLE"):
         # The master loop's backstop, where there is one (a step that cannot be written is run
         # again one message per step, and the one that cannot goes to the failure stream): off.
-        monkeypatch.setattr(master_steps, "UNWRITABLE", ())
+        monkeypatch.setattr(master_session, "UNWRITABLE", ())
     failed = _first_failure("chained", range(1, 41), only={"hostile": 0.5})
     assert failed is not None, "a decode that lets a lone surrogate through passed every run"
     assert any("the flow stops" in p and "surrogates not allowed" in p for p in failed.problems)
@@ -145,14 +145,14 @@ def test_failure_records_written_without_wait_are_caught_as_erased_by_a_failover
     # With wait_replicas, failure records wait for the replicas like a COMMIT: a record a
     # failover erases after the processed mark moved past its entry never leaves. Seed 301
     # (found among 1,500 pair runs with the WAIT left out, 7 failed) shows it.
-    from twinflow.cluster import batch_intake, master_steps, promotion, shard_task, uplink_rows
+    from twinflow.cluster import batch_intake, master_session, promotion, shard_task, uplink_rows
 
     assert run_once(301, kind="pair").passed
 
     def without_wait(store, spec, bad, deadline_s=None):
         return store.record_failures(bad, max_entries=spec.failure_max_entries, max_body=spec.message.max_bytes,
                                      deadline_s=deadline_s)
-    for module in (uplink_rows, batch_intake, promotion, master_steps, shard_task):
+    for module in (uplink_rows, batch_intake, promotion, master_session, shard_task):
         monkeypatch.setattr(module, "record_bad", without_wait)
     r = run_once(301, kind="pair")
     assert not r.passed and any("failure records erased by a Redis failover" in p for p in r.problems)

@@ -1,5 +1,6 @@
-"""The master's batch loop against a real redis-server: a step is built while the one before
-is in Redis, steps commit in order, and a refused write ends the batch with nothing after it sent."""
+"""The master's session against a real redis-server: a step is built while the one before is
+in Redis, steps commit in order, a refused write ends the session with nothing after it sent,
+and what it did comes back as an Outcome."""
 
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -8,12 +9,16 @@ import pytest
 import redis
 
 from twinflow.cluster.master_flow import MasterFlow
-from twinflow.cluster.master_steps import run_master_batch
+from twinflow.cluster.master_session import MasterSession
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.message import Message
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import DELIVER_MAX_MESSAGES, FlowStore, Fenced
-DELIVER = parse_graph("flow: f\nuplink: {stream: uplink}\nnodes:\n  deliver: {type: action, sink: {stream: sink}}\n")
+# A claim pair, so that what a session commits comes back as claims to escalate.
+DELIVER = parse_graph("flow: f\nuplink: {stream: uplink}\ninput: deliver\nnodes:\n"
+                      "  deliver: {type: action, sink: {stream: sink}}\n"
+                      "  claims: {type: sort, pairs_with: deliver, key: x, key_type: int, bake_time: 5.0, "
+                      "unclaimed_outlink: done}\n")
 
 
 class GatedWrites(Executor):
@@ -44,39 +49,22 @@ class GatedWrites(Executor):
         return self.pool.submit(gated)
 
 
-class Side:
-    """A master side on a real store, recording what the loop asked of it."""
+class Session(MasterSession):
+    """A session on a real store whose writes are gated, counting the steps it builds."""
 
-    def __init__(self, store: FlowStore, writes: GatedWrites, graph=DELIVER):
-        self.store, self.spec, self.writes, self.graph = store, graph.cluster, writes, graph
-        self.flow: MasterFlow | None = None
+    def __init__(self, store: FlowStore, writes: GatedWrites, graph=DELIVER, epoch=1):
+        super().__init__(graph.fresh(), store, epoch, writes)
         self.builds = 0
-        self.claims: list[str] = []
-        self.refusals: list[Exception] = []
 
-    def still_master(self, epoch):
-        return not self.refusals
-
-    def processed(self, msgs):
-        return self.store.processed(msgs)
-
-    def master_flow(self):
+    def load(self):
         if 0 < self.builds < len(self.writes.built):
-            self.writes.built[self.builds].set()  # the loop builds step builds+1 now
+            self.writes.built[self.builds].set()  # the session builds step builds+1 now
         self.builds += 1
-        if self.flow is None:
-            self.flow = MasterFlow.load(self.graph.fresh(), self.store)
-        return self.flow
+        return super().load()
 
-    def refused(self, exc):
-        self.refusals.append(exc)
-        self.flow = None
 
-    def drop(self):
-        self.flow = None
-
-    def committed_chunk(self, chunk, fresh):
-        self.claims += [m.id for m in chunk]
+def claimed(out) -> list[str]:
+    return [mid for mid, _, _ in out.claims]
 
 
 @pytest.fixture
@@ -91,11 +79,11 @@ def batch(n: int) -> list[Message]:
 
 def test_each_step_is_built_while_the_one_before_is_in_redis(store):
     msgs = batch(2 * DELIVER_MAX_MESSAGES + 5)  # three steps
-    side = Side(store, GatedWrites(3))
-    rest = run_master_batch(side, msgs, 1, msgs[-1].position, None, now=lambda: 0.0)
-    assert rest is None
-    assert side.writes.log == ["send 1", "done 1", "send 2", "done 2", "send 3", "done 3"]
-    assert side.claims == [m.id for m in msgs]  # escalated in uplink order, each after its COMMIT
+    session = Session(store, GatedWrites(3))
+    out = session.run_batch(msgs, msgs[-1].position, now=lambda: 0.0)
+    assert out.rest is None and out.refused is None and out.steps == 3 and out.delivered == len(msgs)
+    assert session.writes.log == ["send 1", "done 1", "send 2", "done 2", "send 3", "done 3"]
+    assert claimed(out) == [m.id for m in msgs]  # to escalate in uplink order, each after its COMMIT
     assert store.processed_mark() == msgs[-1].position
     assert store.r.xlen(store.keys.sink) == len(msgs)
 
@@ -107,31 +95,32 @@ def test_a_refused_write_ends_the_batch_and_the_step_built_after_it_is_never_sen
         if n == 2:
             store.raise_epoch(2)
 
-    side = Side(store, GatedWrites(3, before_write=newer_master_first))
-    rest = run_master_batch(side, msgs, 1, msgs[-1].position, None, now=lambda: 0.0)
+    session = Session(store, GatedWrites(3, before_write=newer_master_first))
+    out = session.run_batch(msgs, msgs[-1].position, now=lambda: 0.0)
     first = msgs[:DELIVER_MAX_MESSAGES]
-    assert rest == msgs[len(first):]
-    assert [type(e) for e in side.refusals] == [Fenced]
-    assert side.writes.log == ["send 1", "done 1", "send 2", "done 2"]  # step 3 was built, never sent
-    assert side.claims == [m.id for m in first]
+    assert out.rest == msgs[len(first):]
+    assert isinstance(out.refused, Fenced) and out.steps == 1
+    assert session.writes.log == ["send 1", "done 1", "send 2", "done 2"]  # step 3 was built, never sent
+    assert claimed(out) == [m.id for m in first]
     assert store.processed_mark() == first[-1].position
     assert store.r.xlen(store.keys.sink) == len(first)
-    assert side.flow is None  # built ahead of Redis: dropped
+    assert session.flow is None and not session.active  # built ahead of Redis: dropped; the term is over
+    assert session.run_batch(msgs[len(first):], msgs[-1].position, now=lambda: 0.0).steps == 0
 
 
 JOIN = parse_graph("flow: f\nuplink: {stream: uplink}\nnodes:\n  match: {type: join, join_type: and, "
                    "types: [order, payment], type_field: type, activation_field: order_id, timeout: 10}\n")
 
 
-class ReloadedMidBatch(Side):
+class ReloadedMidBatch(Session):
     """The flow is dropped and loaded again from Redis just before step 2 is built, while
     step 1 is still in flight (as the timer or election thread may drop it): step 2 is then
     built on state without step 1."""
 
-    def master_flow(self):
+    def load(self):
         if self.builds == 1:
             self.flow = MasterFlow.load(self.graph.fresh(), self.store)
-        return super().master_flow()
+        return super().load()
 
 
 def test_a_step_built_on_a_flow_reloaded_while_the_step_before_was_in_flight_is_built_again(store):
@@ -141,14 +130,14 @@ def test_a_step_built_on_a_flow_reloaded_while_the_step_before_was_in_flight_is_
     # Step 1 ends with o1's order (its group opens); step 2 holds o1's payment.
     msgs = [doc(i, "order", f"x{i}") for i in range(DELIVER_MAX_MESSAGES - 1)]
     msgs += [doc(DELIVER_MAX_MESSAGES - 1, "order", "o1"), doc(DELIVER_MAX_MESSAGES, "payment", "o1")]
-    side = ReloadedMidBatch(store, GatedWrites(2), graph=JOIN)
-    rest = run_master_batch(side, msgs, 1, msgs[-1].position, None, now=lambda: 0.0)
-    assert rest is None
+    session = ReloadedMidBatch(store, GatedWrites(2), graph=JOIN)
+    out = session.run_batch(msgs, msgs[-1].position, now=lambda: 0.0)
+    assert out.rest is None
     # Step 2 as first built (on state without o1's group) was refused; built again on
     # Redis's state, the payment joins the order.
     joined = [e[1][b"id"].decode() for e in store.r.xrange(store.keys.out("match", "joined"))]
     assert joined == [f"m{DELIVER_MAX_MESSAGES - 1}+m{DELIVER_MAX_MESSAGES}"]
-    assert side.claims == [m.id for m in msgs]
+    assert out.delivered == len(msgs) and out.claims == []  # no claim pair in this flow: nothing to escalate
 
 
 def _failures(store) -> dict[str, str]:
@@ -161,10 +150,11 @@ def test_a_message_whose_values_cannot_be_written_leaves_by_the_failure_stream_a
     # its step cannot be encoded for Redis. The backstop finds it, and only it fails.
     msgs = batch(6)
     msgs[2] = Message(id="\ud800", key=2, position=msgs[2].position, body=b'{"id": "\\ud800"}', doc={"id": "\ud800"})
-    side = Side(store, GatedWrites(0))
-    flow = side.master_flow() if guess else None
-    rest = run_master_batch(side, msgs, 1, msgs[-1].position, flow, now=lambda: 0.0)
-    assert rest is None
+    session = Session(store, GatedWrites(0))
+    if guess:
+        session.load()  # a flow held: the session guesses from its mark
+    out = session.run_batch(msgs, msgs[-1].position, now=lambda: 0.0)
+    assert out.rest is None and out.failed == 1
     assert [f[b"id"].decode() for _, f in store.r.xrange(store.keys.sink)] == ["m0", "m1", "m3", "m4", "m5"]
     failures = _failures(store)
     assert list(failures) == [msgs[2].position] and "cannot be written to Redis" in failures[msgs[2].position]
@@ -181,13 +171,31 @@ def test_a_message_the_flow_raises_an_error_for_leaves_by_the_failure_stream_and
         return on_message(self, msg, now)
     monkeypatch.setattr(ActionNode, "on_message", fragile)
     msgs = batch(DELIVER_MAX_MESSAGES + 5)  # the bad one in the second step, while the first is in Redis
-    side = Side(store, GatedWrites(2))
-    rest = run_master_batch(side, msgs, 1, msgs[-1].position, None, now=lambda: 0.0)
-    assert rest is None
+    session = Session(store, GatedWrites(2))
+    out = session.run_batch(msgs, msgs[-1].position, now=lambda: 0.0)
+    assert out.rest is None and out.failed == 1
     sink = [f[b"id"].decode() for _, f in store.r.xrange(store.keys.sink)]
     assert sink == [m.id for m in msgs if m.id != "m1001"]
     failures = _failures(store)
     assert list(failures) == [msgs[1001].position]
     assert "KeyError" in failures[msgs[1001].position] and "could not take this message" in failures[msgs[1001].position]
-    assert side.claims == [m.id for m in msgs]  # the worker releases the bad one from its bake too
+    assert claimed(out) == [m.id for m in msgs]  # the worker releases the bad one from its bake too
     assert store.processed_mark() == msgs[-1].position
+
+
+def test_fire_returns_what_it_did_and_a_newer_term_fences_the_old_session(store):
+    order = Message(id="o1", key=1, position="1-0", body=b"{}", doc={"id": "o1", "type": "order", "order_id": "x"})
+    old = Session(store, GatedWrites(0), graph=JOIN)
+    assert old.run_batch([order], order.position, now=lambda: 0.0).steps == 1
+    assert old.next_deadline() == 10.0  # the join's time-out
+    assert old.fire(5.0).steps == 1 and store.r.xlen(store.keys.out("match", "expired")) == 0
+
+    fired = old.fire(10.0)
+    assert fired.steps == 1 and fired.refused is None
+    assert [e[1][b"id"].decode() for e in store.r.xrange(store.keys.out("match", "expired"))] == ["o1"]
+
+    store.raise_epoch(2)  # a newer master's term
+    late = Message(id="o2", key=2, position="2-0", body=b"{}", doc={"id": "o2", "type": "order", "order_id": "y"})
+    out = old.run_batch([late], late.position, now=lambda: 11.0)
+    assert isinstance(out.refused, Fenced) and out.rest == [late] and not old.active
+    assert old.fire(30.0).steps == 0  # an ended session sends nothing

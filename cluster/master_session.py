@@ -1,0 +1,398 @@
+"""A master's session on one flow at one epoch: batches run in fenced COMMIT steps, and the
+flow's deadlines fired, each returning what it did.
+
+One session for every place a master runs the flow: a node's driver
+(``node.FlowNode``, one session per term, made at promotion), a promoted
+worker's catch-up (the same session), an executor running one uplink shard's
+partition (``shard_task``, a session per task), the failover simulator and
+the benches. :meth:`MasterSession.run_batch` and :meth:`MasterSession.fire`
+never call back into their caller: they return an :class:`Outcome` (counts,
+the claims to escalate, why the session ended early, the uncommitted rest),
+and the caller acts on it (escalates, steps down, bakes the rest).
+
+Promises (promise 1): a message is run through the flow only if it is not
+processed (not at or before the processed mark, ID not in the ID cache, not a
+repeat inside the batch), and it counts as processed once the COMMIT of its
+step succeeded. With a flow loaded the session guesses which messages are
+new from the mark the flow holds, and each COMMIT applies only if the guess
+was right; a wrong guess (a message re-published with an ID the flow
+processed) writes nothing, and the rest of the batch runs again after asking
+Redis. Every step also names the state version it was built from
+(``MasterFlow.version``), and Redis applies it only on that version: a step
+built on state another writer has moved since (a second attempt of a shard
+task, another process that ran the shard's last batch, a flow reloaded while
+a step was in flight) writes nothing, and the session builds it again on the
+state Redis holds. A COMMIT that is refused (Fenced) or cannot reach Redis
+ends the session at that step (``Outcome.refused``): the messages from there
+on are returned uncommitted, and every later call does nothing.
+
+Bad input is data, never a failed batch: a message the flow raises an error
+for (``MasterFlow.run`` raises MessageRefused), or whose step redis-py cannot
+encode (found by running the failing step's messages one per step), goes to
+the failure stream with its reason, keyed by its uplink position, and the
+batch goes on without it.
+
+Overlap: while one step's COMMIT is in Redis (sent from a writer thread, see
+:func:`write_pool`), the session builds the next step on the flow. At most
+one write is in flight, and the next is sent only after it succeeded, so
+steps commit in order and a refused one is the last: the step built
+meanwhile is dropped with the flow (it was never sent). Claims and counts
+follow a step's COMMIT, never its build. The failover simulator passes an
+executor that runs each write when its schedule says (``chaos/sim``), so
+virtual time stays deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+import redis
+
+from ..runtime.flowgraph import FlowGraph
+from ..runtime.message import Message
+from ..runtime.store.flow_store import DELIVER_MAX_MESSAGES, Fenced, FlowStore, GuessWrong, RedisUnavailable, chunked
+from ..runtime.store.step import Step
+from .master_flow import MasterFlow, MessageRefused
+from .uplink_rows import record_bad
+
+log = logging.getLogger("twinflow.master")
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def write_pool() -> Executor:
+    """This process's writer threads (made again in a forked child, where threads do not follow)."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="twinflow-commit"))
+    return _pool[1]
+
+
+# How many times in a row a step may be refused as built on state behind Redis before the
+# batch fails (and Spark runs the task again): each refusal means another writer committed,
+# so a run that keeps losing is one that keeps others making progress.
+MAX_ROUNDS = 64
+
+# What redis-py raises for a value it cannot send (a text no UTF-8 encoder takes, a value
+# of a type it does not write): raised before anything is sent, so nothing was written.
+UNWRITABLE = (UnicodeError, redis.DataError)
+
+
+class Contended(RuntimeError):
+    """Every round of a batch or a firing was refused as behind Redis (MAX_ROUNDS)."""
+
+
+@dataclass
+class Outcome:
+    """What one :meth:`MasterSession.run_batch` or :meth:`MasterSession.fire` did."""
+
+    delivered: int = 0   # messages run through the flow by committed steps
+    skipped: int = 0     # messages of committed steps that were processed already
+    failed: int = 0      # messages that left by the failure stream (the flow refused them)
+    steps: int = 0       # steps committed
+    claims: list[tuple[str, str, str]] = field(default_factory=list)  # (id, key, position) to escalate
+    refused: Fenced | RedisUnavailable | None = None  # why the session ended here, if it did
+    rest: list[Message] | None = None  # run_batch: the uncommitted rest (None: all of it committed)
+
+    def committed(self, chunk: list[Message], fresh: list[Message], escalate: bool) -> None:
+        self.steps += 1
+        self.delivered += len(fresh)
+        self.skipped += len(chunk) - len(fresh)
+        if escalate:
+            self.claims.extend((m.id, str(m.key), m.position) for m in chunk)
+
+
+class MasterSession:
+    """One master term on one flow: ``epoch`` is the term's, ``store`` the flow's (or shard's).
+
+    ``flow``: a flow kept from before (an executor's, for the same epoch), else loaded
+    from Redis when first needed. ``left`` counts what committed steps sent through
+    each outlink. :meth:`end` (from any thread) stops the session between steps."""
+
+    def __init__(self, graph: FlowGraph, store: FlowStore, epoch: int, writes: Executor | None = None, *,
+                 flow: MasterFlow | None = None, left: Counter | None = None):
+        self.graph, self.store, self.epoch = graph, store, epoch
+        self.spec = graph.cluster
+        self.writes = writes if writes is not None else write_pool()
+        self.left = left if left is not None else Counter()
+        self.flow = flow
+        if flow is not None:
+            flow.left = self.left
+        self.state_loads = 0  # whole-state loads from Redis
+        self._ended = threading.Event()
+
+    # -- the session ------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return not self._ended.is_set()
+
+    def end(self) -> None:
+        """The term is over (stepped down, demoted, refused): no further step is sent."""
+        self._ended.set()
+        self.flow = None
+
+    def load(self) -> MasterFlow:
+        """The flow to build on: the one held, or the state Redis holds (may raise RedisUnavailable)."""
+        flow = self.flow
+        if flow is None:
+            self.state_loads += 1
+            flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
+            flow.left = self.left
+            self.flow = flow
+        return flow
+
+    def drop(self) -> None:
+        """Forget the flow (it may be ahead of or behind Redis): the next step loads it again."""
+        self.flow = None
+
+    def next_deadline(self) -> float | None:
+        flow = self.flow
+        return flow.next_deadline() if flow is not None else None
+
+    # -- firing -----------------------------------------------------------
+    def fire(self, now: float, guess: bool = False) -> Outcome:
+        """Fire the flow's deadlines due at ``now`` in one step and COMMIT it. With ``guess``,
+        a flow held from before fires only if Redis's mark is the one it holds; a step refused
+        as built on state behind Redis is built again on the state Redis holds."""
+        out = Outcome()
+        for _ in range(MAX_ROUNDS):
+            if not self.active:
+                return out
+            try:
+                flow = self.load()
+                step = flow.fire(now, self.epoch)
+                self._write(flow, step, guess).result()
+            except (Fenced, RedisUnavailable) as exc:
+                self._refuse(out, exc)
+                return out
+            except GuessWrong:
+                self.drop()  # another writer moved the state: fire on what it left
+                guess = False
+                continue
+            except BaseException:
+                self.drop()
+                raise
+            flow.committed(step)
+            out.steps += 1
+            return out
+        raise Contended(f"a step was refused as behind Redis {MAX_ROUNDS} times in a row")
+
+    # -- batches ----------------------------------------------------------
+    def run_batch(self, msgs: list[Message], last: str, now: Callable[[], float]) -> Outcome:
+        """Run ``msgs`` (ending at uplink position ``last``) through the flow; guesses from the
+        flow held, if any, else asks Redis which messages are processed first."""
+        out = Outcome()
+        sent, rounds = 0, 0
+        guess = self.flow is not None
+        while True:
+            try:
+                out.rest = self._run_steps(out, msgs[sent:], last, guess, now)
+                return out
+            except _GuessedWrong as wrong:
+                # A message processed before, or another writer (a second attempt of a shard
+                # task, a process that ran this shard's last batch) committed since the flow
+                # was loaded: ask Redis which of the rest are processed and build on its state.
+                log.info("a step was built on state behind Redis; running the rest of the batch again "
+                         "from Redis's view")
+                sent += wrong.sent
+                rounds += 1
+                if rounds >= MAX_ROUNDS:
+                    raise Contended(f"a batch's steps were refused as behind Redis {MAX_ROUNDS} times in a row") \
+                        from None
+            except _Unwritable as bad:
+                sent += bad.sent
+                handled = self._isolate(out, msgs[sent:sent + DELIVER_MAX_MESSAGES], now, bad.exc)
+                if handled is None:
+                    out.rest = msgs[sent:]
+                    return out
+                sent += handled
+            guess = False
+
+    def _write(self, flow: MasterFlow, step: Step, guess: bool) -> Future:
+        """Send ``step``'s COMMIT within the write lease, guarded by the mark ``flow`` holds now
+        when ``guess``; the future raises what the store raises (Fenced, GuessWrong,
+        RedisUnavailable)."""
+        spec = self.spec
+        return self.writes.submit(self.store.commit, self.epoch, step, deadline_s=spec.write_lease,
+                                  replicas=spec.wait_replicas, replica_wait_ms=spec.replica_wait_ms,
+                                  guess=(flow.mark,) if guess else None)
+
+    def _refuse(self, out: Outcome, exc: Fenced | RedisUnavailable) -> None:
+        out.refused = exc
+        self.end()
+
+    def _run_steps(self, out: Outcome, msgs: list[Message], last: str, guess: bool,
+                   now: Callable[[], float]) -> list[Message] | None:
+        if guess:
+            flow = self.flow
+            done = [flow.is_processed(m) for m in msgs] if flow is not None else None
+            guess = done is not None
+        if not guess:
+            try:  # already processed (or a repeat inside this batch): never run through the graph again
+                done = self.store.processed(msgs, deadline_s=self.spec.write_lease)
+            except RedisUnavailable as exc:
+                self._refuse(out, exc)
+                return msgs
+            except UNWRITABLE as exc:  # an ID no key can be made of
+                raise _Unwritable(0, exc) from exc
+        seen: set[str] = set()
+        run = []
+        for m, d in zip(msgs, done):
+            run.append(not d and m.id not in seen)
+            seen.add(m.id)
+        at = 0  # where the next chunk starts
+        chunks = list(chunked(msgs)) or [[]]
+        writing = _InFlight(self, out)
+        whole = False  # every chunk's step was sent
+        try:
+            for i, chunk in enumerate(chunks):
+                if not self.active:
+                    break
+                fresh = [m for m, r in zip(chunk, run[at:at + len(chunk)]) if r]
+                at += len(chunk)
+                # The last chunk's step moves the mark past the whole batch (bad entries included).
+                mark = last if i == len(chunks) - 1 else chunk[-1].position
+                built = self._build(out, writing, fresh, mark, now)  # while the step before is in Redis
+                if built is None or not writing.settle():
+                    break
+                flow, step, fresh = built
+                writing.send(flow, step, guess, chunk, fresh)
+            else:
+                whole = True
+            whole = writing.settle() and whole
+        except (_GuessedWrong, _Unwritable):
+            raise
+        except BaseException:
+            writing.abandon()
+            raise
+        return None if whole else msgs[writing.sent:]
+
+    def _build(self, out: Outcome, writing: "_InFlight", fresh: list[Message], mark: str,
+               now: Callable[[], float]) -> tuple[MasterFlow, Step, list[Message]] | None:
+        """Build the step that runs ``fresh`` on the flow: (flow, step, the messages it runs),
+        or None when Redis refused or could not be reached (the session ended).
+
+        A message the flow raises an error for is bad input, not a failed batch: it goes to the
+        failure stream with its reason, once (keyed by its uplink position, so a master that
+        dies here and its successor record it once between them); the flow, which holds part
+        of it, is dropped (after the step in flight settled, so the reload includes it) and the
+        step is built again without it. The step still moves the mark past it."""
+        while True:
+            try:
+                flow = self.load()
+                return flow, flow.run(fresh, now(), self.epoch, mark), fresh
+            except MessageRefused as bad:
+                if not writing.settle():
+                    return None
+                self.drop()
+                if not self._record_failure(out, bad.msg, bad.reason):
+                    return None
+                fresh = [m for m in fresh if m is not bad.msg]
+            except RedisUnavailable as exc:
+                self._refuse(out, exc)
+                return None
+
+    def _isolate(self, out: Outcome, msgs: list[Message], now: Callable[[], float],
+                 exc: BaseException) -> int | None:
+        """A step of ``msgs`` could not be written (``exc``): run them one per step until the one
+        that cannot be written, which goes to the failure stream with its reason (its position
+        is then handled; the next step moves the mark past it). Returns how many of ``msgs``
+        are handled, or None when Redis refused a step (the session ended). One message per
+        step costs a round trip each, and only on this path."""
+        for i, m in enumerate(msgs):
+            try:
+                if self._run_steps(out, [m], m.position, False, now) is not None:
+                    return None
+            except _GuessedWrong:
+                return i  # another writer moved the state: the caller carries on from Redis's view
+            except _Unwritable as bad:
+                reason = f"a value of this message cannot be written to Redis: {type(bad.exc).__name__}: {bad.exc}"
+                if not self._record_failure(out, m, reason[:500]):
+                    return None
+                return i + 1
+        log.warning("a step of %d messages could not be written (%r), but each alone could", len(msgs), exc)
+        return len(msgs)
+
+    def _record_failure(self, out: Outcome, m: Message, reason: str) -> bool:
+        """Put ``m`` on the failure stream (once per uplink position): False when Redis could not
+        be reached (the session ended)."""
+        log.error("message %r at %s leaves through the failure stream: %s", m.id, m.position, reason)
+        try:
+            record_bad(self.store, self.spec, [(m.position, reason, m.body, len(m.body or b""))],
+                       deadline_s=self.spec.write_lease)
+        except RedisUnavailable as exc:
+            self._refuse(out, exc)
+            return False
+        out.failed += 1
+        return True
+
+
+class _Unwritable(RuntimeError):
+    """A step could not be written (UNWRITABLE) after the first ``sent`` messages committed."""
+
+    def __init__(self, sent: int, exc: BaseException):
+        super().__init__(f"a step could not be written after {sent} messages: {exc!r}")
+        self.sent, self.exc = sent, exc
+
+
+class _GuessedWrong(RuntimeError):
+    """A guarded step was refused; the first ``sent`` messages of the batch are committed."""
+
+    def __init__(self, sent: int):
+        super().__init__(f"guess refused after {sent} messages")
+        self.sent = sent
+
+
+class _InFlight:
+    """The one step of a batch whose COMMIT may be in Redis, and what follows from its answer."""
+
+    def __init__(self, session: MasterSession, out: Outcome):
+        self.session, self.out = session, out
+        self.sent = 0  # messages of the batch whose step committed
+        self._step: tuple | None = None
+
+    def send(self, flow: MasterFlow, step: Step, guess: bool, chunk: list[Message], fresh: list[Message]) -> None:
+        self._step = (self.session._write(flow, step, guess), flow, step, chunk, fresh)
+
+    def settle(self) -> bool:
+        """Wait for the step in flight, if any: True when it committed (counted, its claims kept)
+        or there was none; False when it was refused. GuessWrong (StaleState too) raises
+        _GuessedWrong."""
+        if self._step is None:
+            return True
+        future, flow, step, chunk, fresh = self._step
+        self._step = None
+        session = self.session
+        try:
+            future.result()
+        except GuessWrong:
+            session.drop()
+            raise _GuessedWrong(self.sent) from None
+        except (Fenced, RedisUnavailable) as exc:
+            session._refuse(self.out, exc)
+            return False
+        except UNWRITABLE as exc:
+            session.drop()
+            raise _Unwritable(self.sent, exc) from exc
+        except BaseException:
+            session.drop()
+            raise
+        flow.committed(step)
+        self.out.committed(chunk, fresh, escalate=session.spec.pair is not None)
+        self.sent += len(chunk)
+        return True
+
+    def abandon(self) -> None:
+        """The batch is failing: the flow goes, a write in flight is still waited for and,
+        if it committed, counted (what it committed is processed whatever happens next)."""
+        self.session.drop()
+        try:
+            self.settle()
+        except Exception:  # noqa: BLE001 - the batch's own error is the one to raise
+            pass
