@@ -8,7 +8,7 @@ demo: bootstrap
 	.venv/bin/twinflow demo
 
 test: bootstrap
-	.venv/bin/python -m pytest -q -rs --durations=15
+	.venv/bin/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile
 
 proto: bootstrap
 	scripts/gen_proto.sh
