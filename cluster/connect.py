@@ -14,7 +14,7 @@ import time
 from typing import Callable, TypeVar
 
 from ..logs import event
-from ..runtime.waiting import retry
+from ..runtime.waiting import Backoff, retry
 
 log = logging.getLogger("twinflow.connect")
 
@@ -51,7 +51,7 @@ def wait_for_service(
 
     return retry(attempt, retryable=lambda exc: True, deadline_s=deadline_s,
                  give_up=lambda exc, waited: ServiceUnavailable(service, where, waited, exc),
-                 on_retry=say, sleep=sleep, monotonic=monotonic, max_backoff_s=max_backoff_s)
+                 on_retry=say, sleep=sleep, monotonic=monotonic, backoff=Backoff(max_s=max_backoff_s))
 
 
 def connect_redis(url: str, deadline_s: float, socket_timeout_s: float = 10.0, slot_key: str | None = None, **kw):

@@ -58,6 +58,7 @@ import grpc
 from twinflow.grpc_keepalive import CHANNEL_OPTIONS
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
 from twinflow.logs import event
+from twinflow.runtime.waiting import Backoff
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
@@ -212,7 +213,7 @@ class EscalationSender:
         self.security = security  # TLS and the escalation token the targets check
         self._epoch, self._targets_fn = epoch, targets
         self.batch_max, self.linger_s, self.max_buffer = batch_max, linger_s, max_buffer
-        self.reconnect_backoff_s = reconnect_backoff_s
+        self.reconnect = Backoff(reconnect_backoff_s, reconnect_backoff_s * MAX_BACKOFF_FACTOR)
         self._lock = threading.Lock()  # guards _targets; each target's state has its own lock
         self._targets: dict[str, _Target] = {}
         self._stopping = threading.Event()
@@ -354,7 +355,8 @@ class EscalationSender:
     # ---- one target's stream -----------------------------------------------
 
     def _run(self, t: _Target) -> None:
-        backoff = self.reconnect_backoff_s
+        pauses = self.reconnect.pauses()
+        failed = 0  # attempts in a row that failed
         while True:
             with t.cond:
                 if t.removed:
@@ -376,17 +378,17 @@ class EscalationSender:
                     with t.cond:
                         t.connected = True
                         t.streams += 1
-                    if backoff > self.reconnect_backoff_s:
+                    if failed:
                         log.info("escalation stream to %s at %s open again", t.node_id, address)
-                    backoff = self.reconnect_backoff_s
+                    pauses, failed = self.reconnect.pauses(), 0
                 for ack in call:
                     self._on_ack(t, stream, ack)
             except grpc.RpcError as exc:
                 if not t.removed:
                     # Warn once per outage; the retries that follow are debug noise.
-                    level = logging.WARNING if backoff == self.reconnect_backoff_s else logging.DEBUG
-                    log.log(level, "escalation stream to %s at %s failed: %s %s; %d claims pending, retrying in %.2f s",
-                            t.node_id, address, exc.code(), exc.details(), t.pending(), backoff)
+                    level = logging.WARNING if not failed else logging.DEBUG
+                    log.log(level, "escalation stream to %s at %s failed: %s %s; %d claims pending, retrying",
+                            t.node_id, address, exc.code(), exc.details(), t.pending())
             finally:
                 with t.cond:
                     stream.open = False
@@ -394,10 +396,10 @@ class EscalationSender:
                     t.connected = False
                     t.cond.notify_all()
                 channel.close()
+            failed += 1
             with t.cond:
-                if t.cond.wait_for(lambda: t.removed, backoff):
+                if t.cond.wait_for(lambda: t.removed, next(pauses)):
                     return
-            backoff = min(backoff * 2, self.reconnect_backoff_s * MAX_BACKOFF_FACTOR)
 
     def _requests(self, t: _Target, stream: _Stream):
         """The request side of one stream; gRPC consumes it on its own thread."""
