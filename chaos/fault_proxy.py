@@ -7,7 +7,9 @@ stream that apply to it, looked up per chunk: a toxic added, changed or
 removed acts on connections that are already open, not only on new ones.
 Whether a toxic applies to a link is drawn once, from its ``toxicity``.
 Disabling a proxy closes its listener and every connection through it;
-enabling it listens again on the same address.
+enabling it listens again on the same address. While a ``cut`` toxic is set,
+both directions of every connection hold their bytes, and a client accepted
+meanwhile is dialled upstream only once the cut is removed.
 
 Under failure: an upstream that refuses the connection closes the client's
 at once; a side that closes or fails closes the whole connection (after a
@@ -115,6 +117,7 @@ class Link:
     async def _pass(self, data: bytes, arrived_at: float) -> bool:
         """Send one chunk (read at loop time ``arrived_at``) through the toxics; False once
         the connection must close."""
+        await self.conn.proxy.until_uncut()  # a cut holds the chunk (and those after it)
         toxics = self.toxics()
         if any(t.type == "timeout" for t in toxics):
             return True  # nothing gets through while a timeout toxic applies
@@ -216,6 +219,8 @@ class Proxy:
         self.name, self.listen, self.upstream, self.enabled = name, listen, upstream, enabled
         self.toxics: dict[str, tuple[int, Toxic]] = {}  # name -> (version, toxic), in the order added
         self.connections: set[Connection] = set()
+        self._uncut: asyncio.Event | None = None  # set while no cut toxic is (made on the loop)
+        self.held = 0  # clients accepted during a cut, not dialled upstream yet
         self._server: asyncio.base_events.Server | None = None
         self._versions = 0
 
@@ -235,6 +240,7 @@ class Proxy:
     async def stop(self) -> None:
         """Stop listening and close every connection through the proxy."""
         self.enabled = False
+        self._wake()  # accepts held by a cut give up
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -242,7 +248,23 @@ class Proxy:
         for conn in list(self.connections):
             conn.close()
 
+    async def until_uncut(self) -> None:
+        """Return once no cut toxic is set, or the proxy stopped."""
+        while self.enabled and any(t.type == "cut" for _, t in self.toxics.values()):
+            if self._uncut is None:
+                self._uncut = asyncio.Event()
+            self._uncut.clear()
+            await self._uncut.wait()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.held += 1
+        try:
+            await self.until_uncut()  # a client accepted during a cut is dialled upstream only after it
+        finally:
+            self.held -= 1
+        if not self.enabled:  # stopped meanwhile
+            writer.close()
+            return
         host, port = split_address(self.upstream)
         try:
             upstream = await asyncio.open_connection(host, port)
@@ -257,6 +279,11 @@ class Proxy:
         conn = Connection(self, (reader, writer), upstream)
         self.connections.add(conn)
         conn.start()
+
+    def close_connections(self, reset: bool = False) -> None:
+        """Close every open connection (with RST when ``reset``); the listener stays."""
+        for conn in list(self.connections):
+            conn.close(reset=reset)
 
     # -- toxics -----------------------------------------------------------
     def toxics_for(self, stream: str) -> list[tuple[int, Toxic]]:
@@ -277,5 +304,10 @@ class Proxy:
         self._changed()
 
     def _changed(self) -> None:
+        self._wake()
         for conn in list(self.connections):
             conn.toxics_changed()
+
+    def _wake(self) -> None:
+        if self._uncut is not None:
+            self._uncut.set()  # whoever waits looks again

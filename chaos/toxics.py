@@ -17,7 +17,15 @@ reset_peer timeout (ms)                          the connection is reset (RST) a
 slicer     average_size, size_variation (bytes), chunks cut into pieces of about average_size,
            delay (µs)                            each followed by delay
 limit_data bytes                                 the connection closes once that many bytes passed
+cut        (none)                                nothing passes and nothing is dropped: bytes are
+                                                 held and delivered in order once the toxic is
+                                                 removed, and a client accepted meanwhile is
+                                                 dialled upstream only then
 ========== ===================================== ==============================================
+
+``cut`` is twinflow's own (Toxiproxy has no such type): a partition that
+heals, as TCP sees one, where ``timeout`` at 0 drops what was sent. It is
+meant at toxicity 1 and acts on both streams of the proxy whatever its own.
 
 :func:`parse_toxic` validates a toxic as the HTTP API receives it and raises
 :class:`BadToxic` (the API answers 400) naming the field.
@@ -43,6 +51,7 @@ TYPES: dict[str, dict[str, int | None]] = {
     "reset_peer": {"timeout": 0},
     "slicer": {"average_size": 0, "size_variation": 0, "delay": 0},
     "limit_data": {"bytes": 0},
+    "cut": {},
 }
 
 

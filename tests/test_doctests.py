@@ -39,5 +39,5 @@ def test_docstring_examples(name):
 
 def test_every_package_is_walked():
     found = modules_with_examples()
-    for expected in ("twinflow.runtime.nodes.join", "twinflow.cluster.escalation", "twinflow.chaos.tcp_proxy"):
+    for expected in ("twinflow.runtime.nodes.join", "twinflow.cluster.escalation", "twinflow.chaos.fault_link"):
         assert expected in found

@@ -129,7 +129,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_rows
 from twinflow.runtime.store.redis_slot import client_from_url, follow_moved, relocate
 from twinflow.runtime.positions import WARMUP_POSITION
-from twinflow.runtime.waiting import retry
+from twinflow.runtime.waiting import Backoff, retry
 
 log = logging.getLogger(__name__)
 
@@ -506,7 +506,7 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         result = retry(attempt,
                        retryable=lambda exc: isinstance(exc, redis.RedisError) and transient(exc),
                        deadline_s=self.connect_deadline_s, give_up=give_up, on_retry=before_pause,
-                       max_backoff_s=_MAX_BACKOFF_S)
+                       backoff=Backoff(max_s=_MAX_BACKOFF_S))
         if waiting["logged"]:
             log.warning("%s: Redis at %s answers again after %.1fs", SOURCE_NAME, _where(self.url),
                         time.monotonic() - began)

@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 
 from tests.cluster.harness import ElectionBlocker, Flow
 from tests.conftest import wait_until
-from twinflow.chaos.tcp_proxy import TcpProxy
+from twinflow.chaos.fault_link import FaultLink
 from twinflow.cluster.grpc_server import node_status
 
 pytestmark = pytest.mark.cluster
@@ -124,7 +124,7 @@ def test_a_restarted_worker_loses_nothing_it_had_baked(flow, services):
 def test_a_stopping_master_does_not_commit_the_batch_it_holds(flow):
     """3: SIGTERM of a lone master holding a batch (ZooKeeper suspended) used to commit it unprocessed."""
     zk_host, zk_port = flow.services.zk_hosts.split(":")
-    proxy = TcpProxy((zk_host, int(zk_port))).start()
+    proxy = FaultLink((zk_host, int(zk_port))).start()
     try:
         a = flow.node("a", zk=proxy.address)
         flow.wait_status("a", role="master", streaming=1)
@@ -216,7 +216,7 @@ def test_a_worker_at_max_pending_stops_reading_and_drops_nothing(flow, services)
 def test_a_master_cut_off_from_redis_hands_over(flow):
     """9: a master that reaches ZooKeeper but not Redis used to keep the role forever."""
     host, port = flow.services.redis_url.split("//")[1].split("/")[0].split(":")
-    proxy = TcpProxy((host, int(port))).start()
+    proxy = FaultLink((host, int(port))).start()
     try:
         flow.node("a", redis_url=f"redis://{proxy.address}/0")
         flow.wait_status("a", role="master", streaming=1)

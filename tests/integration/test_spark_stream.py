@@ -3,7 +3,7 @@
 One SparkSession serves the module (start-up costs seconds); every test
 uses its own stream key, status key and checkpoint directory. The reader's
 outage, pause, hold and replay behaviour is also tested in-process, without
-Spark (the outage through ``chaos.tcp_proxy.TcpProxy`` playing a Redis that
+Spark (the outage through ``chaos.fault_link.FaultLink`` playing a Redis that
 is down and then comes up).
 """
 
@@ -21,7 +21,7 @@ import pytest
 import redis
 from pyspark.sql import SparkSession
 
-from twinflow.chaos.tcp_proxy import TcpProxy
+from twinflow.chaos.fault_link import FaultLink
 from twinflow.testing.servers import free_port
 from twinflow.runtime.spark.session import build_session
 from twinflow.runtime.spark.source import (
@@ -377,10 +377,10 @@ def test_reader_waits_for_redis_to_come_up_and_says_so(r, redis_url, key, caplog
         {"url": f"redis://127.0.0.1:{port}/0", "stream": key, "block_ms": "0"}
     )
     parts = urlsplit(redis_url)
-    proxies: list[TcpProxy] = []
+    proxies: list[FaultLink] = []
     # Nothing listens on ``port`` for the first second: "Redis is down".
     later = threading.Timer(
-        1.0, lambda: proxies.append(TcpProxy((parts.hostname, parts.port), listen_port=port).start())
+        1.0, lambda: proxies.append(FaultLink((parts.hostname, parts.port), listen_port=port).start())
     )
     later.start()
     began = time.monotonic()

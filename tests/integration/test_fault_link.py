@@ -1,4 +1,5 @@
-"""TcpProxy against a real redis-server (and a bare socket where bytes must be seen).
+"""A FaultLink (one link through the fault proxy, with its cut toxic) against a real redis-server
+(and a bare socket where bytes must be seen).
 
 Clients are built with no retries and one connection each, so that what a
 fault does to a call is what the call raises: redis-py would otherwise retry
@@ -16,7 +17,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from twinflow.chaos.tcp_proxy import TcpProxy
+from twinflow.chaos.fault_link import FaultLink
 from twinflow.testing.servers import free_port
 from tests.conftest import wait_until
 
@@ -31,9 +32,9 @@ def upstream(redis_url) -> tuple[str, int]:
 
 @pytest.fixture
 def proxy(upstream):
-    p = TcpProxy(upstream).start()
+    p = FaultLink(upstream).start()
     yield p
-    assert p.stop(timeout_s=2)
+    assert p.stop()
 
 
 @pytest.fixture
@@ -52,15 +53,15 @@ def connect():
         client.close()
 
 
-def proxy_threads(port: int) -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == f"tcp-proxy-{port}"]
+def link_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "fault-link"]
 
 
 def test_redis_answers_through_the_proxy(proxy, connect):
     assert proxy.address == f"127.0.0.1:{proxy.port}"
     client = connect(proxy.port)
     assert client.ping() is True
-    assert client.set("tcp-proxy-probe", "x") and client.get("tcp-proxy-probe") == b"x"
+    assert client.set("fault-link-probe", "x") and client.get("fault-link-probe") == b"x"
     assert proxy.connections == 1
 
 
@@ -79,7 +80,7 @@ def test_cut_blackholes_open_and_new_connections_until_restored(proxy, connect):
 
 def test_a_cut_holds_bytes_and_dials_upstream_only_when_restored():
     upstream = socket.create_server(("127.0.0.1", 0))
-    proxy = TcpProxy(upstream.getsockname()).start()
+    proxy = FaultLink(upstream.getsockname()).start()
     try:
         proxy.cut()
         client = socket.create_connection(("127.0.0.1", proxy.port), timeout=TIMEOUT_S)
@@ -98,7 +99,7 @@ def test_a_cut_holds_bytes_and_dials_upstream_only_when_restored():
         peer.close()
         client.close()
     finally:
-        assert proxy.stop(timeout_s=2)
+        assert proxy.stop()
         upstream.close()
 
 
@@ -116,19 +117,19 @@ def test_reset_fails_the_next_call_then_the_client_reconnects(proxy, connect):
 def test_stop_refuses_new_connections_and_closes_open_ones(proxy, upstream, connect):
     client = connect(proxy.port)
     assert client.ping() is True
-    assert proxy.stop(timeout_s=2) is True
+    assert proxy.stop() is True
     assert proxy.connections == 0
-    assert proxy_threads(proxy.port) == []
+    assert link_threads() == []
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", proxy.port), timeout=TIMEOUT_S)
     with pytest.raises(redis.ConnectionError):
         client.ping()
     # A drill can bring the link back on the same port.
-    again = TcpProxy(upstream, listen_port=proxy.port).start()
+    again = FaultLink(upstream, listen_port=proxy.port).start()
     try:
         assert connect(proxy.port).ping() is True
     finally:
-        assert again.stop(timeout_s=2)
+        assert again.stop()
 
 
 def test_stop_ends_connections_held_by_a_cut(proxy):
@@ -136,8 +137,8 @@ def test_stop_ends_connections_held_by_a_cut(proxy):
     client = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
     client.sendall(b"PING\r\n")
     wait_until(lambda: proxy.connections == 1, 2, what="the proxy to accept")
-    assert proxy.stop(timeout_s=2) is True
-    assert proxy_threads(proxy.port) == []
+    assert proxy.stop() is True
+    assert link_threads() == []
     try:
         assert client.recv(16) == b""      # closed, never answered
     except ConnectionResetError:
@@ -147,11 +148,11 @@ def test_stop_ends_connections_held_by_a_cut(proxy):
 
 
 def test_an_unreachable_upstream_closes_the_client(connect):
-    proxy = TcpProxy(("127.0.0.1", free_port())).start()
+    proxy = FaultLink(("127.0.0.1", free_port())).start()
     try:
         with pytest.raises(redis.ConnectionError):
             connect(proxy.port).ping()
         wait_until(lambda: proxy.connections == 0, 2, what="the failed link to close")
     finally:
-        assert proxy.stop(timeout_s=2)
+        assert proxy.stop()
 
