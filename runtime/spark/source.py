@@ -499,7 +499,7 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
                     self._use(found)
                 raise
 
-        from twinflow.runtime.store.flow_store import transient
+        from twinflow.runtime.store.store_errors import transient
 
         # Connection trouble, MOVED, and the replies a Redis gives while it cannot serve for
         # now (CLUSTERDOWN during a cluster failover, TRYAGAIN, READONLY, LOADING...).
