@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..runtime.message import Message
 
 from ..runtime.positions import position_order
-from ..runtime.store.flow_store import Fenced, RedisUnavailable
+from ..runtime.store.store_errors import Fenced, RedisUnavailable
 from .roles import MASTER, WORKER
 from .uplink_rows import decode_rows, last_position, processed_as_worker, record_bad
 

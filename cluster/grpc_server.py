@@ -59,7 +59,7 @@ from grpc_reflection.v1alpha import reflection
 from twinflow.cluster.escalation import EscalationServicer
 from twinflow.grpc_keepalive import SERVER_OPTIONS
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity, SecurityConfigError
-from twinflow.runtime.store.flow_store import RedisUnavailable, StoreClosed
+from twinflow.runtime.store.store_errors import RedisUnavailable, StoreClosed
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 

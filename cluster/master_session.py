@@ -56,7 +56,8 @@ import redis
 
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.message import Message
-from ..runtime.store.flow_store import DELIVER_MAX_MESSAGES, Fenced, FlowStore, GuessWrong, RedisUnavailable, chunked
+from ..runtime.store.flow_store import DELIVER_MAX_MESSAGES, FlowStore, chunked
+from ..runtime.store.store_errors import Fenced, GuessWrong, RedisUnavailable
 from ..runtime.store.step import Step
 from .master_flow import MasterFlow, MessageRefused
 from .uplink_rows import record_bad

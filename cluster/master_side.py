@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from ..runtime.message import Message
-from ..runtime.store.flow_store import Fenced, RedisUnavailable
+from ..runtime.store.store_errors import Fenced, RedisUnavailable
 from .master_flow import MasterFlow
 from .master_session import MasterSession, Outcome
 from .roles import WORKER

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from .leadership import MembersUnknown
+from .membership import MembersUnknown
 from .roles import MASTER
 
 log = logging.getLogger("twinflow.node")

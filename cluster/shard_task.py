@@ -49,7 +49,8 @@ from typing import Any, Iterator
 from ..runtime.flowgraph import FlowGraph, parse_graph
 from ..runtime.message import Message
 from ..runtime.shards import shard_graph
-from ..runtime.store.flow_store import Fenced, FlowStore, RedisUnavailable
+from ..runtime.store.flow_store import FlowStore
+from ..runtime.store.store_errors import Fenced, RedisUnavailable
 from .master_flow import MasterFlow
 from .master_session import MasterSession, Outcome, write_pool
 from .uplink_rows import decode_rows, last_position, processed_as_worker, record_bad

@@ -205,7 +205,7 @@ def _flow_stores(args):
 def cmd_status(args) -> int:
     import redis
 
-    from twinflow.runtime.store.flow_store import RedisUnavailable
+    from twinflow.runtime.store.store_errors import RedisUnavailable
     from twinflow.secrets import redact_text, redact_url
 
     graph, stores = _flow_stores(args)

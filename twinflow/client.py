@@ -67,20 +67,17 @@ wrong flow 'payments': this node serves 'orders' (0 written, 1 not confirmed)
 
 from __future__ import annotations
 
-import json
-import queue
 import random
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable
 
 import grpc
 
-from twinflow.grpc_keepalive import CHANNEL_OPTIONS as ESCALATION_CHANNEL_OPTIONS
+from twinflow._escalation_client import Ack, EscalationClient
+from twinflow._grpc_calls import (_batches, _encode, _handover, _publish_once, _status, node_status, publish,
+                                  request_handover)
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
-from twinflow.wire import twinflow_pb2 as pb
-from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
 __all__ = [
     "Ack",
@@ -96,8 +93,6 @@ DEFAULT_BATCH_SIZE = 1000
 # A node refuses a request over 64 MiB (grpc_server.DEFAULT_MAX_MESSAGE_BYTES); batches are cut
 # well below that so that a batch of large bodies is split, not refused.
 DEFAULT_MAX_BATCH_BYTES = 16 << 20
-# The node may use all of the handover's timeout_s before it answers; the RPC leaves room for the reply.
-HANDOVER_REPLY_MARGIN_S = 5.0
 
 CHANNEL_OPTIONS = [
     # gRPC's default reconnect back-off starts at 1 s and grows to 120 s, during which calls on
@@ -338,198 +333,3 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-@dataclass(frozen=True)
-class Ack:
-    """A worker's answer to one escalation batch (the wire's EscalationAck)."""
-
-    seq: int
-    accepted: bool   # False: refused (stale epoch, wrong flow, an error in its claim logic); see reason
-    claimed: int     # how many baked messages the batch released
-    reason: str
-
-
-_END = object()  # ends a request stream, or marks the end of an ack stream
-
-
-class _Stream:
-    """One Escalate call: its channel, the requests queue, and the acks a thread reads from it."""
-
-    def __init__(self, channel: grpc.Channel):
-        self.channel = channel
-        self.requests: queue.Queue = queue.Queue()
-        self.acks: queue.Queue = queue.Queue()
-        self.next_seq = 1
-        self.call = pb_grpc.EscalationStub(channel).Escalate(iter(self.requests.get, _END))
-        self.reader = threading.Thread(target=self._read, name="escalation-client-acks", daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        try:
-            for ack in self.call:
-                self.acks.put(ack)
-        except grpc.RpcError as exc:
-            self.acks.put(exc)
-        self.acks.put(_END)
-
-    def close(self) -> None:
-        self.requests.put(_END)
-        self.call.cancel()
-        self.channel.close()
-        self.reader.join(2.0)
-
-
-class EscalationClient:
-    """Reports processed messages to one node of a flow over an Escalate stream, a batch at a time.
-
-    :meth:`send` puts one batch of claims (message id, key as text, uplink
-    position) on the stream and waits for its ack. The stream is opened on
-    the first send and kept; a stream that failed or a send that timed out
-    closes it, and the next send opens a new one (its batches are numbered
-    from 1 again). After an error or a time-out the batch may or may not have
-    been processed; claiming is idempotent on the worker, so send it again.
-    Unlike the node's ``EscalationSender`` it does not buffer, batch or
-    reconnect by itself. ``security`` needs the ``escalation`` scope's token
-    where the node asks for tokens.
-
-    >>> from twinflow.cluster.escalation import EscalationServicer
-    >>> from twinflow.cluster.grpc_server import create_server
-    >>> got = []
-    >>> server, port = create_server("127.0.0.1:0", escalation=EscalationServicer(
-    ...     "orders", lambda epoch, claims: got.extend(claims) or len(claims)))
-    >>> with EscalationClient(f"127.0.0.1:{port}", "orders", "billing") as esc:
-    ...     esc.send(7, [("o1", "1700000000000", "1700000000000-0")])
-    Ack(seq=1, accepted=True, claimed=1, reason='')
-    >>> got
-    [('o1', '1700000000000', '1700000000000-0')]
-    >>> _ = server.stop(None).wait()
-    """
-
-    def __init__(self, address: str, flow: str, from_node: str, security: GrpcSecurity = NO_SECURITY):
-        self.address, self.flow, self.from_node, self.security = address, flow, from_node, security
-        self._lock = threading.Lock()  # one batch at a time
-        self._stream: _Stream | None = None
-        self._closed = False
-
-    def send(self, epoch: int, claims: list[tuple[str, str, str]], timeout_s: float = 5.0) -> Ack:
-        """Send one batch of ``claims`` at ``epoch``; return its ack.
-
-        Raises ``grpc.RpcError`` when the stream fails (``UNAVAILABLE``: the
-        node is down; ``UNAUTHENTICATED``/``PERMISSION_DENIED``: the token)
-        and ``TimeoutError`` when no ack arrives within ``timeout_s``.
-        """
-        with self._lock:
-            if self._closed:
-                raise ValueError("the escalation client is closed")
-            if self._stream is None:
-                self._stream = _Stream(self.security.channel(self.address, "escalation", ESCALATION_CHANNEL_OPTIONS))
-            stream = self._stream
-            seq = stream.next_seq
-            stream.next_seq += 1
-            batch = pb.EscalationBatch(flow=self.flow, from_node=self.from_node, epoch=epoch, seq=seq)
-            for message_id, key, position in claims:
-                batch.claims.add(id=message_id, key=key, position=position)
-            stream.requests.put(batch)
-            try:
-                ack = stream.acks.get(timeout=timeout_s)
-            except queue.Empty:
-                self._drop_stream()
-                raise TimeoutError(f"no ack for escalation batch {seq} from {self.address} "
-                                   f"within {timeout_s} s; it may or may not have been processed") from None
-            if isinstance(ack, pb.EscalationAck) and ack.seq == seq:
-                return Ack(seq=ack.seq, accepted=ack.accepted, claimed=ack.claimed, reason=ack.reason)
-            self._drop_stream()
-            if isinstance(ack, grpc.RpcError):
-                raise ack
-            if ack is _END:
-                raise ConnectionError(f"{self.address} ended the escalation stream before acking batch {seq}")
-            raise ConnectionError(f"{self.address} acked batch {ack.seq}, expected {seq}")
-
-    def _drop_stream(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close()
-
-    def close(self) -> None:
-        """Close the stream, if one is open; a send after this raises ``ValueError``."""
-        with self._lock:
-            self._closed = True
-            self._drop_stream()
-
-    def __enter__(self) -> "EscalationClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-# ---- single calls, shared by the client and the compatibility functions -------
-
-
-def _encode(body: bytes | dict, index: int) -> bytes:
-    if isinstance(body, (bytes, bytearray, memoryview)):
-        return bytes(body)
-    if isinstance(body, Mapping):
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-    raise TypeError(f"body {index} is a {type(body).__name__}; give bytes (a JSON document) or a dict")
-
-
-def _batches(bodies: list[bytes], batch_size: int, max_bytes: int) -> Iterable[list[bytes]]:
-    batch: list[bytes] = []
-    size = 0
-    for body in bodies:
-        if batch and (len(batch) == batch_size or size + len(body) > max_bytes):
-            yield batch
-            batch, size = [], 0
-        batch.append(body)
-        size += len(body)
-    if batch:
-        yield batch
-
-
-def _publish_once(channel: grpc.Channel, flow: str, bodies: list[bytes], timeout_s: float) -> list[str]:
-    request = pb.PublishRequest(flow=flow, messages=[pb.Envelope(body=b) for b in bodies])
-    return list(pb_grpc.IngestStub(channel).Publish(request, timeout=timeout_s).positions)
-
-
-def _status(channel: grpc.Channel, timeout_s: float) -> dict:
-    return _to_dict(pb_grpc.AdminStub(channel).Status(pb.StatusRequest(), timeout=timeout_s))
-
-
-def _handover(channel: grpc.Channel, timeout_s: float) -> dict:
-    request = pb.HandoverRequest(timeout_s=timeout_s)
-    return _to_dict(pb_grpc.AdminStub(channel).Handover(request, timeout=timeout_s + HANDOVER_REPLY_MARGIN_S))
-
-
-def _to_dict(message) -> dict:
-    return {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
-
-
-# ---- the one-call functions that were in twinflow.cluster.grpc_server ----------
-
-
-def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.0, *,
-            security: GrpcSecurity = NO_SECURITY) -> list[str]:
-    """One Publish call of ``bodies`` to ``flow`` at ``address``; their uplink positions.
-
-    No batching and no retry (use :class:`Client` for those). Raises
-    ``grpc.RpcError``; its ``code()`` is ``UNAVAILABLE`` when the node or its
-    uplink is down (safe to retry, at the risk of a duplicate entry) and
-    ``RESOURCE_EXHAUSTED`` when the node already runs its limit of publishes
-    (nothing was written; retry after a pause).
-    """
-    with security.channel(address, "ingest") as channel:
-        return _publish_once(channel, flow, list(bodies), timeout_s)
-
-
-def node_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
-    """The NodeStatus of the node at ``address`` as a dict with every field."""
-    with security.channel(address, "admin") as channel:
-        return _status(channel, timeout_s)
-
-
-def request_handover(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
-    """Ask the node at ``address`` to hand mastership over within ``timeout_s``; the reply as a dict."""
-    with security.channel(address, "admin") as channel:
-        return _handover(channel, timeout_s)

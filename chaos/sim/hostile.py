@@ -9,7 +9,7 @@ NUL, right-to-left marks and other format characters, emoji, long text,
 huge and non-finite numbers (``NaN``, ``Infinity``, a 5,000-digit integer),
 ``null``, booleans, arrays, objects and deep nesting, and an integer ID.
 
-What the flow must do with one (``simulator.Checker``): it leaves exactly once,
+What the flow must do with one (``checker.Checker``): it leaves exactly once,
 through the flow (by its ID) or by the failure path (by its uplink position,
 with a reason), and the flow goes on. :func:`make` returns the body and the
 ID the message would leave the flow under (None when it has no usable one);

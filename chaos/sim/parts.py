@@ -17,7 +17,8 @@ import redis
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...runtime.positions import WARMUP_POSITION
-from ...runtime.store.flow_store import FlowStore, RedisUnavailable
+from ...runtime.store.flow_store import FlowStore
+from ...runtime.store.store_errors import RedisUnavailable
 from .escalation_model import SimSender
 from .stepped_threads import AheadBatch, SimWrites
 from .redis_model import SimRedis

@@ -225,7 +225,7 @@ class World:
         so the process exits. Redis being away is a fault's doing; anything else means the flow
         stops on it (every retry, catch-up and promotion would read the same entries again)."""
         from ...cluster.batch_intake import NodeStopping
-        from ...runtime.store.flow_store import RedisUnavailable
+        from ...runtime.store.store_errors import RedisUnavailable
 
         if isinstance(exc, (RedisUnavailable, NodeStopping)):
             return

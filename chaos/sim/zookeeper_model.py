@@ -30,11 +30,11 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable
 
-from ...cluster import leadership as _leadership
+from ...cluster import membership as _membership
 
 # Where the real class raises MembersUnknown while ZooKeeper cannot list the members, so does
 # this one (with an older Leadership, which answered {}, it answers {} too).
-_MembersUnknown = getattr(_leadership, "MembersUnknown", None)
+_MembersUnknown = getattr(_membership, "MembersUnknown", None)
 
 
 @dataclass

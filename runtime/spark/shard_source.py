@@ -50,17 +50,12 @@ from typing import Any, Iterator, List, Optional, Tuple
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from twinflow.runtime.spark.source import (
-    DEFAULT_BATCH_BYTES,
-    DEFAULT_BLOCK_MS,
-    DEFAULT_MAX_BODY_BYTES,
-    WARMUP_POSITION,
-    RedisStreamReader,
-    _Paused,
-    _int_option,
-    _wait_for_entry,
-    _write_atomically,
-)
+from twinflow.runtime.positions import WARMUP_POSITION
+from twinflow.runtime.spark.reader_gates import _Paused, _write_atomically
+from twinflow.runtime.spark.redis_wait import _wait_for_entry
+from twinflow.runtime.spark.source import RedisStreamReader
+from twinflow.runtime.spark.source_options import (
+    DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_MS, DEFAULT_MAX_BODY_BYTES, _int_option)
 
 log = logging.getLogger(__name__)
 

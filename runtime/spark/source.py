@@ -18,7 +18,7 @@ Packed rows (option ``pack``, N > 0): each row carries up to N consecutive
 entries (and about ``PACK_BYTES`` of bodies) instead of one: ``position`` is
 its last entry's ID, ``size`` how many entries it holds, ``data`` those
 entries' ``(position, data, size)`` triples as above, pickled;
-:func:`unpack_rows` turns a batch back into one triple per entry. Spark's
+:func:`unpack_rows` (``packed_rows.py``) turns a batch back into one triple per entry. Spark's
 per-row work (the rows cross from this reader's Python worker into the JVM
 and back out to the driver) costs about 14 µs of JVM CPU per row here
 (measured, CHANGELOG.md, issue 9), so a reader whose caller takes the batch whole
@@ -71,20 +71,7 @@ double per full batch: a burst of 50,000 then took 6 batches instead of 4,
 measured 13,416 -> 14,278 msg/s for the pair.) A batch is
 never larger than ``max_batch_size`` entries or ``batch_bytes`` of bodies.
 
-Hold (backpressure): while ``hold_file`` exists, each read plans nothing: it
-waits up to ``block_ms`` (100 ms if ``block_ms`` is 0), checking every 10 ms,
-and returns the start offset; it writes ``<hold_file>.ack``, a JSON object
-``{"hold": <the hold file's text>, "held_reads": <reads held under it>,
-"offset": <the start offset>}``, so whoever holds can see the reader has
-stopped planning. Removing the file lets the read in progress go on at once.
-A pause (``pause_file``) is still seen within 10 ms while held.
-
-Pace: ``pace_file`` (set by ``stream.start_stream``, written by
-``stream.pace_stream``) holds a number of milliseconds; when it is above 0
-the reader plans a batch at most that often (a read within the interval
-waits up to 100 ms of it, then plans nothing). A worker, whose batches
-only bake, reads so in fewer, larger batches and leaves the cores to the
-master (docs/operations/speed.md); a pause or hold is still seen within 10 ms.
+Hold (backpressure) and pace (``hold_file``, ``pace_file``): see ``reader_gates.py``.
 
 Under failure:
 
@@ -115,10 +102,8 @@ about two batches' bodies. Needs Redis 6.2+ for exclusive XRANGE bounds.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import pickle
 import time
 from typing import Any, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
@@ -129,11 +114,22 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_rows
 from twinflow.runtime.store.redis_slot import client_from_url, follow_moved, relocate
 from twinflow.runtime.positions import WARMUP_POSITION
+from twinflow.runtime.spark.packed_rows import Row, pack_rows
+from twinflow.runtime.spark.reader_gates import ReaderGates, _Held, _Paused
+from twinflow.runtime.spark.redis_wait import _wait_for_entry
+from twinflow.runtime.spark.source_options import (
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CONNECT_DEADLINE_S,
+    DEFAULT_BLOCK_MS,
+    DEFAULT_MAX_BODY_BYTES,
+    SOURCE_NAME,
+    _int_option,
+)
 from twinflow.runtime.waiting import Backoff, retry
 
 log = logging.getLogger(__name__)
 
-SOURCE_NAME = "twinflow_redis_stream"
 SCHEMA = StructType(
     [
         StructField("position", StringType(), False),
@@ -141,57 +137,8 @@ SCHEMA = StructType(
         StructField("size", LongType(), True),
     ]
 )
-DEFAULT_BATCH_SIZE = 2000
-DEFAULT_BATCH_BYTES = 64 * 1024 * 1024
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-DEFAULT_CONNECT_DEADLINE_S = 300.0
-DEFAULT_BLOCK_MS = 100
 _MAX_BACKOFF_S = 1.0
 _LOG_EVERY_S = 10.0
-_HOLD_CHECK_S = 0.01
-
-PACK_BYTES = 4 * 1024 * 1024  # body bytes per packed row, about (a row holds at least one entry)
-
-Row = Tuple[str, Optional[bytes], Optional[int]]
-
-
-def pack_rows(rows: List[Row], per_row: int) -> List[Row]:
-    """``rows`` packed ``per_row`` entries (and about PACK_BYTES) to a row; see "Packed rows"."""
-    packed: List[Row] = []
-    start, size = 0, 0
-    for i, (_, data, _) in enumerate(rows):
-        if i > start and (i - start >= per_row or size + len(data or b"") > PACK_BYTES):
-            packed.append(_packed(rows[start:i]))
-            start, size = i, 0
-        size += len(data or b"")
-    if start < len(rows):
-        packed.append(_packed(rows[start:]))
-    return packed
-
-
-def _packed(chunk: List[Row]) -> Row:
-    return chunk[-1][0], pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL), len(chunk)
-
-
-def unpack_rows(positions: List[str], data: List[Optional[bytes]], sizes: List[Optional[int]]) -> List[Row]:
-    """One ``(position, data, size)`` per entry from a batch's columns of packed rows (the
-    warm-up row passes as it is).
-
-    >>> rows = [("1-0", b"{}", 2), ("2-0", None, None), ("3-0", None, 9)]
-    >>> packed = pack_rows(rows, 2)
-    >>> [(p, n) for p, _, n in packed]
-    [('2-0', 2), ('3-0', 1)]
-    >>> unpack_rows(*map(list, zip(*packed))) == rows
-    True
-    """
-    rows: List[Row] = []
-    for position, blob, _ in zip(positions, data, sizes):
-        if position == WARMUP_POSITION:
-            rows.append((position, None, None))
-        else:
-            rows.extend(pickle.loads(blob))
-    return rows
-
 
 
 def register_source(spark: Any) -> None:
@@ -221,7 +168,7 @@ class RedisStreamDataSource(DataSource):
         return RedisStreamReader(dict(self.options))
 
 
-class RedisStreamReader(SimpleDataSourceStreamReader):
+class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
     """One reader per query; keeps one Redis client, created on first use."""
 
     def __init__(self, options: dict) -> None:
@@ -379,81 +326,6 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         )
         self._recorded_n = n
 
-    def _check_pause(self) -> None:
-        """Raise _Paused (after acknowledging) once the pause file exists.
-
-        Checked in read() only: a paused reader plans no more batches, and
-        since read(start) means every batch up to ``start`` is committed, the
-        acknowledgement tells stop_stream that stopping now cuts nothing short.
-        """
-        if not self.pause_file or not os.path.exists(self.pause_file):
-            return
-        if not self._pause_acked:
-            with open(self.pause_file + ".ack", "w") as ack:
-                ack.write(json.dumps(self._reading_from))
-            self._pause_acked = True
-        raise _Paused()
-
-    def _wait_out_hold(self, start: dict) -> None:
-        """Return at once when not held; else acknowledge, wait, and raise _Held.
-
-        The wait (about block_ms) keeps a held query from spinning through
-        Spark's 10 ms polling; it ends early when the hold is lifted (then the
-        read goes on) or a pause is asked (_Paused).
-        """
-        token = self._hold_token_now()
-        if token is None:
-            self._hold_token = None
-            return
-        if token != self._hold_token:
-            self._hold_token, self._held_reads = token, 0
-        self._held_reads += 1
-        ack = {"hold": token, "held_reads": self._held_reads, "offset": start}
-        _write_atomically(self.hold_file + ".ack", json.dumps(ack))
-        until = time.monotonic() + (self.block_ms or DEFAULT_BLOCK_MS) / 1000
-        while True:
-            self._check_pause()
-            if not os.path.exists(self.hold_file):
-                self._hold_token = None
-                return
-            left = until - time.monotonic()
-            if left <= 0:
-                raise _Held()
-            time.sleep(min(_HOLD_CHECK_S, left))
-
-    def _wait_out_pace(self) -> None:
-        """Return once a paced reader may plan (see "Pace"); raise _Held after waiting 100 ms."""
-        waited_until = time.monotonic() + DEFAULT_BLOCK_MS / 1000
-        while True:
-            pace_ms = self._pace_now()
-            left = self._last_plan + pace_ms / 1000 - time.monotonic()
-            if left <= 0:
-                return
-            if time.monotonic() >= waited_until:
-                raise _Held()
-            self._check_pause()
-            if self._hold_token_now() is not None:
-                raise _Held()
-            time.sleep(min(_HOLD_CHECK_S, left))
-
-    def _pace_now(self) -> int:
-        if not self.pace_file:
-            return 0
-        try:
-            with open(self.pace_file) as pace:
-                return max(0, int(pace.read() or 0))
-        except (FileNotFoundError, ValueError):
-            return 0
-
-    def _hold_token_now(self) -> Optional[str]:
-        if not self.hold_file:
-            return None
-        try:
-            with open(self.hold_file) as hold:
-                return hold.read()
-        except FileNotFoundError:
-            return None
-
     def _redis(self, what: str, call: Any, pausable: bool = False) -> Any:
         """Run ``call(client)``; wait out connection trouble up to the deadline.
 
@@ -499,7 +371,7 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
                     self._use(found)
                 raise
 
-        from twinflow.runtime.store.flow_store import transient
+        from twinflow.runtime.store.store_errors import transient
 
         # Connection trouble, MOVED, and the replies a Redis gives while it cannot serve for
         # now (CLUSTERDOWN during a cluster failover, TRYAGAIN, READONLY, LOADING...).
@@ -530,78 +402,3 @@ class RedisStreamReader(SimpleDataSourceStreamReader):
         self._client = client
         self._script = client.register_script(READ_BATCH)
 
-
-class _Paused(Exception):
-    """A pause was asked for: read() reports no new data from now on."""
-
-
-class _Held(Exception):
-    """A hold is in place: this read() plans no batch."""
-
-
-def _int_option(options: dict, name: str, default: int, least: int) -> int:
-    value = int(options.get(name) or default)
-    if value < least:
-        raise ValueError(f"{SOURCE_NAME}: {name} must be >= {least}, got {value}")
-    return value
-
-
-def _write_atomically(path: str, text: str) -> None:
-    # A reader polling the file sees the old or the new text, never half of it.
-    aside = f"{path}.{os.getpid()}.tmp"
-    with open(aside, "w") as out:
-        out.write(text)
-    os.replace(aside, path)
-
-
-def _wait_for_entry(client: Any, stream: str, after: str, block_ms: int) -> bool:
-    """Block in Redis until the stream has an entry after ``after``; False after block_ms.
-
-    XREAD's reply would carry the new entry whole, however big. Only the
-    reply's first line is read here ("*-1": none came; "*1": one did); when an
-    entry came, the connection is dropped with the rest of the reply unread,
-    and the entry is then read through READ_BATCH like any other.
-    """
-    import socket
-
-    import redis
-
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    clean = False
-    try:
-        conn.send_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", stream, after)
-        sock = conn._sock  # redis-py has no public call to read part of a reply
-        sock.settimeout(block_ms / 1000 + (conn.socket_timeout or 10))
-        received = b""
-        try:
-            while b"\r\n" not in received:
-                chunk = sock.recv(256)
-                if not chunk:
-                    raise redis.ConnectionError("Redis closed the connection while waiting")
-                received += chunk
-        except socket.timeout as exc:
-            raise redis.TimeoutError("timed out waiting for XREAD BLOCK to answer") from exc
-        except OSError as exc:
-            raise redis.ConnectionError(f"waiting for new entries: {exc}") from exc
-        line, _, rest = received.partition(b"\r\n")
-        if line in (b"*-1", b"_"):  # RESP2 / RESP3 null: nothing came within block_ms
-            clean = not rest
-            return False
-        if line.startswith(b"-"):
-            clean = not rest
-            message = line[1:].decode(errors="replace")
-            if message.startswith("LOADING"):
-                raise redis.BusyLoadingError(message)  # a ConnectionError: retried
-            if message.startswith("MOVED "):  # the uplink's slot moved (a cluster failover): followed
-                raise redis.exceptions.MovedError(message[len("MOVED "):])
-            if message.startswith(("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")):
-                raise redis.exceptions.ClusterDownError(message)  # transient: retried
-            raise redis.ResponseError(message)
-        return True
-    finally:
-        if clean:
-            conn._sock.settimeout(conn.socket_timeout)
-        else:
-            conn.disconnect()
-        pool.release(conn)

@@ -60,13 +60,9 @@ from typing import Callable, List, Optional, Tuple
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from twinflow.runtime.spark.source import (
-    DEFAULT_BATCH_BYTES,
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_BODY_BYTES,
-    SOURCE_NAME,
-    unpack_rows,
-)
+from twinflow.runtime.spark.packed_rows import unpack_rows
+from twinflow.runtime.spark.source_options import (
+    DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_MAX_BODY_BYTES, SOURCE_NAME)
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from twinflow.cluster.connect import connect_redis
 from twinflow.testing.redis_ha import LocalRedisCluster
 from twinflow.runtime.message import Message
 from twinflow.runtime.store.flow_keys import FlowKeys
-from twinflow.runtime.store.flow_store import FlowStore, RedisUnavailable
+from twinflow.runtime.store.flow_store import FlowStore
+from twinflow.runtime.store.store_errors import RedisUnavailable
 pytestmark = pytest.mark.cluster
 
 

@@ -22,7 +22,8 @@ from tests.cluster.harness import Flow
 from tests.conftest import wait_until
 from twinflow.testing.redis_ha import LocalSentinel
 from twinflow.runtime.store.flow_keys import FlowKeys
-from twinflow.runtime.store.flow_store import FlowStore, RedisUnavailable
+from twinflow.runtime.store.flow_store import FlowStore
+from twinflow.runtime.store.store_errors import RedisUnavailable
 
 pytestmark = pytest.mark.cluster
 

@@ -13,8 +13,9 @@ from twinflow.testing.servers import free_port, redis_answers
 from twinflow.cluster.master_flow import MasterFlow
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.message import Message
-from twinflow.runtime.store.flow_store import (
-    DELIVER_MAX_BYTES, FlowKeys, FlowStore, Fenced, RedisUnavailable, chunked)
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import DELIVER_MAX_BYTES, FlowStore, chunked
+from twinflow.runtime.store.store_errors import Fenced, RedisUnavailable
 from twinflow.runtime.store.step import Step
 from tests.conftest import wait_until
 
@@ -293,7 +294,7 @@ def test_a_commit_retried_after_its_reply_was_lost_is_applied_once(redis_url, fl
 def test_a_guessed_step_applies_only_while_the_guess_holds(store):
     # The master's one-round-trip commit: it assumes the mark it holds and that
     # its messages' IDs are new; Redis checks both in the same script.
-    from twinflow.runtime.store.flow_store import GuessWrong
+    from twinflow.runtime.store.store_errors import GuessWrong
     store.raise_epoch(1)
     store.commit(1, Step(mark="2-0", ids=["a"], outputs=[(store.keys.sink, {"id": "a"})]), guess=(None,))
     assert store.processed_mark() == "2-0"

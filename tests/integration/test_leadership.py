@@ -21,7 +21,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from twinflow.cluster.connect import connect_zookeeper
-from twinflow.cluster.leadership import Leadership, MembersUnknown
+from twinflow.cluster.leadership import Leadership
+from twinflow.cluster.membership import MembersUnknown
 from tests.conftest import wait_until
 
 CHILD = textwrap.dedent("""

@@ -13,7 +13,8 @@ from twinflow.cluster.master_session import MasterSession
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.message import Message
 from twinflow.runtime.store.flow_keys import FlowKeys
-from twinflow.runtime.store.flow_store import DELIVER_MAX_MESSAGES, FlowStore, Fenced
+from twinflow.runtime.store.flow_store import DELIVER_MAX_MESSAGES, FlowStore
+from twinflow.runtime.store.store_errors import Fenced
 # A claim pair, so that what a session commits comes back as claims to escalate.
 DELIVER = parse_graph("flow: f\nuplink: {stream: uplink}\ninput: deliver\nnodes:\n"
                       "  deliver: {type: action, sink: {stream: sink}}\n"

@@ -15,7 +15,8 @@ from twinflow.cluster.connect import connect_redis
 from twinflow.testing.redis_ha import LocalSentinel
 from twinflow.runtime.message import Message
 from twinflow.runtime.store.flow_keys import FlowKeys
-from twinflow.runtime.store.flow_store import FlowStore, RedisUnavailable
+from twinflow.runtime.store.flow_store import FlowStore
+from twinflow.runtime.store.store_errors import RedisUnavailable
 from twinflow.runtime.store.redis_auth import RedisSettingsError, client_options
 from twinflow.runtime.store.redis_slot import client_from_url, is_sentinel_url, parse_sentinel_url
 

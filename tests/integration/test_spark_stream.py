@@ -24,12 +24,10 @@ from pyspark.sql import SparkSession
 from twinflow.chaos.fault_link import FaultLink
 from twinflow.testing.servers import free_port
 from twinflow.runtime.spark.session import build_session
-from twinflow.runtime.spark.source import (
-    DEFAULT_MAX_BODY_BYTES,
-    WARMUP_POSITION,
-    RedisStreamReader,
-    unpack_rows,
-)
+from twinflow.runtime.positions import WARMUP_POSITION
+from twinflow.runtime.spark.packed_rows import unpack_rows
+from twinflow.runtime.spark.source import RedisStreamReader
+from twinflow.runtime.spark.source_options import DEFAULT_MAX_BODY_BYTES
 from twinflow.runtime.spark.stream import hold_stream, hold_state, start_stream, stop_stream
 
 # The first micro-batch of a query includes JIT and worker start-up (seconds).

@@ -18,7 +18,7 @@ write before it to the first after it, :func:`recovery_s`; the largest).
 
 The failover simulator feeds its :class:`Tally` step by step and layers its own rules
 on top (an ID that expired from the ID cache may leave again; hostile messages leave by
-the failure path): see ``chaos/sim/simulator.py``.
+the failure path): see ``chaos/sim/checker.py``.
 
 >>> t = Tally()
 >>> t.add(SinkEntry("m1", 1, "a", 10)), t.add(SinkEntry("m2+m1", 2, "b", 20)), t.add(SinkEntry("m3", 1, "a", 30))

@@ -188,7 +188,7 @@ class LocalCluster:
         """``call(client)`` on the checker's or producer's client (``which``), following a Redis
         failover: on a connection error the client looks for the primary again; retried up to the
         deadline."""
-        from ..runtime.store.flow_store import transient
+        from ..runtime.store.store_errors import transient
         from ..runtime.store.redis_slot import follow_moved, relocate
 
         end = time.monotonic() + deadline_s

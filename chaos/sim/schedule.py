@@ -1,0 +1,275 @@
+"""The failover simulator's schedule: the seeded choices of one run, what can happen at each
+step and how often, and the actions themselves (publish, read, deliver escalations, advance
+time, and the faults: kill, pause, cut from ZooKeeper, Redis or escalation, Redis failover).
+
+It holds :class:`Schedule` only; the run loop (``simulator.py``) calls ``step()``. Under
+failure it promises determinism: every choice comes from the run's seeded random source, so
+the same seed gives the same schedule and the same faults; at most ``MAX_FAULTS`` faults per
+run, and ``heal()`` ends them all and restarts every dead node (with its disk).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from typing import Callable
+
+from ...testing.messages import order_or_payment
+from ...cluster.on_cluster import flow_keys
+from . import hostile
+from .world import Killed, SimNode, World
+
+MAX_FAULTS = 5
+
+
+class Schedule:
+    """The seeded choices of one run."""
+
+    def __init__(self, world: World, rng: random.Random, messages: int, say: Callable[[str], None]):
+        self.world, self.rng, self.messages, self.say = world, rng, messages, say
+        self.keys = flow_keys(world.graph)
+        self.sent: list[str] = []
+        self.published: Counter = Counter()   # ID -> times the producer published it
+        self.good: dict[str, str] = {}         # uplink position -> ID, for the flow's own messages
+        self.hostiles: dict[str, str | None] = {}  # uplink position -> the ID it may leave under
+        self.counts: Counter = Counter()
+        self.faults = 0
+        self.promotions = 0
+        self.killed_ahead = 0
+        self.timeout = world.graph.cluster.session_timeout
+
+    # -- what can happen now ----------------------------------------------
+    def choices(self, faults: bool) -> list[tuple[float, str, Callable[[], str]]]:
+        w, out = self.world, []
+        if len(self.sent) < self.messages:
+            out.append((3, "publish", self.publish))
+        for sim in w.nodes.values():
+            n = sim.node_id
+            if sim.running() and sim.stream is not None and not sim.stream.held:
+                out.append((4, f"read {n}", lambda sim=sim: sim.stream.step()))
+            if sim.running() and sim.ahead is not None and sim.ahead.pending is not None:
+                out.append((4, f"batch {n}", lambda sim=sim: sim.ahead.run()))
+            if sim.running() and sim.node is not None:
+                out.append((2, f"timers {n}", lambda sim=sim: self.timers(sim)))
+                if sim.node.leadership is not None and sim.node.leadership.pending():
+                    out.append((3, f"zookeeper {n}", lambda sim=sim: self.react(sim)))
+            if not sim.alive:
+                out.append((2, f"restart {n}", lambda sim=sim: w.start(sim, keep_disk=self.rng.random() < 0.8)))
+        if w.net.deliverable(self.ready):
+            out.append((3, "escalation", self.deliver))
+        if w.zombies:
+            out.append((2, "lost attempt", self.zombie))
+        if w.replica is not None and w.replica.behind:
+            out.append((2, "replication", self.replicate))
+        out.append((3, "time", lambda: self.advance(self.rng.uniform(0.02, 1.0))))
+        out.append((0.5, "long time", lambda: self.advance(self.rng.uniform(1.0, 3 * self.timeout))))
+        if faults and self.faults < MAX_FAULTS:
+            out.append((1, "fault", self.fault))
+        return out
+
+    def step(self, faults: bool = True) -> str:
+        options = self.choices(faults)
+        total = sum(weight for weight, _, _ in options)
+        pick = self.rng.uniform(0, total)
+        for weight, name, act in options:
+            pick -= weight
+            if pick <= 0:
+                break
+        return f"{name}: {act()}"
+
+    def ready(self, node_id: str) -> bool:
+        return self.world.nodes[node_id].running()
+
+    # -- actions ----------------------------------------------------------
+    def publish(self) -> str:
+        k = self.rng.randint(1, 6)
+        start = len(self.sent)
+        fresh = [order_or_payment(i) for i in range(start, min(start + k, self.messages))]
+        docs, again = list(fresh), ""
+        if start and self.rng.random() < 0.15:
+            # A producer's retry: a message already sent, with its ID, again. The flow processes
+            # it once (once more only if its ID expired from the ID cache meanwhile).
+            docs.insert(self.rng.randint(0, len(docs)), order_or_payment(self.rng.randrange(start)))
+            again = f" with {docs[0]['id'] if len(docs) == 1 else 'one'} sent before"
+        bodies = [json.dumps(d).encode() for d in docs]
+        ids: list[str | None] = [d["id"] for d in docs]
+        bad = ""
+        if self.world.dims.hostile and self.rng.random() < self.world.dims.hostile:
+            for _ in range(self.rng.randint(1, 2)):
+                self.counts["hostile_sent"] += 1
+                body, hid, what = hostile.make(self.rng, self.counts["hostile_sent"])
+                at = self.rng.randint(0, len(bodies))
+                bodies.insert(at, body)
+                ids.insert(at, ("hostile", hid))
+                bad += f"; hostile {what}"
+        positions = self.world.publish(self.keys.uplink, bodies)
+        for position, mid in zip(positions, ids):
+            if isinstance(mid, tuple):
+                self.hostiles[position] = mid[1]
+            else:
+                self.good[position] = mid
+                self.published[mid] += 1
+        self.sent.extend(d["id"] for d in fresh)
+        span = f" ({docs[0]['id']}..{docs[-1]['id']})" if docs else ""
+        return f"{len(bodies)} messages{span}{again}{bad}"
+
+    def zombie(self) -> str:
+        from .sharding import run_zombie
+        self.counts["lost_attempts_run"] += 1
+        return run_zombie(self.world)
+
+    def replicate(self) -> str:
+        n = self.world.replica.behind
+        self.world.replica.catch_up()
+        return f"the replica caught up ({n} writes)"
+
+    def while_writing(self, sim: SimNode, when: str) -> str | None:
+        """Something that happens while ``sim``'s COMMIT is in flight (``World.interleave``)."""
+        w, rng = self.world, self.rng
+        others = [o for o in w.nodes.values() if o is not sim and o.running() and o.node is not None
+                  and o.node_id not in w.busy]
+        options: list[tuple[str, Callable[[], str]]] = [
+            ("time", lambda: self.advance(rng.uniform(0.01, 1.5 * self.timeout))),
+        ]
+        if len(self.sent) < self.messages:
+            options.append(("publish", self.publish))
+        node = sim.node
+        if node is not None and node.leadership is not None and node.leadership.is_master \
+                and node.leadership.pending():
+            options.append(("zookeeper (the writer)", lambda: self._react_writer(sim)))
+        if node is not None:
+            options.append(("timers (the writer)", lambda: self.timers(sim)))
+        for o in others:
+            if o.node.leadership is not None and o.node.leadership.pending():
+                options.append((f"zookeeper {o.node_id}", lambda o=o: self.react(o)))
+            if o.stream is not None and not o.stream.held:
+                options.append((f"read {o.node_id}", lambda o=o: o.stream.step()))
+        if w.replica is not None:
+            options.append(("redis failover", self.failover))
+        if rng.random() < 0.05:
+            options.append(("kill the writer", lambda: self._kill_writer(sim, when)))
+        name, act = options[rng.randrange(len(options))]
+        try:
+            return f"{name}: {act()}"
+        except Killed as exc:
+            if exc.node_id == sim.node_id:
+                raise
+            return f"{name}: {exc}"  # another writer, killed inside what happened here
+
+    def _failure_positions(self) -> set[str]:
+        return {f[b"position"].decode() for _, f in self.world.redis.xrange(self.keys.failure) if b"position" in f}
+
+    def _react_writer(self, sim: SimNode) -> str:
+        # Its kazoo threads run while its batch thread waits for Redis (as master it can only
+        # notice, lose its session or finish a step-down: nothing that waits for the batch lock).
+        sim.node.leadership.react()
+        return f"role {sim.node.role}"
+
+    def _kill_writer(self, sim: SimNode, when: str) -> str:
+        ahead = sim.ahead is not None and sim.ahead.running
+        self.killed_ahead += ahead
+        self.world.kill(sim)
+        self.faults += 1
+        raise Killed(sim.node_id, f"{sim.node_id} killed with its COMMIT in flight ({when} Redis)"
+                     + (" with a batch running ahead of its checkpoint" if ahead else ""))
+
+    def failover(self) -> str:
+        # Which failure records the failover erases (written and erased within one step too).
+        before = self._failure_positions()
+        lost = self.world.replica.failover()
+        self.world.erased_failures.update(before - self._failure_positions())
+        self.counts["failovers"] += 1
+        self.counts["failover_lost_writes"] += lost
+        return f"Redis failed over to its replica, losing {lost} unreplicated writes"
+
+    def timers(self, sim: SimNode) -> str:
+        wait = sim.node.timer_round()
+        return f"next round in {wait:.3f} s" if wait is not None else "stopped"
+
+    def react(self, sim: SimNode) -> str:
+        # A promotion waits for the node's batch lock, which a batch running ahead holds
+        # until it ends: that batch runs first (a real one finishes on its own thread).
+        ran = sim.ahead.run()
+        if sim.node is None:  # the batch's failure (or a kill while its COMMIT was in flight) ended the process
+            return f"its batch first: {ran}; the process is gone"
+        before = self.world.zk.epoch
+        sim.node.leadership.react()
+        if self.world.zk.epoch != before:
+            self.promotions += 1
+        return f"role {sim.node.role}, epoch {sim.node.epoch}"
+
+    def deliver(self) -> str:
+        w = self.world
+        ready = w.net.deliverable(self.ready)
+        index = ready[self.rng.randrange(min(3, len(ready)))]  # reordered among the first few
+        batch = w.net.take(index)
+        roll = self.rng.random()
+        if roll < 0.1:
+            return f"{batch.source}->{batch.target} epoch {batch.epoch}: {len(batch.claims)} claims dropped"
+        if roll < 0.2:
+            w.net.put(batch)  # it arrives again later
+        target = w.nodes[batch.target].node
+        try:
+            # As the node's EscalationServicer does: admitted from the master, then claimed.
+            why = target.admit_escalation(batch.source, batch.epoch)
+            if why is not None:
+                return f"{batch.source}->{batch.target} epoch {batch.epoch}: refused ({why})"
+            released = target.on_claims(batch.epoch, batch.claims)
+        except Exception as exc:
+            return f"{batch.source}->{batch.target} epoch {batch.epoch}: refused ({exc})"
+        dup = " (duplicated)" if roll < 0.2 else ""
+        return f"{batch.source}->{batch.target} epoch {batch.epoch}: {len(batch.claims)} claims{dup}, {released} released"
+
+    def advance(self, seconds: float) -> str:
+        self.world.advance(seconds)
+        return f"{seconds:.3f} s"
+
+    def fault(self) -> str:
+        w, rng = self.world, self.rng
+        alive = [s for s in w.nodes.values() if s.alive]
+        if not alive:
+            return "none (every node is down)"
+        # The master more often than not: its faults are the ones that test failover and fencing.
+        masters = [s for s in alive if s.node is not None and s.node.role == "master"]
+        sim = rng.choice(masters if masters and rng.random() < 0.6 else alive)
+        n, kind = sim.node_id, rng.choice(["kill", "pause", "zookeeper", "redis-down", "redis-replies",
+                                           "escalation"] + (["redis-failover"] if w.replica is not None else [])
+                                          + (["executor"] if w.dims.sharded else []))
+        self.faults += 1
+        if kind == "redis-failover":
+            return self.failover()
+        if kind == "executor":
+            sim.executors = []
+            return f"{n}'s executor processes replaced (kept flows gone)"
+        if kind == "kill":
+            ahead = sim.ahead is not None and sim.ahead.pending is not None
+            self.killed_ahead += ahead
+            w.kill(sim)
+            return (f"killed {n} ({'master' if w.zk.leader() == n else 'worker'})"
+                    + (" with a batch running ahead of its checkpoint" if ahead else ""))
+        duration = rng.uniform(0.2, 3 * self.timeout)
+        if kind == "pause":
+            sim.paused_until = w.clock.now() + duration
+            w.add_fault(f"{n} paused", duration, lambda: None)
+        elif kind == "zookeeper":
+            sim.zk_cut = True
+            w.add_fault(f"{n} cut from ZooKeeper", duration, lambda: setattr(sim, "zk_cut", False))
+        elif kind in ("redis-down", "redis-replies"):
+            link = sim.redis_link
+            mode = link.fault = "down" if kind == "redis-down" else "lost_replies"
+            w.add_fault(f"{n}'s Redis link {mode}", duration,
+                        lambda: setattr(link, "fault", None if link.fault == mode else link.fault))
+        else:
+            w.net.cut.add(n)
+            w.add_fault(f"{n}'s escalation links cut", duration, lambda: w.net.cut.discard(n))
+        return f"{kind} {n} for {duration:.2f} s"
+
+    def heal(self) -> None:
+        """End every fault and start every dead node again (with its disk)."""
+        w = self.world
+        w.heal_due(everything=True)
+        for sim in w.nodes.values():
+            sim.paused_until = float("-inf")
+            if not sim.alive:
+                self.say(f"restart {sim.node_id}: {w.start(sim)}")

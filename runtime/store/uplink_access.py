@@ -1,0 +1,114 @@
+"""A flow's uplink in Redis: publish, read a batch, count, trim, and how far behind a node is.
+
+It holds :class:`UplinkAccess`, the uplink part of ``FlowStore`` (``flow_store.py``); its
+calls go through the store's retrying ``_call`` (``redis_calls.py``). Under failure:
+``publish`` returns only once Redis has the entries (with ``replicas``, once ``WAIT``
+confirms them), and a re-sent one may append a body twice (the ID cache skips the second);
+a trim removes only entries no one needs (``scripts.TRIM_UPLINK``); ``uplink_lag`` tries
+once and fails at once when Redis is down.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import redis
+
+from . import scripts
+
+
+class UplinkAccess:
+    """The uplink methods of a :class:`~.flow_store.FlowStore`."""
+
+    # -- uplink -----------------------------------------------------------
+    def publish(self, bodies: Iterable[bytes], deadline_s: float | None = None, *, replicas: int = 0,
+                replica_wait_ms: int = 1000) -> list[str]:
+        """Append documents to the uplink; returns their entry IDs.
+
+        RedisUnavailable once ``deadline_s`` passes without Redis answering. With
+        ``replicas`` > 0 (``cluster.wait_replicas``, for the gRPC ingest) it returns only
+        once ``WAIT`` confirms that many replicas have the entries, so that a Redis
+        failover cannot erase an entry the producer was told is written.
+        """
+        bodies = list(bodies)
+        began = self._monotonic()
+
+        def write():
+            pipe = self.r.pipeline(transaction=False)
+            for b in bodies:
+                pipe.xadd(self.keys.uplink, {"data": b})
+            if replicas:
+                pipe.execute_command("WAIT", replicas, replica_wait_ms)
+            out = pipe.execute()
+            acked = int(out.pop()) if replicas else 0
+            return [p.decode() if isinstance(p, bytes) else p for p in out], acked
+
+        positions, acked = self._call("publish", write, deadline_s)
+        if acked < replicas:
+            left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
+            self._await_replicas(replicas, replica_wait_ms, left)
+        return positions
+
+    def read_uplink(self, after: str | None, upto: str, count: int, max_body: int, *,
+                    max_bytes: int = 64 << 20, deadline_s: float | None = None
+                    ) -> list[tuple[str, bytes | None, int | None]]:
+        """Uplink entries after ``after`` (exclusive; None: from the start) up to ``upto``,
+        as (position, data, size) rows bounded like a Spark batch: at most ``count``
+        entries and ``max_bytes`` of bodies, a body over ``max_body`` withheld (data None)."""
+        args = scripts.read_batch_args(after or "0-0", upto, count, max_bytes, max_body)
+        reply = self._call("read uplink", lambda: self._scripts["read_batch"](keys=[self.keys.uplink], args=args),
+                           deadline_s)
+        return scripts.read_batch_rows(reply)
+
+    def entries_upto(self, position: str) -> int:
+        """How many entries the uplink has had up to ``position``: all it was ever given
+        minus those after it (counted by reading their IDs, so meant for a short tail)."""
+        def count():
+            try:
+                added = int(self.r.xinfo_stream(self.keys.uplink).get("entries-added", 0))
+            except redis.ResponseError:  # no stream yet
+                return 0
+            after, n = position, 0
+            while True:
+                page = self.r.xrange(self.keys.uplink, "(" + after, "+", count=10_000)
+                n += len(page)
+                if len(page) < 10_000:
+                    return max(0, added - n)
+                after = page[-1][0].decode()
+
+        return self._call("count uplink entries", count)
+
+    def trim_uplink(self, live_nodes: Iterable[str], retention_s: float, now_s: float,
+                    deadline_s: float | None = 0) -> tuple[int, str | None]:
+        """Trim the uplink entries that no one needs: before the processed mark, before the
+        read position of every node in ``live_nodes``, and older than ``retention_s`` at
+        ``now_s`` (the margin kept for replay). Returns (entries trimmed, first entry kept)."""
+        cutoff = f"{max(0, int((now_s - retention_s) * 1000))}-0"
+        keys = [self.keys.uplink, self.keys.processed, self.keys.trimmed,
+                *(self.keys.read(n) for n in sorted(live_nodes))]
+        n, kept = self._call("trim uplink", lambda: self._scripts["trim_uplink"](keys=keys, args=[cutoff]),
+                             deadline_s)
+        return int(n), kept.decode() if isinstance(kept, bytes) else (kept or None)
+
+    def trimmed_before(self) -> str | None:
+        """The first uplink entry the last trim kept (entries before it are gone), or None."""
+        raw = self._call("trim record", lambda: self.r.get(self.keys.trimmed))
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    def oldest_after(self, after: str | None) -> str | None:
+        """The position of the first uplink entry after ``after`` (None: the first of all), or None."""
+        low = "-" if after is None else "(" + after
+        entries = self._call("read uplink", lambda: self.r.xrange(self.keys.uplink, low, "+", count=1))
+        return entries[0][0].decode() if entries else None
+
+    def uplink_lag(self, node_id: str) -> int:
+        """Uplink entries ``node_id`` has not read yet (entries-added minus what it read).
+
+        One attempt, no retry: status must answer (or fail) at once when Redis is down.
+        """
+        try:
+            added = int(self.r.xinfo_stream(self.keys.uplink).get("entries-added", 0))
+        except redis.ResponseError:  # no stream yet
+            added = 0
+        got = self.r.hget(self.keys.read(node_id), "read_n")
+        return max(0, added - int(got or 0))
