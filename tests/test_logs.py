@@ -158,6 +158,7 @@ def test_unknown_format_is_refused():
 def test_configure_replaces_its_own_handler_and_quiets_noisy_loggers():
     root = logging.getLogger()
     level, before = root.level, list(root.handlers)
+    noisy = {n: logging.getLogger(n).level for n in logs.NOISY}
     first, second = io.StringIO(), io.StringIO()
     try:
         logs.configure(logging.INFO, "text", stream=first)
@@ -172,3 +173,5 @@ def test_configure_replaces_its_own_handler_and_quiets_noisy_loggers():
         for h in [h for h in root.handlers if h not in before]:
             root.removeHandler(h)
         root.setLevel(level)
+        for name, was in noisy.items():  # as they were: later tests read kazoo's DEBUG lines
+            logging.getLogger(name).setLevel(was)

@@ -219,6 +219,7 @@ def test_credentials_come_from_a_reference_and_the_password_is_never_logged(zk_h
     monkeypatch.setenv("TF_TEST_ZK_SECRET", f"{USER}:{PASSWORD}")
     monkeypatch.setenv(ZK_AUTH_ENV, "env:TF_TEST_ZK_SECRET")
     caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="kazoo")  # whatever an earlier test set it to
     me = start_node(zk_hosts, flow_name, "n1", closing)
     wait_until(lambda: me.is_master, 10, what="n1 master")
     assert me.zk.get_acls(me.root)[0] == [make_digest_acl(USER, PASSWORD, all=True)]
