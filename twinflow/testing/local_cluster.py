@@ -60,6 +60,7 @@ from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.waiting import wait_for
 from .checker import read_outputs, read_sequences
 from .processes import NodeProcess
+from .producers import Producing
 from .redis_ha import LocalRedisCluster, LocalSentinel
 from .servers import free_port
 from .services import LocalServices
@@ -78,7 +79,7 @@ cluster: {{session_timeout: 2.0}}
 """
 
 
-class LocalCluster:
+class LocalCluster(Producing):
     def __init__(self, workdir: str | None = None, flow: str = "demo", text: str | None = None,
                  nodes: int | Sequence[str] = 2, services: LocalServices | None = None, bake_time: float = 5.0,
                  proxied: bool = False, zk_members: int = 1, redis_mode: str = "single", wait_replicas: int = 0):
@@ -355,50 +356,3 @@ class LocalCluster:
         if self.services is not None and self.owns_services:
             parts.append(self.services.logs())
         return "\n".join(parts)
-
-    # -- producing --------------------------------------------------------
-    def publish(self, docs: list[dict]) -> list[str]:
-        """XADD through the producer's proxy, retrying while that link is down; returns positions.
-
-        The pipeline is built again for each attempt: redis-py empties a pipeline when it
-        executes, failed or not, so a retried one sent nothing and "published" every
-        message of the batch (the redis-restart drill found it: 50 messages counted lost
-        that were never sent). A retry after a lost reply may append a batch twice; the
-        flow's ID cache takes each message once."""
-        if self.ha is not None:
-            return self._publish_ha(docs)
-        deadline = time.monotonic() + 30
-        while True:
-            pipe = self.producer.pipeline(transaction=False)
-            for doc in docs:
-                pipe.xadd(self.keys.uplink, {"data": json.dumps(doc)})
-            try:
-                positions = [p.decode() for p in pipe.execute()]
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-                continue
-            if len(positions) != len(docs):
-                raise RuntimeError(f"published {len(positions)} of {len(docs)} documents")
-            return positions
-
-    def _publish_ha(self, docs: list[dict]) -> list[str]:
-        """XADD on the primary of the moment; with ``wait_replicas``, acknowledged only once WAIT
-        says that many replicas have the batch (else the batch is sent again: the ID cache takes
-        each message once)."""
-        def send(r):
-            pipe = r.pipeline(transaction=False)
-            for doc in docs:
-                pipe.xadd(self.keys.uplink, {"data": json.dumps(doc)})
-            if self.wait_replicas:
-                pipe.execute_command("WAIT", self.wait_replicas, 1000)
-            out = pipe.execute()
-            if self.wait_replicas and int(out.pop()) < self.wait_replicas:
-                raise redis.ConnectionError(f"WAIT: fewer than {self.wait_replicas} replicas have the batch")
-            return [p.decode() for p in out]
-
-        positions = self._on_ha("producer", send)
-        if len(positions) != len(docs):
-            raise RuntimeError(f"published {len(positions)} of {len(docs)} documents")
-        return positions
