@@ -38,6 +38,14 @@ With ``zk_members=3`` the cluster runs on a three-server ZooKeeper
 ensemble (:class:`~twinflow.testing.zk_ensemble.LocalZkEnsemble`) and each
 node's connect string names all three members (each through its own proxy).
 
+A test starts its nodes one by one (``nodes=()``, then :meth:`LocalCluster.node`, each with
+its own arguments, Redis URL or ZooKeeper address) and waits on their statuses
+(:meth:`~LocalCluster.wait_status`). On a sharded flow (``uplink.shards``) each shard runs under
+a flow name of its own: ``shard_keys`` are its keys, :meth:`~LocalCluster.shard_statuses` a node's
+status in each, :meth:`~LocalCluster.outputs` merges what left every shard, and
+:meth:`~LocalCluster.check` judges one writer per epoch shard by shard. Publishing
+(:class:`~twinflow.testing.producers.Producing`) routes each document to its shard's uplink.
+
 Everything it started is stopped by PID in :meth:`stop`, also after an error.
 """
 
