@@ -27,7 +27,7 @@ from twinflow.runtime.store.flow_store import FlowStore, RedisUnavailable
 pytestmark = pytest.mark.cluster
 
 FLOW = """\
-cluster: {name}
+flow: {name}
 uplink: {{stream: uplink}}
 message: {{id: id}}
 input: deliver

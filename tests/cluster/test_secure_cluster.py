@@ -30,7 +30,7 @@ from twinflow.grpc_security import GrpcSecurity, TlsFiles
 pytestmark = pytest.mark.cluster
 
 FLOW = """\
-cluster: secure
+flow: secure
 uplink: {stream: uplink, batch_size: 500}
 message: {id: id, id_ttl: 86400}
 input: deliver
