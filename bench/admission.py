@@ -21,7 +21,7 @@ from common import save  # noqa: E402
 
 from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
 from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
-from twinflow.testing.flow_bench import Publisher  # noqa: E402
+from twinflow.testing.producers import UplinkPublisher  # noqa: E402
 from twinflow.runtime.positions import position_order  # noqa: E402
 from twinflow.runtime.store.flow_keys import FlowKeys  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowStore  # noqa: E402
@@ -42,7 +42,7 @@ def bursts(cap: int, messages: int, runs: int = 2) -> list[dict]:
         roles = {n: s["role"] for n, s in cluster.statuses().items()}
         pids = {**{n: p.pid for n, p in cluster.nodes.items()}, "redis": cluster.services.redis.pid}
         for run in range(runs):
-            pub = Publisher(cluster.redis, store.keys.uplink, order_or_payment)
+            pub = UplinkPublisher(cluster.redis, store.keys.uplink, order_or_payment)
             pub.seq = run * 10 ** 7
             before = {n: cpu_ticks(p) for n, p in pids.items()}
             t0 = time.monotonic()

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import save  # noqa: E402
 
 from twinflow.testing.checker import check_sink, read_sink  # noqa: E402
-from twinflow.testing.demo import Publisher  # noqa: E402
+from twinflow.testing.producers import IngestPublisher  # noqa: E402
 from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
 from twinflow.cluster.grpc_server import request_handover  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
@@ -32,7 +32,7 @@ def main() -> None:
     try:
         cluster.start_nodes()
         cluster.wait_ready()
-        pub = Publisher(cluster, count=int(600 * (10 + 4 * args.runs)), rate=600)  # outlasts every run
+        pub = IngestPublisher(cluster, count=int(600 * (10 + 4 * args.runs)), rate=600)  # outlasts every run
         pub.start()
         runs = []
         for _ in range(args.runs):

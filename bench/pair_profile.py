@@ -13,7 +13,6 @@ the last burst is also sampled with ``py-spy record --gil`` on both drivers
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,10 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import TICKS, process_ticks, process_tree  # noqa: E402
 from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
 from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
-from twinflow.testing.flow_bench import Publisher  # noqa: E402
-from twinflow.testing.services import LocalServices  # noqa: E402
+from twinflow.testing.producers import UplinkPublisher  # noqa: E402
 from twinflow.runtime.positions import position_order  # noqa: E402
-from twinflow.runtime.store.flow_keys import FlowKeys  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowStore  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 
@@ -52,17 +49,15 @@ def main() -> None:
     ap.add_argument("--py-spy", help="path of py-spy: sample both drivers in the last burst")
     ap.add_argument("--out", default=tempfile.gettempdir())
     args = ap.parse_args()
-    base = tempfile.mkdtemp(prefix="twinflow-pair-profile-")
-    services = LocalServices.start(base_dir=base, deadline_s=60)
-    os.makedirs(f"{base}/cluster")
-    cluster = LocalCluster(f"{base}/cluster", flow="benchflow", services=services, text=CHAINED.read_text()).start(nodes=False)
-    store = FlowStore(cluster.redis, FlowKeys("benchflow"), "bench")
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-pair-profile-"), flow="benchflow",
+                           text=CHAINED.read_text()).start(nodes=False)
+    store = FlowStore(cluster.redis, cluster.keys, "bench")
     try:
         cluster.start_nodes()
         cluster.wait_ready()
         master = cluster.master_epoch()[0]
         pids = {n: p.pid for n, p in cluster.nodes.items()}
-        pub = Publisher(cluster.redis, store.keys.uplink, order_or_payment)
+        pub = UplinkPublisher(cluster.redis, store.keys.uplink, order_or_payment)
         for burst in range(args.bursts):
             spies = []
             if args.py_spy and burst == args.bursts - 1:
@@ -90,7 +85,7 @@ def main() -> None:
                   flush=True)
     finally:
         cluster.stop()
-        services.stop()
+        cluster.remove()
 
 
 if __name__ == "__main__":

@@ -34,13 +34,9 @@ from common import save  # noqa: E402
 import redis  # noqa: E402
 
 from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
-from twinflow.cluster.on_cluster import flow_keys  # noqa: E402
-from twinflow.testing.processes import NodeProcess  # noqa: E402
-from twinflow.testing.services import LocalServices  # noqa: E402
+from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
 from twinflow.testing.spark_standalone import StandaloneSpark  # noqa: E402
-from twinflow.runtime.flowgraph import parse_graph  # noqa: E402
 from twinflow.runtime.positions import position_order  # noqa: E402
-from twinflow.runtime.shards import ShardRouter, shard_graph  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 
 UPLINK = "uplink: {stream: uplink, batch_size: 2000}"
@@ -51,24 +47,19 @@ def tree_cpu_s(pid: int) -> float:
     return cpu_ticks(pid, reaped=True) / TICKS
 
 
-def run_shards(spark: StandaloneSpark, services: LocalServices, shards: int, messages: int, runs: int,
-               cores: int, workdir: Path) -> list[dict]:
+def run_shards(spark: StandaloneSpark, shards: int, messages: int, runs: int, cores: int,
+               workdir: Path) -> list[dict]:
     name = f"shards{shards}"
-    text = CHAINED.read_text().replace("flow: orders", f"flow: {name}").replace(
+    text = CHAINED.read_text().replace(
         UPLINK, f'uplink: {{stream: uplink, batch_size: 2000, shards: {shards}, shard_key: "{{order_id}}"}}')
-    path = workdir / f"{name}.yaml"
-    path.write_text(text)
-    graph = parse_graph(text)
-    keys = [flow_keys(shard_graph(graph, k)) for k in range(shards)]
-    router = ShardRouter(shards, graph.cluster.shard_key)
-    r = redis.Redis.from_url(services.redis_url)
     extra = ["--spark-master", spark.master_url, "--spark-conf", f"spark.cores.max={cores}",
              "--spark-conf", "spark.executor.memory=1g"]
-    nodes = [NodeProcess(n, str(path), services.redis_url, services.zk_hosts, str(workdir / "state"),
-                         str(workdir / f"{name}-{n}.log"), extra_args=extra).start() for n in ("a", "b")]
+    cluster = LocalCluster(str(workdir / name), flow=name, text=text, nodes=("a", "b"), node_args=extra).start()
+    keys, router, r = cluster.shard_keys, cluster.router, cluster.redis
+    nodes = list(cluster.nodes.values())
 
     def status(node: str, k: int) -> dict:
-        return {x.decode(): v.decode() for x, v in r.hgetall(keys[k].node(node)).items()}
+        return cluster.shard_statuses(node)[k]
 
     out = []
     try:
@@ -82,7 +73,7 @@ def run_shards(spark: StandaloneSpark, services: LocalServices, shards: int, mes
             docs = [order_or_payment(seq + i) for i in range(messages)]
             seq += messages
             groups = {**{f"node_{p.node_id}": [p.pid] for p in nodes}, "spark_executors": [spark.worker_pid],
-                      "redis": [services.redis.pid]}
+                      "redis": [cluster.services.redis.pid]}
             before = {g: sum(tree_cpu_s(p) for p in pids) for g, pids in groups.items()}
             t0 = time.monotonic()
             last: dict[int, str] = {}
@@ -116,8 +107,7 @@ def run_shards(spark: StandaloneSpark, services: LocalServices, shards: int, mes
                         "state_loads": [int(status(masters[k], k).get("state_loads") or 0) for k in range(shards)]})
             print(json.dumps(out[-1]), flush=True)
     finally:
-        for p in nodes:
-            p.terminate(20)
+        cluster.stop()
     return out
 
 
@@ -129,14 +119,12 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=2, help="spark.cores.max of each node's application")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="twinflow-bench-shards-"))
-    services = LocalServices.start(str(workdir / "services"))
     spark = StandaloneSpark.start(str(workdir / "spark"), cores=2 * args.cores, memory="4g")
     try:
         rows = [row for n in args.shards
-                for row in run_shards(spark, services, n, args.messages, args.runs, args.cores, workdir)]
+                for row in run_shards(spark, n, args.messages, args.runs, args.cores, workdir)]
     finally:
         spark.stop()
-        services.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     save("shards", {"messages": args.messages, "cores_per_node": args.cores, "runs": rows})
 

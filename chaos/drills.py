@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..runtime.waiting import wait_for
-from ..testing.messages import CHAINED, order_or_payment
+from ..testing.messages import CHAINED
+from ..testing.producers import DrillProducer
 from ..testing import checker
 from ..testing.checker import check_outputs
 from ..testing.local_cluster import LocalCluster
@@ -348,34 +349,6 @@ KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-duri
 
 
 # -- running one ------------------------------------------------------------------------------------
-class Producer(threading.Thread):
-    """Publishes the drill's messages at ``rate``; waits (and restarts its pacing) while ``gate`` is clear."""
-
-    def __init__(self, cluster: LocalCluster, total: int, rate: float, gate: threading.Event, batch: int = 50):
-        super().__init__(daemon=True, name="drill-producer")
-        self.cluster, self.total, self.rate, self.gate, self.batch = cluster, total, rate, gate, batch
-        self.ids: list[str] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        start, paced, seq = time.monotonic(), 0, 0
-        try:
-            while seq < self.total:
-                if not self.gate.is_set():
-                    self.gate.wait()
-                    start, paced = time.monotonic(), 0
-                docs = [order_or_payment(i) for i in range(seq, min(seq + self.batch, self.total))]
-                self.cluster.publish(docs)
-                self.ids.extend(doc["id"] for doc in docs)
-                seq += len(docs)
-                paced += len(docs)
-                delay = start + paced / self.rate - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-        except BaseException as exc:
-            self.error = exc
-
-
 def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str | None = None,
               rate: float = 1000.0, settle_s: float = 90.0, say: Callable[[str], None] = lambda text: None,
               keep: bool = False, wait_replicas: int | None = None) -> dict:
@@ -398,7 +371,7 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
         worker = cluster.other(master)
         wait_for(lambda: cluster.status(worker).get("streaming") == "1", 120, 0.2)
         gate = threading.Event()
-        producer = Producer(cluster, messages, rate, gate)
+        producer = DrillProducer(cluster, messages, rate, gate)
         drill = Drill(cluster, master, worker, random.Random(seed), lambda: len(producer.ids), messages, say=say,
                       producing=gate)
         producer.start()

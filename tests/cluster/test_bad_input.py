@@ -17,41 +17,42 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.cluster.every_node import graph, stream_suffix, unlinked
-from tests.cluster.harness import Flow
+from tests.cluster.harness import cluster_on
 from tests.conftest import wait_until
+from twinflow.testing.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
-def flow(tmp_path_factory, services):
-    f = Flow(tmp_path_factory.mktemp("bad-input"), "t" + uuid.uuid4().hex[:10], services,
+def cluster(tmp_path_factory, services):
+    c = cluster_on(services, tmp_path_factory.mktemp("bad-input"), "t" + uuid.uuid4().hex[:10],
              text=open(graph().source).read())
-    f.node("a")
-    f.wait_status("a", role="master")
-    yield f
-    f.stop_all()
+    c.node("a")
+    c.wait_status("a", role="master")
+    yield c
+    c.stop()
 
 
-def outputs(flow: Flow) -> dict[tuple[str, str], list[dict]]:
+def outputs(cluster: LocalCluster) -> dict[tuple[str, str], list[dict]]:
     g = graph()
-    return {(n, o): [f for _, f in flow.stream(stream_suffix(g, n, o))] for n, o in unlinked(g)}
+    return {(n, o): [f for _, f in cluster.stream(stream_suffix(g, n, o))] for n, o in unlinked(g)}
 
 
-def seen_ids(flow: Flow) -> Counter:
+def seen_ids(cluster: LocalCluster) -> Counter:
     """How often each message ID is out of the flow or held in a node's state."""
     count: Counter = Counter()
-    for entries in outputs(flow).values():
+    for entries in outputs(cluster).values():
         for f in entries:
             count.update(f["id"].split("+"))
     for node in graph().nodes:
-        for value in flow.r.hvals(flow.key(f"state:{node}")):
+        for value in cluster.redis.hvals(cluster.key(f"state:{node}")):
             count.update(re.findall(r'\["((?:[^"\\]|\\.)*)",\{', value.decode()))  # held messages: [id, doc]
     return count
 
 
-def failures_by_position(flow: Flow) -> dict[str, str]:
-    return {f["position"]: f["reason"] for _, f in flow.stream("failure")}
+def failures_by_position(cluster: LocalCluster) -> dict[str, str]:
+    return {f["position"]: f["reason"] for _, f in cluster.stream("failure")}
 
 
 def doc(fields: dict) -> bytes:
@@ -59,7 +60,7 @@ def doc(fields: dict) -> bytes:
     return json.dumps({**fields, "seq": 1}).encode()
 
 
-def test_each_kind_of_bad_input_reaches_its_outlink_with_its_reason_once(flow):
+def test_each_kind_of_bad_input_reaches_its_outlink_with_its_reason_once(cluster):
     cases = [  # (body, where it must leave, words of the reason)
         (b"\xff\xfe{", ("failure", None), "not JSON"),
         (b'{"id": "x1", "type": "order", "order_id": ', ("failure", None), "not JSON"),
@@ -73,11 +74,11 @@ def test_each_kind_of_bad_input_reaches_its_outlink_with_its_reason_once(flow):
         (doc({"id": "odd-type", "type": "teleport"}), ("readings", "failure"), "no field 'n'"),
         (doc({"id": "bad-seq", "type": "step", "grp": "g", "n": 1.5}), ("reorder", "failure"), "must be an integer"),
     ]
-    positions = [flow.publish_raw(body) for body, _, _ in cases]
-    flow.publish_docs([{"id": "good", "type": "reading", "n": 1, "seq": 1}])  # the flow keeps running after all that
-    wait_until(lambda: seen_ids(flow)["good"] == 1, 60, what="the good message after the bad ones")
-    failures = failures_by_position(flow)
-    out = outputs(flow)
+    positions = [cluster.publish_raw(body) for body, _, _ in cases]
+    cluster.publish([{"id": "good", "type": "reading", "n": 1, "seq": 1}])  # the flow keeps running after all that
+    wait_until(lambda: seen_ids(cluster)["good"] == 1, 60, what="the good message after the bad ones")
+    failures = failures_by_position(cluster)
+    out = outputs(cluster)
     for position, (body, (node, outlink), reason) in zip(positions, cases):
         if node == "failure":
             assert reason in failures.get(position, ""), (body[:60], failures.get(position))
@@ -105,21 +106,21 @@ entries = st.lists(st.one_of(st.binary(max_size=40).map(lambda b: ("bytes", b)),
 
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(entries)
-def test_random_bytes_and_field_sets_leave_every_entry_accounted_for(flow, items):
+def test_random_bytes_and_field_sets_leave_every_entry_accounted_for(cluster, items):
     good, positions = [], []
     for kind, value in items:
         if kind == "bytes":
-            positions.append(flow.publish_raw(value))
+            positions.append(cluster.publish_raw(value))
         else:
             fields = {**value, "id": "h" + uuid.uuid4().hex[:12], "seq": len(positions)}
-            positions.append(flow.publish_raw(json.dumps(fields).encode()))
+            positions.append(cluster.publish_raw(json.dumps(fields).encode()))
             good.append(fields["id"])
 
     def accounted():
-        seen, failures = seen_ids(flow), failures_by_position(flow)
+        seen, failures = seen_ids(cluster), failures_by_position(cluster)
         done = [p for p, (kind, _) in zip(positions, items) if kind == "bytes" and p in failures]
         return all(seen[i] >= 1 for i in good) and len(done) == sum(k == "bytes" for k, _ in items)
 
     wait_until(accounted, 60, interval_s=0.2, what="every entry on an outlink, held, or on the failure stream")
-    seen = seen_ids(flow)
+    seen = seen_ids(cluster)
     assert [i for i in good if seen[i] != 1] == []  # once, not twice

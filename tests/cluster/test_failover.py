@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from twinflow.testing.checker import check_sink, failover_seconds, read_sink
-from twinflow.testing.demo import Publisher
+from twinflow.testing.producers import IngestPublisher
 from twinflow.testing.local_cluster import LocalCluster
 from twinflow.cluster.grpc_server import node_status, publish, request_handover
 from tests.conftest import wait_until
@@ -59,7 +59,7 @@ def wait_all_delivered(cluster, ids, timeout_s=90):
 
 def test_sigkill_of_master_mid_stream_delivers_every_message_exactly_once(cluster):
     old_master, old_epoch = cluster.master_epoch()
-    pub = Publisher(cluster, MESSAGES, RATE)
+    pub = IngestPublisher(cluster, MESSAGES, RATE)
     pub.start()
     wait_until(lambda: len(pub.ids) >= MESSAGES * 0.4, 30, what="40% published")
     cluster.nodes[old_master].kill()
@@ -102,7 +102,7 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     assert metric(first, "twinflow_is_master") == 1 and metric(first, "twinflow_epoch") == epoch1
     assert metric(second, "twinflow_role", role="worker") == 1
     wait_until(lambda: metric(second, "twinflow_epoch") == epoch1, 5, what="the worker to see the epoch")
-    pub = Publisher(cluster, MESSAGES, RATE)
+    pub = IngestPublisher(cluster, MESSAGES, RATE)
     pub.start()
 
     # 1. Admin RPC handover at 30%.

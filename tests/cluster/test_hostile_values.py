@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import Flow
+from tests.cluster.harness import cluster_on
 from tests.conftest import wait_until
+from twinflow.testing.local_cluster import LocalCluster
 from twinflow.testing.messages import order_or_payment
 
 pytestmark = pytest.mark.cluster
@@ -43,44 +44,44 @@ def pairs(first: int, n: int) -> list[dict]:
     return docs
 
 
-def joined(flow: Flow) -> list[str]:
-    return [f["id"] for _, f in flow.stream("sink")]
+def joined(cluster: LocalCluster) -> list[str]:
+    return [f["id"] for _, f in cluster.stream("sink")]
 
 
 def test_hostile_values_leave_by_the_failure_stream_once_and_a_failover_goes_on(tmp_path, services):
-    flow = Flow(tmp_path, "t" + uuid.uuid4().hex[:10], services, text=CHAINED.read_text())
+    cluster = cluster_on(services, tmp_path, "t" + uuid.uuid4().hex[:10], text=CHAINED.read_text())
     try:
-        flow.node("a")
-        flow.wait_status("a", role="master", streaming=1)
-        flow.node("b")
-        flow.wait_status("b", role="worker", streaming=1)
+        cluster.node("a")
+        cluster.wait_status("a", role="master", streaming=1)
+        cluster.node("b")
+        cluster.wait_status("b", role="worker", streaming=1)
 
         # Good pairs around the hostile messages, then the master dies with more to come.
         before, after = pairs(0, 40), pairs(40, 40)
         hostile = []
         for i, body in enumerate(HOSTILE):
-            flow.publish_docs(before[i * 10:(i + 1) * 10])
-            hostile.append(flow.publish_raw(body.encode()))
-        flow.publish_docs(before[60:])
+            cluster.publish(before[i * 10:(i + 1) * 10])
+            hostile.append(cluster.publish_raw(body.encode()))
+        cluster.publish(before[60:])
         expected = {f"{o['id']}+{p['id']}" for o, p in zip(before[::2], before[1::2])
                     if o["id"].startswith("o") and p["id"].startswith("p")}
-        wait_until(lambda: expected <= set(joined(flow)), 60, what="the first pairs joined")
-        flow.nodes["a"].kill()
-        flow.wait_status("b", role="master", timeout_s=60)
-        flow.publish_docs(after)
-        flow.publish_raw(HOSTILE[0].encode())  # the same value again, after the failover
-        hostile.append(flow.r.xrevrange(flow.key("uplink"), count=1)[0][0].decode())
+        wait_until(lambda: expected <= set(joined(cluster)), 60, what="the first pairs joined")
+        cluster.nodes["a"].kill()
+        cluster.wait_status("b", role="master", timeout_s=60)
+        cluster.publish(after)
+        cluster.publish_raw(HOSTILE[0].encode())  # the same value again, after the failover
+        hostile.append(cluster.redis.xrevrange(cluster.key("uplink"), count=1)[0][0].decode())
         expected |= {f"{o['id']}+{p['id']}" for o, p in zip(after[::2], after[1::2])
                      if o["id"].startswith("o") and p["id"].startswith("p")}
-        wait_until(lambda: expected <= set(joined(flow)), 60, what="every pair joined after the failover")
+        wait_until(lambda: expected <= set(joined(cluster)), 60, what="every pair joined after the failover")
 
-        sink = joined(flow)
+        sink = joined(cluster)
         assert len(sink) == len(set(sink)), "a pair delivered twice"
-        failures = {f["position"]: f["reason"] for _, f in flow.stream("failure")}
+        failures = {f["position"]: f["reason"] for _, f in cluster.stream("failure")}
         assert set(hostile) <= set(failures), "a hostile message without its failure record"
         assert all("not valid Unicode" in failures[p] for p in hostile), [failures[p] for p in hostile]
         assert len([p for p in failures if p in hostile]) == len(hostile)  # once each (keyed by position)
-        assert flow.nodes["b"].alive()
+        assert cluster.nodes["b"].alive()
         assert not any("\\ud800" in json.dumps(i) for i in sink)
     finally:
-        flow.stop_all()
+        cluster.stop()

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from tests.cluster.harness import Flow
+from tests.cluster.harness import cluster_on
 from tests.conftest import wait_until
 from tests.integration.test_redis_cluster import owner_and_other
 from twinflow.testing.checker import check_outputs, read_outputs
@@ -28,64 +28,64 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def flow(tmp_path, services, flow_name):
-    cluster = LocalRedisCluster.start(str(tmp_path / "redis-cluster"), replicas=1, node_timeout_ms=15000)
-    owner, other = owner_and_other(cluster, f"tf:{{{flow_name}}}:uplink")
+def cluster(tmp_path, services, flow_name):
+    redis_cluster = LocalRedisCluster.start(str(tmp_path / "redis-cluster"), replicas=1, node_timeout_ms=15000)
+    owner, other = owner_and_other(redis_cluster, f"tf:{{{flow_name}}}:uplink")
     # The test reads and writes on the owner; the nodes are given another node's address.
     on_owner = SimpleNamespace(redis_url=f"redis://127.0.0.1:{owner}/0", zk_hosts=services.zk_hosts)
     # Join time-out 2 s, so that time-outs fire on both masters.
-    f = Flow(tmp_path, flow_name, on_owner, text=CHAINED.read_text().replace("timeout: 10 ", "timeout: 2 "))
-    f.other_url = f"redis://127.0.0.1:{other}/0"
-    f.redis_cluster = cluster
-    yield f
-    f.stop_all()
-    cluster.stop()
+    c = cluster_on(on_owner, tmp_path, flow_name, text=CHAINED.read_text().replace("timeout: 10 ", "timeout: 2 "))
+    c.other_url = f"redis://127.0.0.1:{other}/0"
+    c.redis_cluster = redis_cluster
+    yield c
+    c.stop()
+    redis_cluster.stop()
 
 
-def test_the_chained_flow_on_a_redis_cluster_fails_over_and_loses_nothing(flow):
-    streams = outlink_streams(load_graph(flow.path), FlowKeys(flow.name))
+def test_the_chained_flow_on_a_redis_cluster_fails_over_and_loses_nothing(cluster):
+    streams = outlink_streams(load_graph(cluster.flow_path), FlowKeys(cluster.flow))
     sent: list[str] = []
 
     def publish(first: int, n: int) -> None:
         docs = [order_or_payment(i) for i in range(first, first + n)]
-        flow.publish_docs(docs)
+        cluster.publish(docs)
         sent.extend(dict.fromkeys(d["id"] for d in docs))
 
-    flow.node("a", redis_url=flow.other_url)
-    flow.wait_status("a", role="master")
-    flow.node("b", redis_url=flow.other_url)
-    flow.wait_status("b", role="worker", streaming=1)
+    cluster.node("a", redis_url=cluster.other_url)
+    cluster.wait_status("a", role="master")
+    cluster.node("b", redis_url=cluster.other_url)
+    cluster.wait_status("b", role="worker", streaming=1)
     publish(0, 400)
-    wait_until(lambda: len(read_outputs(flow.r, streams).get("deliver.done", [])) >= 50, 30,
+    wait_until(lambda: len(read_outputs(cluster.redis, streams).get("deliver.done", [])) >= 50, 30,
                what="the first joined pairs")
-    os.killpg(flow.nodes["a"].pid, signal.SIGKILL)
-    flow.wait_status("b", role="master", timeout_s=30)
+    os.killpg(cluster.nodes["a"].pid, signal.SIGKILL)
+    cluster.wait_status("b", role="master", timeout_s=30)
     publish(400, 400)
 
     def report():
-        r = check_outputs(read_outputs(flow.r, streams), sent)
+        r = check_outputs(read_outputs(cluster.redis, streams), sent)
         return r if r.lost == 0 else None
     result = wait_until(report, 60, interval_s=0.25, what=f"all {len(sent)} messages out of the flow")
     assert result.duplicated == 0, result
-    outputs = read_outputs(flow.r, streams)
+    outputs = read_outputs(cluster.redis, streams)
     # Joined on both masters, and the lone orders' time-outs fired too.
     assert {e.node for e in outputs["deliver.done"]} == {"a", "b"}
     assert outputs.get("match.expired") and outputs.get("guard.duplicate")
 
     # The slot owner crashes; its replica takes the slot over (issue 18, item 4).
-    cluster, key = flow.redis_cluster, FlowKeys(flow.name).uplink
-    dead = cluster.owner(key)
-    (replica,) = cluster.replicas_of(dead)
-    flow.r.execute_command("WAIT", 1, 5000)  # everything so far is on the replica
-    cluster.kill(dead)
-    cluster.takeover(replica)
-    wait_until(lambda: cluster.owner(key) == replica, 30, what="the replica to own the flow's slot")
-    flow.r = redis.Redis(port=cluster.servers[replica].port, socket_timeout=5)
+    rc, key = cluster.redis_cluster, FlowKeys(cluster.flow).uplink
+    dead = rc.owner(key)
+    (replica,) = rc.replicas_of(dead)
+    cluster.redis.execute_command("WAIT", 1, 5000)  # everything so far is on the replica
+    rc.kill(dead)
+    rc.takeover(replica)
+    wait_until(lambda: rc.owner(key) == replica, 30, what="the replica to own the flow's slot")
+    cluster.redis = cluster.producer = redis.Redis(port=rc.servers[replica].port, socket_timeout=5)
     publish(800, 400)
     try:
         result = wait_until(report, 60, interval_s=0.25, what=f"all {len(sent)} messages out after the Redis failover")
     except AssertionError:
-        print(flow.logs())
+        print(cluster.logs())
         raise
     assert result.duplicated == 0 and result.unexpected == 0, result
-    assert flow.nodes["b"].alive(), flow.logs()
+    assert cluster.nodes["b"].alive(), cluster.logs()

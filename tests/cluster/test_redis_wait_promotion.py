@@ -18,7 +18,7 @@ import time
 import pytest
 import redis
 
-from tests.cluster.harness import Flow
+from tests.cluster.harness import cluster_on
 from tests.conftest import wait_until
 from twinflow.testing.redis_ha import LocalSentinel
 from twinflow.runtime.store.flow_keys import FlowKeys
@@ -76,21 +76,21 @@ def test_a_promotion_whose_epoch_no_replica_confirmed_is_not_taken(primary_and_r
     primary, replica = primary_and_replica.servers
     on_primary = type("Svc", (), {"redis_url": f"redis://127.0.0.1:{primary.port}/0",
                                   "zk_hosts": services.zk_hosts})()
-    flow = Flow(tmp_path, flow_name, on_primary, text=FLOW.format(name=flow_name))
+    cluster = cluster_on(on_primary, tmp_path, flow_name, text=FLOW.format(name=flow_name))
     try:
         os.kill(replica.pid, signal.SIGSTOP)
-        node = flow.node("a")
+        node = cluster.node("a")
         log = tmp_path / "a.log"
         # The node streams and is elected, but each promotion fails: its epoch was not confirmed.
         wait_until(lambda: log.read_text(errors="replace").count("promotion failed") >= 2, 90,
                    what="two refused promotions")
-        assert flow.status("a").get("role") != "master", flow.logs()
+        assert cluster.status("a").get("role") != "master", cluster.logs()
         assert "replicas" in log.read_text(errors="replace")
         assert node.alive()
         os.kill(replica.pid, signal.SIGCONT)
-        flow.wait_status("a", role="master", timeout_s=30)
+        cluster.wait_status("a", role="master", timeout_s=30)
         # And the epoch the master holds is on the replica.
-        epoch = int(flow.status("a")["epoch"])
-        assert int(redis.Redis(port=replica.port).get(flow.key("epoch"))) == epoch
+        epoch = int(cluster.status("a")["epoch"])
+        assert int(redis.Redis(port=replica.port).get(cluster.key("epoch"))) == epoch
     finally:
-        flow.stop_all()
+        cluster.stop()

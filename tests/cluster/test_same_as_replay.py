@@ -17,59 +17,53 @@ import signal
 import pytest
 
 from tests.cluster.every_node import events, graph, replay_outputs, stream_suffix, unlinked
-from tests.cluster.harness import Flow
 from tests.conftest import wait_until
 from twinflow.runtime.positions import position_order
+from twinflow.testing.local_cluster import LocalCluster
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture
-def flow(tmp_path, services, flow_name):
-    f = Flow(tmp_path, flow_name, services, text=open(graph().source).read())
-    yield f
-    f.stop_all()
-
-
-def cluster_outputs(flow: Flow) -> dict[tuple[str, str], list[tuple[float, dict]]]:
+def cluster_outputs(cluster: LocalCluster) -> dict[tuple[str, str], list[tuple[float, dict]]]:
     g = graph()
     out = {}
     for node, outlink in unlinked(g):
-        entries = flow.stream(stream_suffix(g, node, outlink))
+        entries = cluster.stream(stream_suffix(g, node, outlink))
         if entries:
             out[(node, outlink)] = entries
     return out
 
 
-def test_a_cluster_with_a_master_kill_sends_out_what_replay_does(flow):
+@pytest.mark.flow(text=open(graph().source).read())
+def test_a_cluster_with_a_master_kill_sends_out_what_replay_does(cluster):
     docs = events()
     want = replay_outputs(docs)
     total = sum(len(v) for v in want.values())
 
-    flow.node("a")
-    flow.wait_status("a", role="master")
-    flow.node("b")
-    flow.wait_status("b", role="worker", streaming=1)
+    cluster.node("a")
+    cluster.wait_status("a", role="master")
+    cluster.node("b")
+    cluster.wait_status("b", role="worker", streaming=1)
 
     half = len(docs) // 2
-    positions = flow.publish_docs(docs[:half])
-    mark = flow.key("processed")
-    wait_until(lambda: (m := flow.r.get(mark)) and position_order(m.decode()) >= position_order(positions[-1]),
+    positions = cluster.publish(docs[:half])
+    mark = cluster.key("processed")
+    wait_until(lambda: (m := cluster.redis.get(mark)) and position_order(m.decode()) >= position_order(positions[-1]),
                30, what="the master to process the first half")
-    pending = {node: flow.r.hlen(flow.key(f"state:{node}")) for node in ("match", "monitor", "reorder")}
+    pending = {node: cluster.redis.hlen(cluster.key(f"state:{node}")) for node in ("match", "monitor", "reorder")}
     assert all(pending.values()), f"the kill must find pending state in every holding node: {pending}"
 
-    os.killpg(flow.nodes["a"].pid, signal.SIGKILL)
-    flow.wait_status("b", role="master", timeout_s=30)
-    flow.publish_docs(docs[half:])
+    os.killpg(cluster.nodes["a"].pid, signal.SIGKILL)
+    cluster.wait_status("b", role="master", timeout_s=30)
+    cluster.publish(docs[half:])
 
     def done():
-        return sum(len(v) for v in cluster_outputs(flow).values()) >= total
+        return sum(len(v) for v in cluster_outputs(cluster).values()) >= total
     try:
         wait_until(done, 60, interval_s=0.5, what=f"{total} outputs")
     except AssertionError:
-        print({k: len(v) for k, v in cluster_outputs(flow).items()}, flow.logs())
+        print({k: len(v) for k, v in cluster_outputs(cluster).items()}, cluster.logs())
         raise
-    got = cluster_outputs(flow)
+    got = cluster_outputs(cluster)
 
     assert {k: [f["id"] for _, f in v] for k, v in got.items()} == want
     # Every output was written within 1 s of the time the flow decided it: a message's batch
@@ -80,4 +74,4 @@ def test_a_cluster_with_a_master_kill_sends_out_what_replay_does(flow):
     timers = [written - float(f["at"]) for k, v in got.items() if k[1] in ("expired", "timeout", "orphan")
               for written, f in v]
     print(f"time-outs fired {min(timers):.3f}..{max(timers):.3f} s after their due time")
-    assert all(flow.r.hlen(flow.key(f"state:{node}")) == 0 for node in ("match", "monitor", "reorder"))
+    assert all(cluster.redis.hlen(cluster.key(f"state:{node}")) == 0 for node in ("match", "monitor", "reorder"))

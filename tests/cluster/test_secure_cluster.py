@@ -21,7 +21,7 @@ import grpc
 import pytest
 import trustme
 
-from tests.cluster.harness import Flow
+from tests.cluster.harness import cluster_on
 from tests.conftest import wait_until
 from twinflow.client import Client
 from twinflow.testing.services import LocalRedis
@@ -62,34 +62,34 @@ def secured(tmp_path, services, flow_name, monkeypatch):
     # The harness reads statuses and the sink with the password in its own URL.
     local = SimpleNamespace(redis_url=redis_server.url.replace("redis://", "redis://:redis-pw-of-the-test@"),
                             zk_hosts=services.zk_hosts)
-    flow = Flow(tmp_path, flow_name, local, text=FLOW)
+    cluster = cluster_on(local, tmp_path, flow_name, text=FLOW)
     try:
         for node_id in ("a", "b"):
-            flow.node(node_id, redis_url=redis_server.url)  # no password on the command line
-        yield flow, tmp_path
+            cluster.node(node_id, redis_url=redis_server.url)  # no password on the command line
+        yield cluster, tmp_path
     finally:
-        flow.stop_all()
+        cluster.stop()
         redis_server.stop()
 
 
 def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
-    flow, d = secured
-    flow.wait_status("a", streaming=1)
-    flow.wait_status("b", streaming=1)
-    master = wait_until(lambda: next((n for n in "ab" if flow.status(n).get("role") == "master"), None), 60,
+    cluster, d = secured
+    cluster.wait_status("a", streaming=1)
+    cluster.wait_status("b", streaming=1)
+    master = wait_until(lambda: next((n for n in "ab" if cluster.status(n).get("role") == "master"), None), 60,
                         what="a master")
     worker = "b" if master == "a" else "a"
-    address = {n: flow.status(n)["grpc_address"] for n in "ab"}
+    address = {n: cluster.status(n)["grpc_address"] for n in "ab"}
     tls = TlsFiles(cert=str(d / "node.pem"), key=str(d / "node-key.pem"), ca=str(d / "ca.pem"))
     ingest = GrpcSecurity(tls=tls, tokens={"ingest": f"ingest-{flow_name}"})
 
     docs = [{"id": f"m{i:05d}", "seq": i} for i in range(2000)]
     with Client(address[master], flow_name, ingest) as client:
         client.publish(docs[:1000])
-    flow.sent.extend(d["id"] for d in docs)
+    cluster.sent.extend(d["id"] for d in docs)
     # The worker's claims come only through the escalation stream: TLS, its client
     # certificate and the escalation token all had to work for this count to move.
-    wait_until(lambda: int(flow.status(worker).get("claimed", 0)) >= 1000, 60, what="the worker's claims")
+    wait_until(lambda: int(cluster.status(worker).get("claimed", 0)) >= 1000, 60, what="the worker's claims")
 
     with pytest.raises(grpc.RpcError) as no_token:
         Client(address[master], flow_name, GrpcSecurity(tls=tls), retry_unavailable=False).publish(docs[:1])
@@ -99,16 +99,16 @@ def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
         Client(address[master], flow_name, no_cert, retry_unavailable=False).publish(docs[:1], deadline_s=3)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
-    flow.nodes[master].kill()
+    cluster.nodes[master].kill()
     with Client(address[worker], flow_name, ingest) as client:
         client.publish(docs[1000:], deadline_s=60)  # the survivor takes the rest
-    report = flow.wait_delivered(timeout_s=90)
+    report = cluster.wait_delivered(timeout_s=90)
     assert report.exactly_once, report
-    flow.wait_status(worker, timeout_s=10, role="master")  # its status hash is rewritten every 0.33-0.5 s
+    cluster.wait_status(worker, timeout_s=10, role="master")  # its status hash is rewritten every 0.33-0.5 s
 
-    done = subprocess.run([sys.executable, "-m", "twinflow.cli", "status", str(flow.path), "--json",
-                           "--redis", flow.nodes[worker].redis_url], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "twinflow.cli", "status", str(cluster.flow_path), "--json",
+                           "--redis", cluster.nodes[worker].redis_url], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     rows = {r["node_id"]: r for r in json.loads(done.stdout)["nodes"]}
     assert rows[worker]["role"] == "master"
-    assert "redis-pw-of-the-test" not in done.stdout + done.stderr + flow.logs()
+    assert "redis-pw-of-the-test" not in done.stdout + done.stderr + cluster.logs()

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.chaos.sim import simulator
 from twinflow.chaos.sim.simulator import run_once, simulate
 from twinflow.runtime.store import scripts
 from twinflow.runtime.store.flow_store import FlowStore

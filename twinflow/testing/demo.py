@@ -17,64 +17,17 @@ leave the flow exactly once, through one outlink.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from typing import Callable
 
-from ..client import publish
 from .checker import check_outputs, failover_seconds, read_sink
 from .local_cluster import LocalCluster
 from .messages import CHAINED, order_or_payment
+from .producers import IngestPublisher
 
 FLOWS = ("chained", "claim-pair")
-
-class Publisher(threading.Thread):
-    """Publishes documents {id, seq} through the Ingest service at a steady rate."""
-
-    def __init__(self, cluster: LocalCluster, count: int, rate: float, batch: int = 50, prefix: str = "m",
-                 document: Callable[[int], dict] | None = None):
-        """``document(seq)`` builds message ``seq`` (default ``{id, seq}``)."""
-        super().__init__(daemon=True, name="publisher")
-        self.cluster, self.count, self.rate, self.batch = cluster, count, rate, batch
-        self.ids: list[str] = []
-        self.prefix = prefix
-        self.document = document or (lambda seq: {"id": f"{prefix}{seq:07d}", "seq": seq})
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        start = time.monotonic()
-        seq = 0
-        try:
-            while seq < self.count:
-                n = min(self.batch, self.count - seq)
-                docs = [self.document(seq + i) for i in range(n)]
-                self._send([json.dumps(d).encode() for d in docs])
-                self.ids.extend(d["id"] for d in docs)
-                seq += n
-                # Pace to the rate: sleep until this batch's scheduled time.
-                delay = start + seq / self.rate - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-        except BaseException as exc:  # reported by the caller
-            self.error = exc
-
-    def _send(self, bodies: list[bytes]) -> None:
-        # Any live node's Ingest will do; if the one we picked dies, try another.
-        deadline = time.monotonic() + 30
-        while True:
-            addr = self.cluster.live_address()
-            if addr:
-                try:
-                    publish(addr, self.cluster.flow, bodies, timeout_s=5.0)
-                    return
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-            time.sleep(0.05)
 
 
 def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, progress: bool = True,
@@ -95,7 +48,7 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
         old_master, old_epoch = cluster.master_epoch()
         say(f"ready in {time.monotonic() - t0:.1f} s: {old_master} is master (epoch {old_epoch})")
 
-        pub = Publisher(cluster, messages, rate, document=order_or_payment if chained else None)
+        pub = IngestPublisher(cluster, messages, rate, document=order_or_payment if chained else None)
         pub.start()
         killed_at = None
         last_report = 0.0

@@ -42,10 +42,10 @@ from ..runtime.store.flow_store import FlowStore
 from ..runtime.waiting import wait_for
 from .local_cluster import LocalCluster
 from .messages import CHAINED, order_or_payment
+from .producers import UplinkPublisher
 from .services import LocalServices
 
 PASSTHROUGH_BATCH_SIZES = (2000, 10_000, 50_000)
-_PUBLISH_CHUNK = 5000
 
 
 class BenchError(RuntimeError):
@@ -70,40 +70,6 @@ def percentile_ms(values: list[float], q: float) -> float | None:
 def entry_ms(position: str) -> int:
     """The Redis time (ms) in a stream entry ID."""
     return position_order(position)[0]
-
-
-class Publisher:
-    """Writes documents to an uplink in pipelines; remembers each one's uplink time."""
-
-    def __init__(self, client: redis.Redis, uplink: str, document):
-        self.r, self.uplink, self.document = client, uplink, document
-        self.seq = 0
-        self.written_ms: dict[str, int] = {}
-        self.last = ""
-
-    def publish(self, n: int) -> None:
-        for i in range(0, n, _PUBLISH_CHUNK):
-            docs = [self.document(self.seq + j) for j in range(min(_PUBLISH_CHUNK, n - i))]
-            self.seq += len(docs)
-            pipe = self.r.pipeline(transaction=False)
-            for d in docs:
-                pipe.xadd(self.uplink, {"data": json.dumps(d, separators=(",", ":"))})
-            for d, pos in zip(docs, pipe.execute()):
-                pos = pos.decode()
-                self.written_ms.setdefault(d["id"], entry_ms(pos))  # a re-sent ID counts from its first send
-                self.last = pos
-
-    def steady(self, rate: float, seconds: float) -> None:
-        """Publish at ``rate`` for ``seconds``, in twentieths of a second."""
-        start, sent, total = time.monotonic(), 0, int(rate * seconds)
-        step = max(1, int(rate / 20))
-        while sent < total:
-            n = min(step, total - sent)
-            self.publish(n)
-            sent += n
-            ahead = start + sent / rate - time.monotonic()
-            if ahead > 0:
-                time.sleep(ahead)  # pacing the producer, not waiting for a condition
 
 
 def passthrough_doc(seq: int) -> dict:
@@ -149,7 +115,7 @@ def _passthrough_child(redis_url: str, load: Load, batch_sizes: tuple[int, ...],
     bursts = {}
     for size in batch_sizes:
         def burst(uplink, sink, size=size):
-            pub = Publisher(client, uplink, passthrough_doc)
+            pub = UplinkPublisher(client, uplink, passthrough_doc)
             t0 = time.monotonic()
             pub.publish(load.messages)
             wait_sink(sink, load.messages, f"burst at batch size {size}")
@@ -159,7 +125,7 @@ def _passthrough_child(redis_url: str, load: Load, batch_sizes: tuple[int, ...],
     lat: list[float] = []
 
     def steady(uplink, sink):
-        pub = Publisher(client, uplink, passthrough_doc)
+        pub = UplinkPublisher(client, uplink, passthrough_doc)
         pub.steady(load.rate, load.seconds)
         wait_sink(sink, pub.seq, "steady load")
         for sink_id, fields in client.xrange(sink):
@@ -191,7 +157,7 @@ def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
     name = "benchflow"
     cluster = LocalCluster(workdir, flow=name, services=services, text=text or CHAINED.read_text()).start(nodes=False)
     store = FlowStore(cluster.redis, FlowKeys(name), "bench")
-    pub = Publisher(cluster.redis, store.keys.uplink, order_or_payment)
+    pub = UplinkPublisher(cluster.redis, store.keys.uplink, order_or_payment)
 
     def processed_past(position: str) -> bool:
         mark = store.processed_mark()

@@ -38,11 +38,20 @@ With ``zk_members=3`` the cluster runs on a three-server ZooKeeper
 ensemble (:class:`~twinflow.testing.zk_ensemble.LocalZkEnsemble`) and each
 node's connect string names all three members (each through its own proxy).
 
+A test starts its nodes one by one (``nodes=()``, then :meth:`LocalCluster.node`, each with
+its own arguments, Redis URL or ZooKeeper address) and waits on their statuses
+(:meth:`~LocalCluster.wait_status`). On a sharded flow (``uplink.shards``) each shard runs under
+a flow name of its own: ``shard_keys`` are its keys, :meth:`~LocalCluster.shard_statuses` a node's
+status in each, :meth:`~LocalCluster.outputs` merges what left every shard, and
+:meth:`~LocalCluster.check` judges one writer per epoch shard by shard. Publishing
+(:class:`~twinflow.testing.producers.Producing`) routes each document to its shard's uplink.
+
 Everything it started is stopped by PID in :meth:`stop`, also after an error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -55,11 +64,14 @@ from pathlib import Path
 
 import redis
 
+from ..cluster.on_cluster import flow_keys
 from ..runtime.flowgraph import load_graph
+from ..runtime.shards import ShardRouter, shard_graph
 from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.waiting import wait_for
-from .checker import read_outputs, read_sequences
+from .checker import SinkReport, Tally, check, in_time_order, read_outputs, read_sequences
 from .processes import NodeProcess
+from .producers import Producing
 from .redis_ha import LocalRedisCluster, LocalSentinel
 from .servers import free_port
 from .services import LocalServices
@@ -78,11 +90,14 @@ cluster: {{session_timeout: 2.0}}
 """
 
 
-class LocalCluster:
+class LocalCluster(Producing):
     def __init__(self, workdir: str | None = None, flow: str = "demo", text: str | None = None,
                  nodes: int | Sequence[str] = 2, services: LocalServices | None = None, bake_time: float = 5.0,
-                 proxied: bool = False, zk_members: int = 1, redis_mode: str = "single", wait_replicas: int = 0):
-        """``text``: the flow file to run (its ``flow:`` is replaced by ``flow``); default the claim pair."""
+                 proxied: bool = False, zk_members: int = 1, redis_mode: str = "single", wait_replicas: int = 0,
+                 node_args: Sequence[str] = ()):
+        """``text``: the flow file to run (its ``flow:`` is replaced by ``flow``); default the claim pair.
+        ``nodes=()``: no node until :meth:`node` starts one. ``services``: the caller's, or any object
+        with ``redis_url`` and ``zk_hosts``. ``node_args``: more ``twinflow run`` arguments for every node."""
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="twinflow-cluster-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.flow = flow
@@ -92,6 +107,11 @@ class LocalCluster:
         self.graph = load_graph(self.flow_path)
         self.keys = FlowKeys(flow, self.graph.cluster.uplink_stream)
         self.sink_key, self.failure_key = self.keys.sink, self.keys.failure
+        # A sharded flow (``uplink.shards``): each shard runs under a flow name of its own, with its
+        # own keys, election and epochs; publish routes each document to its shard's uplink.
+        spec = self.graph.cluster
+        self.router = ShardRouter(spec.shards, spec.shard_key)
+        self.shard_keys = [flow_keys(shard_graph(self.graph, k)) for k in range(spec.shards)]
         self.node_ids = ([f"node-{chr(ord('a') + i)}" for i in range(nodes)] if isinstance(nodes, int)
                          else list(nodes))
         self.services = services
@@ -103,12 +123,16 @@ class LocalCluster:
         self.toxiproxy = None
         self.proxies: dict = {}
         self.nodes: dict[str, NodeProcess] = {}
+        self._templates: dict[str, NodeProcess] = {}  # node() starts a copy, its own settings
         self.redis: redis.Redis | None = None    # direct, for the checker
         self.producer: redis.Redis | None = None  # through the producer's proxy when proxied
         self.redis_mode = redis_mode              # single, sentinel or cluster (see module)
         self.wait_replicas = wait_replicas        # the producer's WAIT (HA modes)
         self.ha: LocalSentinel | LocalRedisCluster | None = None
         self.redis_url = ""                       # what the nodes are given
+        self.node_args = list(node_args)
+        self.sent: list[str] = []                 # the IDs publish_numbered sent
+        self._seq = 0
 
     # -- life cycle -------------------------------------------------------
     def start(self, nodes: bool = True) -> "LocalCluster":
@@ -157,11 +181,26 @@ class LocalCluster:
             grpc = self._proxy(f"grpc-{node_id}", f"127.0.0.1:{grpc_port}")
             extra = ["--listen", f"127.0.0.1:{grpc_port}", "--advertise", grpc.listen]
         return NodeProcess(node_id, str(self.flow_path), node_redis, zk, str(self.workdir / "state"),
-                           str(self.workdir / f"{node_id}.log"), extra_args=extra)
+                           str(self.workdir / f"{node_id}.log"), extra_args=extra + self.node_args)
 
     def start_nodes(self) -> None:
         for node in self.nodes.values():
             node.start()
+
+    def node(self, node_id: str, *, redis_url: str | None = None, zk: str | None = None,
+             extra: Sequence[str] = ()) -> NodeProcess:
+        """Start a new ``twinflow run`` process for ``node_id`` (a new node, or one that stopped: its
+        state dir and log are kept), given ``redis_url`` or ``zk`` in place of the cluster's and
+        ``extra`` arguments more."""
+        if node_id not in self._templates:
+            self._templates[node_id] = self.nodes.get(node_id) or self._node(node_id, self.redis_mode == "single")
+        base = self._templates[node_id]
+        if node_id not in self.node_ids:
+            self.node_ids.append(node_id)
+        self.nodes[node_id] = dataclasses.replace(
+            base, redis_url=redis_url or base.redis_url, zk_hosts=zk or base.zk_hosts,
+            extra_args=[*base.extra_args, *extra], proc=None).start()
+        return self.nodes[node_id]
 
     def _start_ha(self) -> None:
         """A Sentinel group or a Redis Cluster with replicas; the checker's and producer's clients."""
@@ -304,6 +343,19 @@ class LocalCluster:
             raise RuntimeError("the cluster did not become ready:\n" + self.logs())
         return master
 
+    def wait_status(self, node_id: str, timeout_s: float = 90, **want) -> dict:
+        """Until ``node_id``'s status has each ``want`` (``role="master", streaming=1``); returns it.
+        Fails at once should the node's process exit."""
+        def ok():
+            if not self.nodes[node_id].alive():
+                raise RuntimeError(f"{node_id} exited:\n{self.logs(60)}")
+            st = self.status(node_id)
+            return st if st and all(st.get(k) == str(v) for k, v in want.items()) else None
+        st = wait_for(ok, timeout_s, 0.1)
+        if not st:
+            raise RuntimeError(f"{node_id} not {want} within {timeout_s:.0f} s:\n{self.logs(60)}")
+        return st
+
     def wait_role(self, node_id: str, role: str, timeout_s: float = 60) -> None:
         if not wait_for(lambda: self.status(node_id).get("role") == role, timeout_s, 0.1):
             raise RuntimeError(f"{node_id} did not become {role} within {timeout_s:.0f} s:\n{self.logs()}")
@@ -318,13 +370,88 @@ class LocalCluster:
                         timeout_s, 0.2):
             raise RuntimeError(f"{node_id} did not stream again within {timeout_s:.0f} s:\n{self.logs()}")
 
+    def key(self, suffix: str) -> str:
+        """The flow's Redis key ``suffix`` (``"uplink"``, ``"state:match"``, ...)."""
+        return self.keys.prefix + suffix
+
+    def stream(self, suffix: str) -> list[tuple[float, dict]]:
+        """A stream's entries as (Redis time in s, fields other than data)."""
+        return [(int(eid.decode().split("-")[0]) / 1000,
+                 {k.decode(): v.decode() for k, v in f.items() if k != b"data"})
+                for eid, f in self.redis.xrange(self.key(suffix))]
+
+    def read_upto(self, node_id: str) -> str | None:
+        """The last uplink position whose batch ``node_id`` processed and Spark committed."""
+        raw = self.redis.hget(self.keys.read(node_id), "read_id")
+        return raw.decode() if raw else None
+
+    def zk_epoch(self) -> int:
+        """The version of the flow's epoch znode: how many promotions there were."""
+        from kazoo.client import KazooClient
+
+        zk = KazooClient(hosts=self.zk_hosts)
+        zk.start(timeout=10)
+        try:
+            stat = zk.exists(f"/twinflow/{self.flow}/epoch")
+            return stat.version if stat else 0
+        finally:
+            zk.stop()
+            zk.close()
+
     def outputs(self) -> dict:
-        """What left through each outlink so far ("node.outlink" -> entries)."""
+        """What left through each outlink so far ("node.outlink" -> entries), of every shard."""
+        out: dict = {}
+        for shard in self.shard_outputs():
+            for name, entries in shard.items():
+                out.setdefault(name, []).extend(entries)
+        return out
+
+    def shard_outputs(self) -> list[dict]:
+        """:meth:`outputs` of each shard (one for an unsharded flow)."""
         from ..cluster.master_flow import outlink_streams
 
+        keys = self.shard_keys if self.router.shards > 1 else [self.keys]
         if self.ha is not None:
-            return self._on_ha("redis", lambda r: read_outputs(r, outlink_streams(self.graph, self.keys)))
-        return read_outputs(self.redis, outlink_streams(self.graph, self.keys))
+            return [self._on_ha("redis", lambda r, k=k: read_outputs(r, outlink_streams(self.graph, k))) for k in keys]
+        return [read_outputs(self.redis, outlink_streams(self.graph, k)) for k in keys]
+
+    def check(self, sent_ids: list[str], faults=()) -> SinkReport:
+        """Every promise over what left the flow (:func:`~twinflow.testing.checker.check`); on a
+        sharded flow one writer per epoch and nothing stale are judged per shard, each shard
+        having epochs of its own."""
+        report = check(self.outputs(), sent_ids, faults, sequences=self.sequences())
+        if self.router.shards > 1:
+            tallies = [Tally() for _ in self.shard_keys]
+            for tally, outputs in zip(tallies, self.shard_outputs()):
+                for entry in in_time_order(outputs):
+                    tally.judge_writer(entry)
+            report.stale_writes = sum(t.stale for t in tallies)
+            report.two_writers = sum(t.split for t in tallies)
+        return report
+
+    def shard_statuses(self, node_id: str) -> list[dict]:
+        """The node's status hash in each shard."""
+        return [{k.decode(): v.decode() for k, v in self.redis.hgetall(keys.node(node_id)).items()}
+                for keys in self.shard_keys]
+
+    def wait_shards(self, node_id: str, role: str, timeout_s: float = 120) -> list[dict]:
+        """Until ``node_id`` is ``role`` of every shard and streams; returns its statuses."""
+        def ok():
+            rows = self.shard_statuses(node_id)
+            return rows if all(r.get("role") == role and r.get("streaming") == "1" for r in rows) else None
+        rows = wait_for(ok, timeout_s, 0.2)
+        if not rows:
+            raise RuntimeError(f"{node_id} not {role} of every shard within {timeout_s:.0f} s:\n{self.logs()}")
+        return rows
+
+    def describe_shards(self) -> str:
+        """Each shard's uplink, processed mark and node statuses, for a failure message."""
+        r = self.redis
+        return "; ".join(
+            f"{keys.flow}: uplink {r.xlen(keys.uplink)} last {r.xrevrange(keys.uplink, count=1)}, "
+            f"processed {r.get(keys.processed)}, nodes {[r.hgetall(keys.node(n)) for n in self.node_ids]}, "
+            f"read {[r.hgetall(keys.read(n)) for n in self.node_ids]}"
+            for keys in self.shard_keys)
 
     def sequences(self) -> dict:
         """Each resequence node's outputs as (group, seq), for the checker."""
@@ -355,50 +482,3 @@ class LocalCluster:
         if self.services is not None and self.owns_services:
             parts.append(self.services.logs())
         return "\n".join(parts)
-
-    # -- producing --------------------------------------------------------
-    def publish(self, docs: list[dict]) -> list[str]:
-        """XADD through the producer's proxy, retrying while that link is down; returns positions.
-
-        The pipeline is built again for each attempt: redis-py empties a pipeline when it
-        executes, failed or not, so a retried one sent nothing and "published" every
-        message of the batch (the redis-restart drill found it: 50 messages counted lost
-        that were never sent). A retry after a lost reply may append a batch twice; the
-        flow's ID cache takes each message once."""
-        if self.ha is not None:
-            return self._publish_ha(docs)
-        deadline = time.monotonic() + 30
-        while True:
-            pipe = self.producer.pipeline(transaction=False)
-            for doc in docs:
-                pipe.xadd(self.keys.uplink, {"data": json.dumps(doc)})
-            try:
-                positions = [p.decode() for p in pipe.execute()]
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-                continue
-            if len(positions) != len(docs):
-                raise RuntimeError(f"published {len(positions)} of {len(docs)} documents")
-            return positions
-
-    def _publish_ha(self, docs: list[dict]) -> list[str]:
-        """XADD on the primary of the moment; with ``wait_replicas``, acknowledged only once WAIT
-        says that many replicas have the batch (else the batch is sent again: the ID cache takes
-        each message once)."""
-        def send(r):
-            pipe = r.pipeline(transaction=False)
-            for doc in docs:
-                pipe.xadd(self.keys.uplink, {"data": json.dumps(doc)})
-            if self.wait_replicas:
-                pipe.execute_command("WAIT", self.wait_replicas, 1000)
-            out = pipe.execute()
-            if self.wait_replicas and int(out.pop()) < self.wait_replicas:
-                raise redis.ConnectionError(f"WAIT: fewer than {self.wait_replicas} replicas have the batch")
-            return [p.decode() for p in out]
-
-        positions = self._on_ha("producer", send)
-        if len(positions) != len(docs):
-            raise RuntimeError(f"published {len(positions)} of {len(docs)} documents")
-        return positions

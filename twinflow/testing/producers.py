@@ -1,0 +1,218 @@
+"""Publishing to a local cluster: :class:`Producing`, the publishing half of
+:class:`~twinflow.testing.local_cluster.LocalCluster` (XADD through the producer's proxy when
+proxied, following the primary on a Redis with replicas, to each document's shard on a sharded
+flow), and the producers that run beside a cluster: :class:`IngestPublisher` (through a live
+node's gRPC Ingest, the demo), :class:`DrillProducer` (the drills) and :class:`UplinkPublisher`
+(pipelined XADDs that remember each message's uplink time, the benches)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+import redis
+
+from ..client import publish
+from ..runtime.positions import position_order
+from .checker import SinkReport, check_sink, read_sink
+from .messages import order_or_payment
+
+if TYPE_CHECKING:
+    from .local_cluster import LocalCluster
+
+# The documents of one pipeline of UplinkPublisher.
+_PUBLISH_CHUNK = 5000
+
+
+class Producing:
+    """Mixed into :class:`~twinflow.testing.local_cluster.LocalCluster`: uses its ``producer``
+    client, ``keys``, ``ha``, ``wait_replicas`` and ``_on_ha``."""
+
+    def publish(self, docs: list[dict]) -> list[str]:
+        """XADD through the producer's proxy, retrying while that link is down; returns positions.
+
+        The pipeline is built again for each attempt: redis-py empties a pipeline when it
+        executes, failed or not, so a retried one sent nothing and "published" every
+        message of the batch (the redis-restart drill found it: 50 messages counted lost
+        that were never sent). A retry after a lost reply may append a batch twice; the
+        flow's ID cache takes each message once."""
+        if self.ha is not None:
+            return self._publish_ha(docs)
+        deadline = time.monotonic() + 30
+        while True:
+            pipe = self.producer.pipeline(transaction=False)
+            for doc in docs:
+                body = json.dumps(doc)
+                pipe.xadd(self.uplink_of(body), {"data": body})
+            try:
+                positions = [p.decode() for p in pipe.execute()]
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                continue
+            if len(positions) != len(docs):
+                raise RuntimeError(f"published {len(positions)} of {len(docs)} documents")
+            return positions
+
+    def _publish_ha(self, docs: list[dict]) -> list[str]:
+        """XADD on the primary of the moment; with ``wait_replicas``, acknowledged only once WAIT
+        says that many replicas have the batch (else the batch is sent again: the ID cache takes
+        each message once)."""
+        def send(r):
+            pipe = r.pipeline(transaction=False)
+            for doc in docs:
+                body = json.dumps(doc)
+                pipe.xadd(self.uplink_of(body), {"data": body})
+            if self.wait_replicas:
+                pipe.execute_command("WAIT", self.wait_replicas, 1000)
+            out = pipe.execute()
+            if self.wait_replicas and int(out.pop()) < self.wait_replicas:
+                raise redis.ConnectionError(f"WAIT: fewer than {self.wait_replicas} replicas have the batch")
+            return [p.decode() for p in out]
+
+        positions = self._on_ha("producer", send)
+        if len(positions) != len(docs):
+            raise RuntimeError(f"published {len(positions)} of {len(docs)} documents")
+        return positions
+
+    def uplink_of(self, body: str | bytes) -> str:
+        """The uplink a body goes to: its shard's on a sharded flow (``uplink.shard_key``)."""
+        if self.router.shards == 1:
+            return self.keys.uplink
+        return self.shard_keys[self.router.shard_of(body.encode() if isinstance(body, str) else body)].uplink
+
+    def publish_raw(self, body: bytes) -> str:
+        """XADD one body as it is (bad input too); returns its uplink position."""
+        return self.producer.xadd(self.uplink_of(body), {"data": body}).decode()
+
+    def publish_numbered(self, n: int, prefix: str = "m") -> list[str]:
+        """Publish ``n`` documents {id, seq} numbered on from the last (IDs ``prefix`` + seq),
+        remembered in ``sent``; returns their uplink positions."""
+        docs = [{"id": f"{prefix}{seq:06d}", "seq": seq} for seq in range(self._seq, self._seq + n)]
+        self._seq += n
+        positions = self.publish(docs)
+        self.sent.extend(d["id"] for d in docs)
+        return positions
+
+    def sink_ids(self) -> list[str]:
+        return [e.id for e in read_sink(self.redis, self.sink_key)]
+
+    def wait_delivered(self, timeout_s: float = 90) -> SinkReport:
+        """Until every ID in ``sent`` is in the sink; returns the exactly-once report."""
+        from ..runtime.waiting import wait_for
+
+        if not wait_for(lambda: set(self.sent) <= set(self.sink_ids()), timeout_s, 0.2):
+            missing = sorted(set(self.sent) - set(self.sink_ids()))
+            raise RuntimeError(f"{len(missing)} of {len(self.sent)} sent messages not in the sink within "
+                               f"{timeout_s:.0f} s: {missing[:10]}\n{self.logs(60)}")
+        return check_sink(read_sink(self.redis, self.sink_key), self.sent)
+
+
+class IngestPublisher(threading.Thread):
+    """Publishes documents {id, seq} through a live node's Ingest service (gRPC) at a steady rate (the demo)."""
+
+    def __init__(self, cluster: LocalCluster, count: int, rate: float, batch: int = 50, prefix: str = "m",
+                 document: Callable[[int], dict] | None = None):
+        """``document(seq)`` builds message ``seq`` (default ``{id, seq}``)."""
+        super().__init__(daemon=True, name="publisher")
+        self.cluster, self.count, self.rate, self.batch = cluster, count, rate, batch
+        self.ids: list[str] = []
+        self.prefix = prefix
+        self.document = document or (lambda seq: {"id": f"{prefix}{seq:07d}", "seq": seq})
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        start = time.monotonic()
+        seq = 0
+        try:
+            while seq < self.count:
+                n = min(self.batch, self.count - seq)
+                docs = [self.document(seq + i) for i in range(n)]
+                self._send([json.dumps(d).encode() for d in docs])
+                self.ids.extend(d["id"] for d in docs)
+                seq += n
+                # Pace to the rate: sleep until this batch's scheduled time.
+                delay = start + seq / self.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        except BaseException as exc:  # reported by the caller
+            self.error = exc
+
+    def _send(self, bodies: list[bytes]) -> None:
+        # Any live node's Ingest will do; if the one we picked dies, try another.
+        deadline = time.monotonic() + 30
+        while True:
+            addr = self.cluster.live_address()
+            if addr:
+                try:
+                    publish(addr, self.cluster.flow, bodies, timeout_s=5.0)
+                    return
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+            time.sleep(0.05)
+
+
+class DrillProducer(threading.Thread):
+    """Publishes orders and payments through ``cluster.publish`` at ``rate`` (the drills); waits (and restarts its pacing) while ``gate`` is clear."""
+
+    def __init__(self, cluster: LocalCluster, total: int, rate: float, gate: threading.Event, batch: int = 50):
+        super().__init__(daemon=True, name="drill-producer")
+        self.cluster, self.total, self.rate, self.gate, self.batch = cluster, total, rate, gate, batch
+        self.ids: list[str] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        start, paced, seq = time.monotonic(), 0, 0
+        try:
+            while seq < self.total:
+                if not self.gate.is_set():
+                    self.gate.wait()
+                    start, paced = time.monotonic(), 0
+                docs = [order_or_payment(i) for i in range(seq, min(seq + self.batch, self.total))]
+                self.cluster.publish(docs)
+                self.ids.extend(doc["id"] for doc in docs)
+                seq += len(docs)
+                paced += len(docs)
+                delay = start + paced / self.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        except BaseException as exc:
+            self.error = exc
+
+
+class UplinkPublisher:
+    """Writes documents to an uplink in pipelines; remembers each one's uplink time (the benches)."""
+
+    def __init__(self, client: redis.Redis, uplink: str, document):
+        self.r, self.uplink, self.document = client, uplink, document
+        self.seq = 0
+        self.written_ms: dict[str, int] = {}
+        self.last = ""
+
+    def publish(self, n: int) -> None:
+        for i in range(0, n, _PUBLISH_CHUNK):
+            docs = [self.document(self.seq + j) for j in range(min(_PUBLISH_CHUNK, n - i))]
+            self.seq += len(docs)
+            pipe = self.r.pipeline(transaction=False)
+            for d in docs:
+                pipe.xadd(self.uplink, {"data": json.dumps(d, separators=(",", ":"))})
+            for d, pos in zip(docs, pipe.execute()):
+                pos = pos.decode()
+                self.written_ms.setdefault(d["id"], position_order(pos)[0])  # a re-sent ID counts from its first send
+                self.last = pos
+
+    def steady(self, rate: float, seconds: float) -> None:
+        """Publish at ``rate`` for ``seconds``, in twentieths of a second."""
+        start, sent, total = time.monotonic(), 0, int(rate * seconds)
+        step = max(1, int(rate / 20))
+        while sent < total:
+            n = min(step, total - sent)
+            self.publish(n)
+            sent += n
+            ahead = start + sent / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)  # pacing the producer, not waiting for a condition
