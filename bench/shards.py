@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import TICKS, cpu_ticks  # noqa: E402
 from common import save  # noqa: E402
 
-import redis  # noqa: E402
 
 from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
 from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
