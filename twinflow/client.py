@@ -78,6 +78,7 @@ from twinflow._escalation_client import Ack, EscalationClient
 from twinflow._grpc_calls import (_batches, _encode, _handover, _publish_once, _status, node_status, publish,
                                   request_handover)
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
+from twinflow.runtime.waiting import Backoff
 
 __all__ = [
     "Ack",
@@ -172,9 +173,9 @@ class Client:
             raise ValueError("back-off needs 0 < initial_backoff_s <= max_backoff_s")
         self.flow, self.security = flow, security
         self.retry_unavailable = retry_unavailable
-        self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
+        self.backoff = Backoff(initial_backoff_s, max_backoff_s, jitter=jitter)  # the pauses between attempts
         self._options = CHANNEL_OPTIONS + list(channel_options or [])
-        self._sleep, self._monotonic, self._jitter = sleep, monotonic, jitter
+        self._sleep, self._monotonic = sleep, monotonic
         self._lock = threading.Lock()
         self._channels: dict[tuple[str, str], grpc.Channel] = {}
         self._current = 0  # the address publishes go to first: the last one that answered
@@ -209,7 +210,7 @@ class Client:
         return positions
 
     def _publish_batch(self, batch: list[bytes], end: float, written: list[str], total: int) -> list[str]:
-        backoff = self.initial_backoff_s
+        pauses = self.backoff.pauses()
         attempts = failed_in_row = 0
         code, details, address = grpc.StatusCode.OK, "", self.addresses[self._current]
 
@@ -238,12 +239,11 @@ class Client:
                     failed_in_row += 1
                     if failed_in_row % len(self.addresses):
                         continue  # another node may be up: try it at once
-                pause = backoff * (0.5 + 0.5 * self._jitter())
+                pause = next(pauses)
                 if self._monotonic() + pause >= end:
                     raise give_up(code, f"{details} (gave up: the deadline would pass during the next "
                                         f"back-off, after {attempts} attempts)") from None
                 self._sleep(pause)
-                backoff = min(backoff * 2, self.max_backoff_s)
                 continue
             if len(positions) != len(batch):
                 # A node always answers one position per body; anything else is not twinflow's Ingest.

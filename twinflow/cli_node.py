@@ -1,0 +1,168 @@
+"""The ``twinflow`` commands that run and inspect a node: ``run``, ``status``, ``handover``.
+
+Under failure: a node that cannot start ends with ``EXIT_REFUSED`` (a start that could
+break a promise) or ``EXIT_UNAVAILABLE`` (a server not reachable by the deadline), the
+reason on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, _address,
+                                 _grpc_security, _load_flow, _spark_conf, _table)
+
+STATUS_COLUMNS = ["node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
+                  "delivered", "failed", "unclaimed", "backpressure", "redis", "grpc_address"]
+# The nodes `twinflow status` last found in Redis, asked over gRPC when Redis does not answer.
+NODES_SEEN = Path(".twinflow") / "nodes-{flow}.json"
+
+
+def cmd_run(args) -> int:
+    # The node's only fork is Spark's JVM launch, an immediate exec: gRPC's
+    # fork handlers have nothing to protect there and can break it.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    from twinflow.cluster.connect import ServiceUnavailable
+    from twinflow.cluster.node import FlowNode
+    from twinflow.cluster.real_parts import RealParts
+    from twinflow.cluster.host import NodeConfig
+    from twinflow.cluster.on_cluster import StartRefused
+    from twinflow.grpc_security import SecurityConfigError
+    from twinflow.cluster.zk_auth import ZkAccessDenied
+    from twinflow.runtime.store.redis_auth import RedisSettingsError
+    from twinflow.secrets import SecretError
+
+    graph = _load_flow(args.flow)
+    cfg = NodeConfig(
+        node_id=args.node_id,
+        redis_url=_address(args.redis, "TWINFLOW_REDIS", "redis"),
+        zk_hosts=_address(args.zk, "TWINFLOW_ZK", "zk"),
+        listen=args.listen,
+        advertise=args.advertise,
+        spark_master=args.spark_master or os.environ.get("TWINFLOW_SPARK_MASTER", "local[1]"),
+        spark_conf=_spark_conf(args.spark_conf),
+        state_dir=args.state_dir,
+        connect_deadline_s=args.connect_timeout,
+        start_from=args.start_from,
+        worker_pace_ms=args.worker_pace_ms,
+        security=_grpc_security(args, graph),
+        metrics_listen=args.metrics_listen,
+    )
+    try:  # before anything starts: a refused bind must not wait for Spark to come up first
+        cfg.security.check_bind(cfg.listen)
+    except SecurityConfigError as exc:
+        print(f"twinflow: refused to start: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    if graph.cluster is not None and (graph.cluster.shards > 1 or not cfg.spark_master.startswith("local")):
+        # On a Spark cluster, or with shards, the flow's work runs on the executors.
+        from twinflow.cluster.sharded_node import ShardedNode
+
+        node = ShardedNode(graph, cfg)
+    else:
+        node = FlowNode(graph, cfg, parts=RealParts())
+    signal.signal(signal.SIGTERM, lambda *_: node.request_term())
+    try:
+        return node.run_forever()
+    except ServiceUnavailable as exc:
+        print(f"twinflow: {exc}", file=sys.stderr)
+        node.stop()
+        return EXIT_UNAVAILABLE
+    except (StartRefused, SecurityConfigError, RedisSettingsError, SecretError, ZkAccessDenied) as exc:
+        print(f"twinflow: refused to start: {exc}", file=sys.stderr)
+        node.stop()
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        node.stop()
+        return 130
+
+
+def _flow_stores(args):
+    """The flow and one store per uplink shard (one for an unsharded flow)."""
+    import redis
+
+    from twinflow.cluster.on_cluster import flow_keys
+    from twinflow.runtime.shards import shard_graph
+    from twinflow.runtime.store.flow_store import FlowStore
+    from twinflow.runtime.store.redis_slot import client_from_url
+
+    graph = _load_flow(args.flow)
+    url = _address(args.redis, "TWINFLOW_REDIS", "redis")
+    stores = []
+    for k in range(graph.cluster.shards if graph.cluster else 1):
+        keys = flow_keys(shard_graph(graph, k))
+        try:
+            client = client_from_url(url, socket_connect_timeout=3, slot_key=keys.uplink)
+        except redis.RedisError:  # down: the command's first call reports it
+            client = client_from_url(url, socket_connect_timeout=3)  # no round trip: cannot fail
+        stores.append(FlowStore(client, keys, "cli"))
+    return graph, stores
+
+
+def cmd_status(args) -> int:
+    import redis
+
+    from twinflow.runtime.store.store_errors import RedisUnavailable
+    from twinflow.secrets import redact_text, redact_url
+
+    graph, stores = _flow_stores(args)
+    store = stores[0]
+    seen = Path(str(NODES_SEEN).format(flow=graph.name))
+    try:
+        rows = []
+        for shard in stores:  # a sharded flow: a row per node and shard
+            for row in shard.read_statuses(deadline_s=3.0):
+                row["uplink_lag"] = shard.uplink_lag(row["node_id"])  # live lag, not the one cached
+                rows.append(row)
+        seen.parent.mkdir(parents=True, exist_ok=True)
+        seen.write_text(json.dumps(sorted({r["grpc_address"] for r in rows if r.get("grpc_address")})))
+    except (redis.RedisError, RedisUnavailable) as exc:
+        # Redis is down: ask the nodes themselves (they report it, and whether they read).
+        print(f"twinflow: Redis at {redact_url(_address(args.redis, 'TWINFLOW_REDIS', 'redis'))} did not answer: "
+              f"{redact_text(str(exc))}", file=sys.stderr)
+        rows = _statuses_over_grpc(args.node or (json.loads(seen.read_text()) if seen.exists() else []),
+                                   _grpc_security(args, graph))
+        if not rows:
+            print("twinflow: no node answered over gRPC either (pass --node HOST:PORT)", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+    if args.json:
+        print(json.dumps({"flow": graph.name, "nodes": rows}))
+        return 0
+    if not rows:
+        print(f"flow {graph.name}: no live nodes")
+        return 0
+    columns = STATUS_COLUMNS if len(stores) == 1 else ["flow", *STATUS_COLUMNS]
+    print(_table(columns, [[r.get(c, "") for c in columns] for r in rows]))
+    return 0
+
+
+def _statuses_over_grpc(addresses: list[str], security) -> list[dict]:
+    from twinflow.client import node_status
+
+    rows = []
+    for address in addresses:
+        try:
+            rows.append(node_status(address, timeout_s=3.0, security=security))
+        except Exception as exc:  # a node that is gone: say so, ask the next
+            print(f"twinflow: node at {address} did not answer: {exc}", file=sys.stderr)
+    return rows
+
+
+def cmd_handover(args) -> int:
+    from twinflow.client import request_handover
+
+    graph, stores = _flow_stores(args)
+    security = _grpc_security(args, graph)
+    # One master per shard; a node hands over every shard it is master of.
+    masters = sorted({r["grpc_address"] for store in stores for r in store.read_statuses()
+                      if r.get("role") == "master"})
+    if not masters:
+        print("twinflow: no live master found", file=sys.stderr)
+        return 1
+    results = [request_handover(address, timeout_s=args.timeout, security=security) for address in masters]
+    for result in results:
+        print(json.dumps(result))
+    return 0 if all(r.get("ok") for r in results) else 1

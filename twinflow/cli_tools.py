@@ -1,0 +1,246 @@
+"""The ``twinflow`` commands for development and drills: ``services``, ``replay``, ``proxy``,
+``drill``, ``simulate``, ``bench``, ``certs``, ``demo``.
+
+Under failure: the servers, nodes and proxies a command started are stopped by PID when it
+ends, also on SIGTERM or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from twinflow.cli_common import (EXIT_BAD_FLOW, EXIT_UNAVAILABLE, _load_flow, _need_extra, _table)
+
+# --json prints these (stale writes count into "passed"; the table shows them too).
+DRILL_KEYS = ["drill", "seed", "messages", "lost", "duplicated", "out_of_order", "rto_s", "passed"]
+DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
+
+
+# -- services ----------------------------------------------------------------
+def cmd_services(args) -> int:
+    from twinflow.testing.services import LocalServices, ServiceError
+
+    state = Path(args.state)
+    if args.action == "up":
+        if state.exists():
+            svc = LocalServices.load(state)
+            if all(s["answers"] for s in svc.status().values()):
+                print(f"already up: redis {svc.redis_url}  zookeeper {svc.zk_hosts}")
+                return 0
+            svc.stop()
+        try:
+            svc = LocalServices.start(base_dir=str(state.parent.resolve() / "services"))
+        except ServiceError as exc:
+            print(f"twinflow: {exc}", file=sys.stderr)
+            return 1
+        svc.save(state)
+        print(f"redis     {svc.redis_url}\nzookeeper {svc.zk_hosts}")
+        return 0
+    if not state.exists():
+        print("no local services recorded (twinflow services up starts them)")
+        return 0 if args.action == "down" else 1
+    svc = LocalServices.load(state)
+    if args.action == "status":
+        rows = [[name, s["address"], s["pid"], "yes" if s["alive"] else "no", "yes" if s["answers"] else "no", s["log"]]
+                for name, s in svc.status().items()]
+        print(_table(["service", "address", "pid", "alive", "answers", "log"], rows))
+        return 0 if all(r[4] == "yes" for r in rows) else 1
+    svc.stop()
+    state.unlink()
+    print("stopped")
+    return 0
+
+
+# -- replay -------------------------------------------------------------------
+def cmd_replay(args) -> int:
+    from twinflow.runtime.replay import replay
+
+    graph = _load_flow(args.flow, cluster=False)
+    bad = []
+
+    def report(number: int, reason: str) -> None:
+        bad.append(number)
+        print(f"{args.events}:{number}: {reason}", file=sys.stderr)
+
+    try:
+        events = open(args.events)
+    except OSError as exc:
+        print(f"twinflow: cannot read {args.events}: {exc.strerror}", file=sys.stderr)
+        return 1
+    with events:
+        for line in replay(graph, events, until=args.until, on_bad=report):
+            print(json.dumps(line, default=str))
+    if bad:
+        print(f"twinflow: {len(bad)} bad event line(s) skipped", file=sys.stderr)
+    return 1 if bad else 0
+
+
+# -- proxy -------------------------------------------------------------------
+def cmd_proxy(args) -> int:
+    from twinflow.chaos.toxiproxy_api import serve_forever
+
+    try:
+        serve_forever(args.host, args.port,
+                      ready=lambda port: print(f"twinflow proxy: Toxiproxy API on {args.host}:{port}", flush=True))
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"twinflow: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    return 0
+
+
+def cmd_drill(args) -> int:
+    _need_extra("chaos", "toxiproxy", *(["matplotlib"] if args.report or args.name == "all" else []))
+    from twinflow.chaos.drills import DRILLS, IN_NETNS, run_drill
+    from twinflow.chaos.kernel_faults import KernelFaultsUnavailable, in_private_netns, netns_command
+
+    names = list(DRILLS) if args.name == "all" else [args.name]
+    if names[0] not in DRILLS:
+        print(f"twinflow: unknown drill {args.name!r} (known: all, {', '.join(DRILLS)})", file=sys.stderr)
+        return EXIT_BAD_FLOW
+    if IN_NETNS & set(names) and not in_private_netns():
+        # Kernel faults never touch this machine's own network: run the drills in a namespace of their own.
+        try:
+            argv = netns_command([sys.executable, "-m", "twinflow.cli", *args.argv])
+        except KernelFaultsUnavailable as exc:
+            print(f"twinflow: {exc}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        child = subprocess.Popen(argv)
+        # The drill in the namespace stops its servers itself: pass SIGTERM on, let Ctrl-C reach it.
+        signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+        signal.signal(signal.SIGINT, lambda *_: None)
+        return child.wait()
+    flow_text = None
+    if args.flow:
+        _load_flow(args.flow)  # refused here, with file, line and field, before anything starts
+        flow_text = Path(args.flow).read_text()
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    results = []
+    # --runs N: every drill with seeds S .. S+N-1, round by round, so a stopped batch covers every drill.
+    plan = [(seed, name) for seed in range(args.seed, args.seed + args.runs) for name in names]
+    for i, (seed, name) in enumerate(plan, 1):
+        say(f"[{i}/{len(plan)}] drill {name} (seed {seed}, {args.messages} messages)...")
+        try:
+            result = run_drill(name, seed=seed, messages=args.messages, flow_text=flow_text, rate=args.rate,
+                               say=say, wait_replicas=args.wait_replicas)
+        except Exception as exc:  # the drill could not run to its check: a failure, with its reason
+            rerun = f"twinflow drill {name} --seed {seed} --messages {args.messages}"
+            result = {"drill": name, "seed": seed, "messages": args.messages, "lost": None, "duplicated": None,
+                      "out_of_order": None, "rto_s": None, "passed": False, "rerun": rerun,
+                      "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        results.append(result)
+        if args.json:
+            keys = DRILL_KEYS + [k for k in ("wait_replicas", "lost_in_uplink", "error") if k in result]
+            print(json.dumps({k: result.get(k) for k in keys}), flush=True)
+        else:
+            say(f"  {'passed' if result['passed'] else 'FAILED'}: lost {result['lost']}, duplicated "
+                f"{result['duplicated']}, rto {result['rto_s']} s" + (f"; {result['error']}" if "error" in result else ""))
+            if not result["passed"]:
+                say(f"  rerun: {result['rerun']}")
+    if not args.json:
+        print(_table(DRILL_COLUMNS, [[r.get(c) for c in DRILL_COLUMNS] for r in results]))
+    report_dir = args.report or ("drill-report" if args.name == "all" else None)
+    if report_dir:
+        from twinflow.chaos.report import write_report
+
+        say(f"report: {write_report(results, Path(report_dir), DRILL_COLUMNS)}")
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+# -- simulate ----------------------------------------------------------------
+def cmd_simulate(args) -> int:
+    _need_extra("chaos", "fakeredis", "lupa")
+    from twinflow.chaos.sim.simulator import run_once, simulate
+
+    flow_text = None
+    if args.flow:
+        _load_flow(args.flow)
+        flow_text = Path(args.flow).read_text()
+    kind = None if args.flow else args.kind
+    wait = not args.no_wait
+    rerun = f"twinflow simulate --seed {{seed}} --runs 1 --steps {args.steps} --messages {args.messages}" + (
+        f" --flow {args.flow}" if args.flow else f" --kind {args.kind}") + ("" if wait else " --no-wait")
+    if args.runs == 1:  # one seed: its whole trace on request
+        r = run_once(args.seed, args.steps, args.messages, flow_text, verbose=args.verbose, kind=kind, wait=wait)
+        if args.trace or not r.passed:
+            print("\n".join(r.trace), file=sys.stderr)
+        out = {"runs": 1, "failed": int(not r.passed), **r.summary()}
+        print(json.dumps(out) if args.json else _simulate_text(out, [r], rerun))
+        return 0 if r.passed else 1
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    out = simulate(args.seed, args.runs, args.steps, args.messages, flow_text, jobs=args.jobs, say=say,
+                   kind=kind, wait=wait)
+    failures = out.pop("failures")
+    samples = out.pop("with_expected", [])
+    for r in failures:
+        print("\n".join(r.trace[-args.trace_lines:]), file=sys.stderr)
+    if args.json:
+        print(json.dumps({**out, "failed_seeds": [r.seed for r in failures],
+                          "expected": [f"seed {r.seed}: {p}" for r in samples for p in r.expected[:2]],
+                          "problems": [p for r in failures for p in r.problems[:3]]}))
+    else:
+        print(_simulate_text(out, failures, rerun))
+        if out.get("counts"):
+            print("counts: " + ", ".join(f"{k} {v}" for k, v in out["counts"].items()))
+        for r in samples[:5]:
+            print(f"seed {r.seed} (no WAIT), what its failovers cost: " + "; ".join(r.expected[:2]))
+    return 0 if not failures else 1
+
+
+def _simulate_text(out: dict, failures: list, rerun: str) -> str:
+    lines = [f"{out['runs']} runs, {out['failed']} failed"
+             + (f" in {out['seconds']} s" if "seconds" in out else "")
+             + (f"; {out.get('promotions', 0)} promotions, {out.get('faults', 0)} faults, "
+                f"{out.get('sent', 0)} messages" if "sent" in out else "")]
+    for r in failures:
+        if r.passed:
+            continue
+        lines.append(f"seed {r.seed} FAILED: " + "; ".join(r.problems[:3]))
+        lines.append("  rerun: " + rerun.format(seed=r.seed) + " --trace")
+    return "\n".join(lines)
+
+
+# -- bench -------------------------------------------------------------------
+def cmd_bench(args) -> int:
+    from twinflow.testing.flow_bench import Load, flow_vs_passthrough
+
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    out = flow_vs_passthrough(Load(args.messages, args.rate, args.seconds), say)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(_table(["figure", "bare Spark passthrough", "twinflow pair (chained flow)"], [
+        [f"burst of {out['messages']}, msg/s", f"{out['passthrough_msgs_per_s']:,} "
+         f"(batch size {out['passthrough_batch_size']:,})", f"{out['flow_msgs_per_s']:,}"],
+        ["ratio (pair / passthrough)", "", f"{out['ratio']:.2f}"],
+        [f"latency at {out['rate']:.0f} msg/s, p50 / p99 ms", f"{out['passthrough_p50_ms']} / "
+         f"{out['passthrough_p99_ms']}", f"{out['p50_latency_ms']} / {out['p99_latency_ms']}"],
+    ]))
+    return 0
+
+
+# -- demo --------------------------------------------------------------------
+def cmd_certs(args) -> int:
+    from twinflow.certs import make_certs
+
+    made = make_certs(args.dir, args.node, args.name or [args.node])
+    for path in made:
+        print(path)
+    print(f"twinflow: {len(made)} files made in {args.dir}; name them in the flow file's security section "
+          f"(docs/operations/security.md)", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from twinflow.testing.demo import run_demo
+
+    result = run_demo(messages=args.messages, rate=args.rate, kill_at=args.kill_at,
+                      progress=not args.json, keep=args.keep, flow=args.flow)
+    if args.json:
+        print(json.dumps(result))
+    return 0 if result["lost"] == 0 and result["duplicated"] == 0 else 1
