@@ -90,6 +90,10 @@ class Checker:
         replica = self.world.replica
         if replica is not None and replica.failovers != self._failovers:
             self._failovers = replica.failovers
+            # What left since the last look is judged as usual first (a duplicate or a stale
+            # write in the step of the failover must not hide in the recount), then recounted.
+            self._read_failures(problems)
+            self._read_outputs(problems)
             self._resync(problems)
         if self.world.commits[1] != self._records_seen:
             self._records_seen = self.world.commits[1]
