@@ -17,7 +17,7 @@ The rule that makes a message processed: the commit of the step that ran it
 also moves the processed mark, the position up to which the masters handled
 every uplink entry, in uplink order (``master_flow.py`` says it per node).
 
-Promises under failure (DESIGN.md's numbering) are each kept by the module
+Promises under failure (numbered as in docs/concepts/promises.md) are each kept by the module
 that holds the concern, and said in its docstring:
 
 - ``batch_intake``: batches processed whole or not committed, run ahead (1);
@@ -41,7 +41,6 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 from ..logs import event
 from ..runtime.clock import Clock, SystemClock
@@ -65,9 +64,6 @@ from .on_cluster import cluster_flow, flow_keys
 from .promotion import Promotion
 from .roles import MASTER, STARTING, WORKER
 from .start_position import StartPosition
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("twinflow.node")
 
