@@ -230,11 +230,11 @@ class MasterSession:
 
     def _run_steps(self, out: Outcome, msgs: list[Message], last: str, guess: bool,
                    now: Callable[[], float]) -> list[Message] | None:
-        if guess:
-            flow = self.flow
-            done = [flow.is_processed(m) for m in msgs] if flow is not None else None
-            guess = done is not None
-        if not guess:
+        guess_from = self.flow if guess else None
+        guess = guess_from is not None
+        if guess_from is not None:
+            done = [guess_from.is_processed(m) for m in msgs]
+        else:
             try:  # already processed (or a repeat inside this batch): never run through the graph again
                 done = self.store.processed(msgs, deadline_s=self.spec.write_lease)
             except RedisUnavailable as exc:

@@ -190,7 +190,7 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
         r.msgs = out.rest or []
         if session.flow is not None:
             ctx.flows[k] = (epoch, generation, session.flow)
-            r.next_deadline = session.flow.next_deadline()
+            r.next_deadline = session.next_deadline()
         return r
     finally:
         r.state_loads += session.state_loads

@@ -47,7 +47,6 @@ class Checker:
         self.after = {s: "0-0" for s in [*self.streams, self.failure]}
         self.tally = Tally()                         # the shared counting core: leavings, writers per epoch
         self.failed: Counter = Counter()             # uplink position -> records on the failure stream
-        self.first_left: dict[str, float] = {}
         self.first_failed: dict[str, float] = {}
         self.published, self.hostiles, self.good, self.id_ttl = published, hostiles, good, id_ttl
         self.allowed: Counter = Counter()            # leaves excused by ID expiry, per ID
@@ -108,23 +107,21 @@ class Checker:
 
     def _read_outputs(self, problems: list[str], recount: bool = False) -> None:
         now = self.world.clock.now()
+        failed_ids = self.failed_ids()  # the failure stream is not read meanwhile
         for stream in self.streams:
             for position, e in read_sink_after(self.world.redis, stream, self.after[stream]):
                 self.after[stream] = position
                 again = self.tally.count(e)
+                if recount:
+                    continue
                 for member in e.id.split("+"):
-                    self.first_left.setdefault(member, self.step_began)
-                    if recount:
-                        continue
                     if member in again:
                         if self._expired_again(member, now):
                             continue
                         problems.append(f"{member} left the flow {self.left[member]} times "
                                         f"(again via {stream}, node {e.node}, epoch {e.epoch})")
-                    if member in self.failed_ids():
+                    if member in failed_ids:
                         problems.append(f"{member} left the flow and by the failure path")
-                if recount:
-                    continue
                 problems.extend(self.tally.judge_writer(e))
 
     def _expired_again(self, member: str, now: float) -> bool:

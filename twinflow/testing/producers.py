@@ -111,37 +111,50 @@ class Producing:
         return check_sink(read_sink(self.redis, self.sink_key), self.sent)
 
 
-class IngestPublisher(threading.Thread):
-    """Publishes documents {id, seq} through a live node's Ingest service (gRPC) at a steady rate (the demo)."""
+class PacedProducer(threading.Thread):
+    """Publishes ``count`` documents ``document(seq)`` in batches through ``send(docs)`` at ``rate``
+    per second; while ``gate`` (if any) is clear it waits, and paces again from when it opens.
+    ``ids`` holds what was sent, ``error`` what stopped it (for the caller to report)."""
 
-    def __init__(self, cluster: LocalCluster, count: int, rate: float, batch: int = 50, prefix: str = "m",
-                 document: Callable[[int], dict] | None = None):
-        """``document(seq)`` builds message ``seq`` (default ``{id, seq}``)."""
-        super().__init__(daemon=True, name="publisher")
-        self.cluster, self.count, self.rate, self.batch = cluster, count, rate, batch
+    def __init__(self, name: str, send: Callable[[list[dict]], object], document: Callable[[int], dict],
+                 count: int, rate: float, batch: int = 50, gate: threading.Event | None = None):
+        super().__init__(daemon=True, name=name)
+        self.send, self.document, self.count, self.rate, self.batch, self.gate = send, document, count, rate, batch, gate
         self.ids: list[str] = []
-        self.prefix = prefix
-        self.document = document or (lambda seq: {"id": f"{prefix}{seq:07d}", "seq": seq})
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        start = time.monotonic()
-        seq = 0
+        start, paced, seq = time.monotonic(), 0, 0
         try:
             while seq < self.count:
-                n = min(self.batch, self.count - seq)
-                docs = [self.document(seq + i) for i in range(n)]
-                self._send([json.dumps(d).encode() for d in docs])
+                if self.gate is not None and not self.gate.is_set():
+                    self.gate.wait()
+                    start, paced = time.monotonic(), 0
+                docs = [self.document(i) for i in range(seq, min(seq + self.batch, self.count))]
+                self.send(docs)
                 self.ids.extend(d["id"] for d in docs)
-                seq += n
+                seq += len(docs)
+                paced += len(docs)
                 # Pace to the rate: sleep until this batch's scheduled time.
-                delay = start + seq / self.rate - time.monotonic()
+                delay = start + paced / self.rate - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
         except BaseException as exc:  # reported by the caller
             self.error = exc
 
-    def _send(self, bodies: list[bytes]) -> None:
+
+class IngestPublisher(PacedProducer):
+    """Publishes documents {id, seq} through a live node's Ingest service (gRPC) at a steady rate (the demo)."""
+
+    def __init__(self, cluster: LocalCluster, count: int, rate: float, batch: int = 50, prefix: str = "m",
+                 document: Callable[[int], dict] | None = None):
+        """``document(seq)`` builds message ``seq`` (default ``{id, seq}``)."""
+        super().__init__("publisher", self._send, document or (lambda seq: {"id": f"{prefix}{seq:07d}", "seq": seq}),
+                         count, rate, batch)
+        self.cluster = cluster
+
+    def _send(self, docs: list[dict]) -> None:
+        bodies = [json.dumps(d).encode() for d in docs]
         # Any live node's Ingest will do; if the one we picked dies, try another.
         deadline = time.monotonic() + 30
         while True:
@@ -156,32 +169,12 @@ class IngestPublisher(threading.Thread):
             time.sleep(0.05)
 
 
-class DrillProducer(threading.Thread):
-    """Publishes orders and payments through ``cluster.publish`` at ``rate`` (the drills); waits (and restarts its pacing) while ``gate`` is clear."""
+class DrillProducer(PacedProducer):
+    """Publishes orders and payments through ``cluster.publish`` at ``rate`` (the drills); waits
+    (and restarts its pacing) while ``gate`` is clear."""
 
     def __init__(self, cluster: LocalCluster, total: int, rate: float, gate: threading.Event, batch: int = 50):
-        super().__init__(daemon=True, name="drill-producer")
-        self.cluster, self.total, self.rate, self.gate, self.batch = cluster, total, rate, gate, batch
-        self.ids: list[str] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        start, paced, seq = time.monotonic(), 0, 0
-        try:
-            while seq < self.total:
-                if not self.gate.is_set():
-                    self.gate.wait()
-                    start, paced = time.monotonic(), 0
-                docs = [order_or_payment(i) for i in range(seq, min(seq + self.batch, self.total))]
-                self.cluster.publish(docs)
-                self.ids.extend(doc["id"] for doc in docs)
-                seq += len(docs)
-                paced += len(docs)
-                delay = start + paced / self.rate - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-        except BaseException as exc:
-            self.error = exc
+        super().__init__("drill-producer", cluster.publish, order_or_payment, total, rate, batch, gate)
 
 
 class UplinkPublisher:

@@ -183,13 +183,7 @@ def replica_synced(port: int, password: str = "") -> bool:
 
 def kill_pid(pid: int, deadline_s: float = 10.0) -> None:
     """SIGKILL ``pid`` and wait (bounded) until it is gone."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end and pid_alive(pid):
-        time.sleep(0.02)
+    _signal_and_wait(pid, signal.SIGKILL, deadline_s, 0.02)
 
 
 def cluster_ok(port: int) -> bool:
@@ -268,15 +262,21 @@ def wait_answering(server: Server, deadline_s: float) -> None:
     )
 
 
-def stop_pid(pid: int, deadline_s: float) -> None:
+def _signal_and_wait(pid: int, sig: int, deadline_s: float, poll_s: float) -> bool:
+    """Send ``sig`` to ``pid`` and wait (bounded) until it is gone; True once it is."""
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, sig)
     except ProcessLookupError:
-        return
+        return True
     end = time.monotonic() + deadline_s
     while time.monotonic() < end and pid_alive(pid):
-        time.sleep(0.05)
-    if pid_alive(pid):
+        time.sleep(poll_s)
+    return not pid_alive(pid)
+
+
+def stop_pid(pid: int, deadline_s: float) -> None:
+    """SIGTERM ``pid``, and SIGKILL it if it is still there after ``deadline_s``."""
+    if not _signal_and_wait(pid, signal.SIGTERM, deadline_s, 0.05):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
