@@ -66,6 +66,30 @@ def test_outputs_of_the_step_of_a_redis_failover_are_judged_before_the_recount()
     assert r.duplicated == 0 and r.counts["left_again_after_id_ttl"] == 1
 
 
+def test_a_session_whose_every_step_moves_the_mark_past_the_whole_batch_is_caught(monkeypatch):
+    # MasterSession decides what a step marks processed: only the batch's last step moves the
+    # mark past the whole batch. Broken so that every step does, a master that dies between
+    # steps leaves messages at or before the mark that no step ran: lost. The simulator's
+    # batches fit one step at the default step size, so steps of 3 messages are used here.
+    import functools
+    import inspect
+    import textwrap
+
+    from twinflow.cluster import master_session
+
+    monkeypatch.setattr(master_session, "chunked", functools.partial(master_session.chunked, max_count=3))
+    assert run_once(5, kind="pair").passed  # correct, with small steps
+    src = textwrap.dedent(inspect.getsource(master_session.MasterSession._run_steps))
+    line = "mark = last if i == len(chunks) - 1 else chunk[-1].position"
+    assert line in src
+    broken: dict = {}
+    exec(compile(src.replace(line, "mark = last"), "broken", "exec"), vars(master_session), broken)
+    monkeypatch.setattr(master_session.MasterSession, "_run_steps", broken["_run_steps"])
+    failed = _first_failure("pair", range(1, 11))
+    assert failed is not None, "every step moving the mark past the batch passed every run"
+    assert any("never left the flow" in p for p in failed.problems)
+
+
 def _first_failure(kind: str, seeds: range, only: dict | None = None, wait: bool = True):
     for seed in seeds:
         r = run_once(seed, kind=kind, only=only, wait=wait)
