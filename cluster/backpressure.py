@@ -15,14 +15,14 @@ log = logging.getLogger("twinflow.node")
 
 
 class Backpressure:
-    """A node's reader hold and pace (mixed into FlowNode)."""
+    """A node's reader hold and pace (mixed into FlowMember)."""
 
     def _pace(self) -> None:
         """A worker's reader plans at most every ``worker_pace_ms``: its batches only bake, and
         fewer, larger ones leave the cores to the master. A master reads as fast as it can."""
         want = 0 if self.role == MASTER else self.cfg.worker_pace_ms
-        if want != self._paced_ms and self.query is not None:
-            self.parts.pace(self.query, want)
+        if want != self._paced_ms and self.reading is not None:
+            self.reading.pace(self, want)
             self._paced_ms = want
 
     # -- backpressure -----------------------------------------------------
@@ -34,8 +34,8 @@ class Backpressure:
                 return
             self.held = want
             pending = self.sort.pending
-        if self.query is not None:
-            self.parts.hold(self.query, want)
+        if self.reading is not None:
+            self.reading.hold(self, want)
         if want:
             self._event(logging.WARNING, "backpressure_on",
                         "%s holds %d messages (max_pending %d): stopped reading until claims free room",

@@ -33,7 +33,7 @@ class NodeStopping(RuntimeError):
 
 
 class BatchIntake:
-    """How a node takes a batch (mixed into FlowNode)."""
+    """How a node takes a batch (mixed into FlowMember)."""
 
     # -- batches from the uplink ------------------------------------------
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
@@ -41,21 +41,21 @@ class BatchIntake:
         may run ahead instead (module doc, "Batches run ahead")."""
         self._settle_ahead()
         handed = False
-        self._work.acquire()
+        self.batch_lock.acquire()
         try:
             last = last_position(rows)
             if self._may_run_ahead(last):
                 self._ahead = self.ahead.submit(self._run_ahead, batch_id, rows, last)
-                handed = True  # the batch thread releases _work
+                handed = True  # the batch thread releases batch_lock
                 return
             msgs, bad = self._decode(rows)
             self._take_batch(batch_id, msgs, bad, last)
         finally:
             if not handed:
-                self._work.release()
+                self.batch_lock.release()
 
     def _may_run_ahead(self, last: str | None) -> bool:
-        """Whether this batch may run after on_batch returned (caller holds _work): as master,
+        """Whether this batch may run after on_batch returned (caller holds batch_lock): as master,
         once handled_id in Redis covers it; else it runs here, as before."""
         if self.ahead is None or last is None or self._stop.is_set():
             return False
@@ -70,7 +70,7 @@ class BatchIntake:
 
     def _run_ahead(self, batch_id: int, rows: list[tuple], last: str) -> None:
         """The batch thread: the batch as on_batch would have run it (decoding too: Spark's
-        thread goes back to Spark sooner), then _work released."""
+        thread goes back to Spark sooner), then batch_lock released."""
         try:
             msgs, bad = self._decode(rows)
             self._take_batch(batch_id, msgs, bad, last)
@@ -82,7 +82,7 @@ class BatchIntake:
                         self.cfg.node_id, batch_id, batch=batch_id, exc_info=True)
             raise
         finally:
-            self._work.release()
+            self.batch_lock.release()
 
     def _settle_ahead(self, timeout_s: float | None = None) -> None:
         """Wait for the batch running ahead; raise what it raised."""
@@ -91,7 +91,7 @@ class BatchIntake:
             ahead.result(timeout_s)
 
     def _take_batch(self, batch_id: int, msgs: list[Message], bad: list[tuple], last: str | None) -> None:
-        """Record the bad entries, then bake or run the batch (caller holds _work)."""
+        """Record the bad entries, then bake or run the batch (caller holds batch_lock)."""
         if self._stop.is_set():
             raise NodeStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
         started, role = time.perf_counter(), self.role  # wall time, also under a simulator's clock
@@ -109,9 +109,9 @@ class BatchIntake:
             self.holding = False
             self.batch_timings.observe(role, time.perf_counter() - started)
 
-    # -- batches run on an executor (a sharded flow, see sharded_node) ------
+    # -- batches run on an executor (a sharded flow, see shard_reading) ------
     def executor_role(self) -> tuple[str, int]:
-        """What an executor may do with this shard's next batch (caller holds _work): run it as
+        """What an executor may do with this shard's next batch (caller holds batch_lock): run it as
         master at the epoch, bake-check it as worker, or hand it back ("driver": starting, or a
         master whose ZooKeeper connection is suspended, which must hold it here)."""
         with self._lock:
@@ -121,10 +121,10 @@ class BatchIntake:
         return (WORKER, 0) if role == WORKER else ("driver", 0)
 
     def take_result(self, batch_id: int, r: "ShardResult") -> None:
-        """Finish a batch an executor ran for this shard (caller holds _work): count it, send
+        """Finish a batch an executor ran for this shard (caller holds batch_lock): count it, send
         its claims, step down if its writes were refused, bake what it could not commit."""
         if r.warm:
-            self._warmed()
+            self.warmed()
         self.task_pid = r.pid
         self.state_loads += r.state_loads
         if self._stop.is_set():
@@ -185,10 +185,10 @@ class BatchIntake:
         """Messages, and (position, reason, body, size) of the entries that are bad."""
         msgs, bad, warm = decode_rows(rows, self.spec.message)
         if warm:
-            self._warmed()
+            self.warmed()
         return msgs, bad
 
-    def _warmed(self) -> None:
+    def warmed(self) -> None:
         """The query's first batch has run: from now on it reads at speed."""
         if not self.streaming:
             self.streaming_since = time.time()
@@ -202,7 +202,7 @@ class BatchIntake:
                 self.handled_upto = position
 
     def _bake(self, msgs: list[Message], last: str) -> None:
-        """Bake as worker (caller holds _work); records how far this node handled the uplink."""
+        """Bake as worker (caller holds batch_lock); records how far this node handled the uplink."""
         self._offer(*processed_as_worker(self.store, msgs, last), last)
 
     def _offer(self, msgs: list[Message], done: list[bool], last: str) -> None:

@@ -46,7 +46,7 @@ class NoPair:
 
 
 class Claims:
-    """A node's escalation admission and claims (mixed into FlowNode)."""
+    """A node's escalation admission and claims (mixed into FlowMember)."""
 
     # -- escalations from the master --------------------------------------
     def admit_escalation(self, from_node: str, epoch: int) -> str | None:

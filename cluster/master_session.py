@@ -2,7 +2,7 @@
 flow's deadlines fired, each returning what it did.
 
 One session for every place a master runs the flow: a node's driver
-(``node.FlowNode``, one session per term, made at promotion), a promoted
+(``member.FlowMember``, one session per term, made at promotion), a promoted
 worker's catch-up (the same session), an executor running one uplink shard's
 partition (``shard_task``, a session per task), the failover simulator and
 the benches. :meth:`MasterSession.run_batch` and :meth:`MasterSession.fire`

@@ -24,7 +24,7 @@ log = logging.getLogger("twinflow.node")
 
 
 class MasterSide:
-    """A node's master term (mixed into FlowNode)."""
+    """A node's master term (mixed into FlowMember)."""
 
     session: MasterSession | None
 
@@ -49,7 +49,7 @@ class MasterSide:
             session.end()
 
     def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
-        """Run a batch through the flow as master at ``epoch`` (caller holds _work); None when
+        """Run a batch through the flow as master at ``epoch`` (caller holds batch_lock); None when
         all of it was committed, else the uncommitted rest, after this node stopped being master."""
         session = self.session
         if session is None or session.epoch != epoch or not session.active:
@@ -61,7 +61,7 @@ class MasterSide:
         return out.rest
 
     def _fire(self, now: float) -> None:
-        """Fire the flow's deadlines due at ``now`` (caller holds _work, as master)."""
+        """Fire the flow's deadlines due at ``now`` (caller holds batch_lock, as master)."""
         session = self.session
         if session is not None and session.active:
             self._act_on(session.fire(now))
@@ -97,7 +97,7 @@ class MasterSide:
         self._step_down("Redis unreachable")
 
     def _note_open(self) -> None:
-        """Count what the flow holds open, for status (caller holds _work: status itself never
+        """Count what the flow holds open, for status (caller holds batch_lock: status itself never
         reads the flow, which a batch may be building a step on)."""
         flow = self.flow
         if flow is not None:

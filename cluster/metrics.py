@@ -40,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .node import FlowNode
+    from .member import FlowMember
 
 log = logging.getLogger("twinflow.metrics")
 
@@ -93,7 +93,7 @@ class BatchTimings:
         timings.observe(seconds)
 
 
-def outlink_names(node: "FlowNode") -> dict[str, str]:
+def outlink_names(node: "FlowMember") -> dict[str, str]:
     """The Redis stream of each of the flow's unlinked outlinks -> ``<flow node>.<outlink>`` (names
     joined with ``,`` when outlinks share a stream, e.g. two actions with one sink)."""
     from .master_flow import outlink_streams
@@ -105,13 +105,13 @@ def outlink_names(node: "FlowNode") -> dict[str, str]:
 
 
 class NodeCollector(Collector):
-    """Reads ``nodes`` (a FlowNode, or a sharded node's shards) at each scrape.
+    """Reads ``nodes`` (a peer's members: one, or one per shard) at each scrape.
 
     ``server``: the gRPC server whose token refusals to report (one per process);
     ``frames``: a sharded node's (flow name, BatchTimings) of its micro-batches.
     """
 
-    def __init__(self, nodes: Callable[[], list["FlowNode"]], server: Callable[[], Any] | None = None,
+    def __init__(self, nodes: Callable[[], list["FlowMember"]], server: Callable[[], Any] | None = None,
                  frames: tuple[str, BatchTimings] | None = None):
         self.nodes, self.server, self.frames = nodes, server, frames
         self._outlinks: dict[str, dict[str, str]] = {}  # flow -> stream -> outlink name
@@ -147,7 +147,7 @@ class NodeCollector(Collector):
                 refused.add_metric([flow, nodes[0].cfg.node_id, reason], count)
         yield from f.values()
 
-    def _collect_node(self, n: "FlowNode", family) -> None:
+    def _collect_node(self, n: "FlowMember", family) -> None:
         s = n.status()
         who = [n.name, n.cfg.node_id]
         family(CounterMetricFamily, "twinflow_uplink_read", "Uplink entries this node read (messages in)"
@@ -216,7 +216,7 @@ class NodeCollector(Collector):
                    "expired (LOST)").add_metric(who, getattr(lead, "sessions_lost", 0))
 
     @staticmethod
-    def _collect_sender(n: "FlowNode", who: list[str], family) -> None:
+    def _collect_sender(n: "FlowMember", who: list[str], family) -> None:
         stats = getattr(n.sender, "stats", None)
         if stats is None:
             return
@@ -264,7 +264,7 @@ def split_address(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def serve(listen: str, nodes: Callable[[], list["FlowNode"]], *, server: Callable[[], Any] | None = None,
+def serve(listen: str, nodes: Callable[[], list["FlowMember"]], *, server: Callable[[], Any] | None = None,
           frames: tuple[str, BatchTimings] | None = None) -> MetricsServer:
     """Serve the metrics of ``nodes`` on ``listen``; the caller stops the result."""
     return MetricsServer(listen, NodeCollector(nodes, server=server, frames=frames))

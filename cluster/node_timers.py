@@ -26,7 +26,7 @@ BUSY_RETRY_S = 0.05  # how soon the timer looks again at a deadline a batch in p
 
 
 class NodeTimers:
-    """A node's timer rounds (mixed into FlowNode)."""
+    """A node's timer rounds (mixed into FlowMember)."""
 
     # -- timers -----------------------------------------------------------
     def run_timers(self) -> None:
@@ -87,11 +87,11 @@ class NodeTimers:
     def _fire_due(self, now: float) -> float | None:
         """As master, fire the flow's deadlines due at ``now`` and commit what they did;
         returns the next deadline. A batch in progress fires them itself, so this never waits
-        for one; and the flow is only read holding the node (``_work``), never while a batch
+        for one; and the flow is only read holding the node (``batch_lock``), never while a batch
         builds a step on it or drops it."""
         if self.role != MASTER:
             return None
-        if not self._work.acquire(blocking=False):
+        if not self.batch_lock.acquire(blocking=False):
             # A batch holds the node and fires them itself (an executor's, before its batch);
             # look again shortly rather than spin on a deadline already past.
             return now + BUSY_RETRY_S
@@ -114,7 +114,7 @@ class NodeTimers:
             flow = self.flow
             return flow.next_deadline() if flow is not None else None
         finally:
-            self._work.release()
+            self.batch_lock.release()
 
     def _check_lease(self) -> None:
         """A master that has not reached Redis for longer than its lease steps down."""

@@ -24,7 +24,7 @@ class _StepDown(RuntimeError):
 
 
 class Promotion:
-    """A node's promotion and demotion (mixed into FlowNode)."""
+    """A node's promotion and demotion (mixed into FlowMember)."""
 
     # -- roles ------------------------------------------------------------
     def may_contend(self) -> bool:
@@ -36,7 +36,7 @@ class Promotion:
 
         Raises when that fails; the election demotes the node and queues it again.
         """
-        if not self._work.acquire(timeout=max(5.0, 5 * self.lease_s)):
+        if not self.batch_lock.acquire(timeout=max(5.0, 5 * self.lease_s)):
             raise RuntimeError("a batch in flight did not finish (waiting for Redis?); not taking the role")
         try:
             # Confirmed by WAIT with cluster.wait_replicas (as a COMMIT is): else this raises and
@@ -69,7 +69,7 @@ class Promotion:
             self._end_term()
             raise
         finally:
-            self._work.release()
+            self.batch_lock.release()
         self._event(logging.INFO, "promoted", "%s is master at epoch %d; delivered %d messages the old master had not",
                     self.cfg.node_id, epoch, rolled, epoch=epoch, rolled_back=rolled)
         if rolled:  # its own line, so that rollbacks can be counted and alerted on by name

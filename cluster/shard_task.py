@@ -1,6 +1,6 @@
 """One uplink shard's batch, run on the Spark executor that read it.
 
-A sharded node (``sharded_node``) plans each micro-batch on its driver:
+A sharded flow's peer (``shard_reading``) plans each micro-batch on its driver:
 per shard, the role this node has there and its epoch (:class:`ShardPlan`).
 Spark then runs :func:`run_partition` in the task that reads the shard's
 partition, on an executor, with a Redis connection of its own:
@@ -119,7 +119,7 @@ class _Context:
     def shard(self, k: int) -> tuple[FlowGraph, FlowStore]:
         if k not in self.stores:
             from .on_cluster import flow_keys
-            from .node_parts import open_store
+            from .parts import open_store
 
             graph = shard_graph(self.graph, k)
             self.stores[k] = (graph, open_store(self.plan.redis_url, self.plan.connect_deadline_s,

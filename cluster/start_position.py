@@ -25,7 +25,7 @@ from .on_cluster import StartRefused
 
 
 class StartPosition:
-    """A node's start checks (mixed into FlowNode)."""
+    """A node's start checks (mixed into FlowMember)."""
 
     def _check_redis(self) -> None:
         """Refuse (or warn, per ``cluster.redis_checks``) a Redis that may evict or forget."""

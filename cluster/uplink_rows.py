@@ -1,6 +1,6 @@
 """Uplink rows (position, data, size) as a node reads them, decoded into messages.
 
-Used wherever a batch arrives: the node's driver (``node.FlowNode``) and an
+Used wherever a batch arrives: the driver (``member.FlowMember``) and an
 executor running a shard's partition (``shard_task``). Never raises for what
 an entry holds: an entry that cannot be decoded, has no ``data`` field or
 whose body the reader withheld (over ``message.max_bytes``) comes back in

@@ -27,9 +27,9 @@ def cmd_run(args) -> int:
     # fork handlers have nothing to protect there and can break it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from twinflow.cluster.connect import ServiceUnavailable
-    from twinflow.cluster.node import FlowNode
+    from twinflow.cluster.peer import Peer
+    from twinflow.cluster.peer_config import NodeConfig
     from twinflow.cluster.real_parts import RealParts
-    from twinflow.cluster.host import NodeConfig
     from twinflow.cluster.on_cluster import StartRefused
     from twinflow.grpc_security import SecurityConfigError
     from twinflow.cluster.zk_auth import ZkAccessDenied
@@ -57,13 +57,11 @@ def cmd_run(args) -> int:
     except SecurityConfigError as exc:
         print(f"twinflow: refused to start: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    if graph.cluster is not None and (graph.cluster.shards > 1 or not cfg.spark_master.startswith("local")):
-        # On a Spark cluster, or with shards, the flow's work runs on the executors.
-        from twinflow.cluster.sharded_node import ShardedNode
-
-        node = ShardedNode(graph, cfg)
-    else:
-        node = FlowNode(graph, cfg, parts=RealParts())
+    try:
+        node = Peer.for_flow(graph, cfg, parts=RealParts())
+    except StartRefused as exc:  # a flow that cannot run on the cluster
+        print(f"twinflow: refused to start: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     signal.signal(signal.SIGTERM, lambda *_: node.request_term())
     try:
         return node.run_forever()

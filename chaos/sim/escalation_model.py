@@ -2,7 +2,7 @@
 simulator may drop, duplicate, delay or reorder them.
 
 :class:`SimSender` has the interface of
-:class:`twinflow.cluster.escalation.EscalationSender` that FlowNode uses
+:class:`twinflow.cluster.escalation.EscalationSender` that FlowMember uses
 (``send``, ``stop``): it puts each batch, with the sender's epoch at the
 time, on the link to every current member but itself. The real sender
 resends unacknowledged batches on a new stream (so a batch may arrive

@@ -1,7 +1,8 @@
-"""The collaborators a simulated FlowNode is built from (``cluster.node_parts.NodeParts``).
+"""The collaborators a simulated peer and its member are built from (``cluster.parts``).
 
-The node is the real :class:`twinflow.cluster.node.FlowNode`, started with
-its real ``start()``; only what it talks to is simulated: its store is the
+The peer and its member are the real :class:`twinflow.cluster.peer.Peer` and
+:class:`twinflow.cluster.member.FlowMember`, started with the peer's real
+``start()``; only what it talks to is simulated: its store is the
 real :class:`FlowStore` on a :class:`SimRedis` (the real Lua scripts), its
 leadership is :class:`SimLeadership` on the :class:`ZkModel`, its sender a
 :class:`SimSender`, its uplink reader a :class:`SimStream` and its batch
@@ -25,7 +26,8 @@ from .redis_model import SimRedis
 from .zookeeper_model import SimLeadership, SimZkClient
 
 if TYPE_CHECKING:
-    from ...cluster.node import FlowNode
+    from ...cluster.member import FlowMember
+    from ...cluster.peer import Peer
     from .world import SimNode
 
 
@@ -45,7 +47,7 @@ class SimStream:
 
     isActive = True
 
-    def __init__(self, sim: "SimNode", node: "FlowNode", start: dict):
+    def __init__(self, sim: "SimNode", node: "FlowMember", start: dict):
         self.sim, self.node = sim, node
         if sim.disk.get("offset") is None:
             sim.disk["offset"] = start["id"]
@@ -55,6 +57,15 @@ class SimStream:
 
     def exception(self) -> None:
         return None
+
+    def hold(self, member: "FlowMember", held: bool) -> None:
+        self.held = held
+
+    def pace(self, member: "FlowMember", interval_ms: int) -> None:
+        pass  # the schedule decides when a node reads; pacing is a speed matter, not a protocol one
+
+    def stop(self) -> None:
+        self.isActive = False
 
     def step(self) -> str:
         """Plan and run one batch; returns what happened (for the trace)."""
@@ -97,49 +108,46 @@ class SimStream:
 
 
 class SimParts:
-    """``connected`` says whether this incarnation is heard from by ZooKeeper."""
+    """A simulated peer's parts and its one member's; ``connected`` says whether this
+    incarnation is heard from by ZooKeeper."""
 
     def __init__(self, sim: "SimNode", connected: Callable[[], bool]):
         self.sim = sim
         self.world = sim.world
         self.connected = connected
 
-    def store(self, node: "FlowNode") -> FlowStore:
-        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits, self.world.replica,
-                          self.world.cached_at)
-        return FlowStore(client, node.keys, node.cfg.node_id, id_ttl=node.spec.message.id_ttl,
-                         sleep=self.world.wait, monotonic=self.world.clock.now)
-
-    def zookeeper(self, node: "FlowNode") -> SimZkClient:
+    # -- the peer's -----------------------------------------------------------
+    def zookeeper(self, peer: "Peer") -> SimZkClient:
         return SimZkClient(self.world.zk)
 
-    def prepare_stream(self, node: "FlowNode") -> None:
+    def engine(self, peer: "Peer") -> None:
         pass
 
-    def server(self, node: "FlowNode") -> tuple[Any, int]:
+    def server(self, peer: "Peer") -> tuple[Any, int]:
         return _NoServer(), 0
 
-    def sender(self, node: "FlowNode") -> SimSender:
-        return SimSender(self.world.net, node.cfg.node_id, lambda: node.epoch, node.escalation_targets)
+    def reading(self, peer: "Peer", starts: list[dict]) -> SimStream:
+        return SimStream(self.sim, peer.member, starts[0])
 
-    def leadership(self, node: "FlowNode") -> SimLeadership:
-        return SimLeadership(self.world.zk, node.cfg.node_id, node.cfg.node_id, node.on_promoted, node.on_demoted,
-                             node.may_contend, self.connected, self.world.say)
+    def close(self) -> None:
+        pass
 
-    def start_timers(self, node: "FlowNode") -> None:
-        pass  # the simulator calls node.timer_round()
+    # -- its member's -----------------------------------------------------------
+    def store(self, member: "FlowMember") -> FlowStore:
+        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits, self.world.replica,
+                          self.world.cached_at)
+        return FlowStore(client, member.keys, member.cfg.node_id, id_ttl=member.spec.message.id_ttl,
+                         sleep=self.world.wait, monotonic=self.world.clock.now)
 
-    def stream(self, node: "FlowNode", start: dict) -> SimStream:
-        return SimStream(self.sim, node, start)
+    def sender(self, member: "FlowMember") -> SimSender:
+        return SimSender(self.world.net, member.cfg.node_id, lambda: member.epoch, member.escalation_targets)
 
-    def hold(self, stream: SimStream, held: bool) -> None:
-        stream.held = held
+    def leadership(self, member: "FlowMember") -> SimLeadership:
+        return SimLeadership(self.world.zk, member.cfg.node_id, member.cfg.node_id, member.on_promoted,
+                             member.on_demoted, member.may_contend, self.connected, self.world.say)
 
-    def pace(self, stream: SimStream, interval_ms: int) -> None:
-        pass  # the schedule decides when a node reads; pacing is a speed matter, not a protocol one
-
-    def stop_stream(self, stream: SimStream) -> None:
-        stream.isActive = False
+    def start_timers(self, member: "FlowMember") -> None:
+        pass  # the simulator calls member.timer_round()
 
     def writes(self) -> Executor:
         return SimWrites(self.sim)  # the schedule, not a thread, decides what runs when
@@ -147,6 +155,3 @@ class SimParts:
     def batches_ahead(self) -> "AheadBatch":
         self.sim.ahead = AheadBatch(self.sim)  # this incarnation's batch thread; a kill drops it unrun
         return self.sim.ahead
-
-    def close(self) -> None:
-        pass

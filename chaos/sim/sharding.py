@@ -1,11 +1,11 @@
 """Sharded flows in the simulator: a shard's batches run where Spark runs them, on executors.
 
-A sharded node (``cluster.sharded_node``) plans each micro-batch on its driver
+A sharded flow's peer (``cluster.shard_reading``) plans each micro-batch on its driver
 (:class:`~twinflow.cluster.shard_task.ShardPlan`: the shard's role, epoch and
 driver-side step count, taken with the shard's batch lock held) and runs it in
 a task on an executor process with the real
 :func:`~twinflow.cluster.shard_task.run_shard`; the driver then finishes it
-with ``FlowNode.take_result``. Here each simulated node has two executor
+with ``FlowMember.take_result``. Here each simulated node has two executor
 processes (:class:`Executor`), each with its own ``shard_task`` contexts, so
 with its own kept flows (``ctx.flows``) and its own store on the node's Redis
 link. The seed decides, per batch:
@@ -100,7 +100,7 @@ def executors(sim: "SimNode") -> list[Executor]:
 
 def plan_for(sim: "SimNode") -> shard_task.ShardPlan:
     """What the driver ships with the batch (caller holds the shard's batch lock), as
-    ``ShardedNode.on_frame`` builds it."""
+    ``ShardReading.on_frame`` builds it."""
     node, world = sim.node, sim.world
     return shard_task.ShardPlan(
         flow_text=world.full_graph.text, flow_source=world.full_graph.source, redis_url="sim://redis",
@@ -113,10 +113,10 @@ def run_on_executors(sim: "SimNode", batch_id: int, rows: list[tuple]) -> str:
     from ...runtime.positions import WARMUP_POSITION
     node, world, rng = sim.node, sim.world, sim.world.rng
     real = [r for r in rows if r[0] != WARMUP_POSITION]
-    node._work.acquire()
+    node.batch_lock.acquire()
     try:
         if not real:  # the query's warm-up row: the driver marks every shard warm
-            node._warmed()
+            node.warmed()
             return ""
         plan = plan_for(sim)
         pool = executors(sim)
@@ -166,7 +166,7 @@ def run_on_executors(sim: "SimNode", batch_id: int, rows: list[tuple]) -> str:
         node.take_result(batch_id, r)
         return f" (role {r.role}{'; ' + '; '.join(notes) if notes else ''})"
     finally:
-        node._work.release()
+        node.batch_lock.release()
 
 
 def run_zombie(world) -> str:

@@ -2,8 +2,8 @@
 
 A :class:`World` holds one Redis model, one ZooKeeper model, the escalation
 links and two :class:`SimNode` slots. A slot outlives the processes that
-run in it: killing a node drops its FlowNode (no clean-up, as SIGKILL) and
-restarting starts a new FlowNode with the same ID, with its disk (the
+run in it: killing a node drops its peer (no clean-up, as SIGKILL) and
+restarting starts a new peer with the same ID, with its disk (the
 checkpoint and state directory) or with a new one.
 
 Time is virtual and moves only when the simulator advances it or when a
@@ -24,9 +24,10 @@ from typing import Any, Callable
 
 import fakeredis
 
-from ...cluster.node import FlowNode
+from ...cluster.member import FlowMember
+from ...cluster.peer import Peer
 
-from ...cluster.host import NodeConfig
+from ...cluster.peer_config import NodeConfig
 from ...runtime.clock import FakeClock
 from ...runtime.flowgraph import FlowGraph
 from .escalation_model import EscalationNet
@@ -85,7 +86,7 @@ class SimNode:
     node_id: str
     redis_link: RedisLink = field(default_factory=RedisLink)
     disk: dict = field(default_factory=dict)    # offset (the checkpoint), state_dir
-    node: FlowNode | None = None
+    node: FlowMember | None = None
     stream: SimStream | None = None
     gen: int = 0                                # incarnations started so far
     alive: bool = False
@@ -203,15 +204,17 @@ class World:
         cfg = NodeConfig(sim.node_id, "sim://redis", "sim://zookeeper", state_dir=sim.disk["state_dir"],
                          start_from="processed", trim_interval_s=self.dims.trim_interval_s)
         parts = SimParts(sim, lambda: sim.zk_connected(gen))
-        node = FlowNode(self.graph, cfg, clock=self.clock, parts=parts, monotonic=self.clock.now,
-                        pause=lambda seconds: self.hold(sim, seconds))
-        sim.node, sim.stream = node, None
+        # One member even for the sharded kind: its graph is the one shard simulated (sharding.py).
+        member = FlowMember(self.graph, cfg, clock=self.clock, parts=parts, monotonic=self.clock.now,
+                            pause=lambda seconds: self.hold(sim, seconds))
+        peer = Peer(self.graph, cfg, parts=parts, members=[member])
+        sim.node, sim.stream = peer.member, None
         try:
-            node.start()
+            peer.start()
         except Exception as exc:
             sim.alive = False
             return f"start failed: {type(exc).__name__}: {exc}"
-        sim.stream = node.query
+        sim.stream = peer.reading
         return "started" + ("" if keep_disk else " on a new state directory")
 
     def kill(self, sim: SimNode) -> None:

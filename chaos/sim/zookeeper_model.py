@@ -107,7 +107,7 @@ class ZkModel:
 
 
 class SimZkClient:
-    """What FlowNode itself asks ZooKeeper (the epoch znode), and stop/close."""
+    """What FlowMember itself asks ZooKeeper (the epoch znode), and stop/close."""
 
     def __init__(self, model: ZkModel):
         self.model = model

@@ -20,8 +20,8 @@ import pytest
 from tests.conftest import wait_until
 from twinflow.client import EscalationClient
 from twinflow.cluster.connect import connect_zookeeper
-from twinflow.cluster.node import FlowNode
-from twinflow.cluster.host import NodeConfig
+from twinflow.cluster.peer import Peer
+from twinflow.cluster.peer_config import NodeConfig
 from twinflow.cluster.real_parts import RealParts
 from twinflow.runtime.flowgraph import parse_graph
 
@@ -49,26 +49,26 @@ print(json.dumps({"accepted": ack.accepted, "claimed": ack.claimed, "reason": ac
 class NoSpark(RealParts):
     """Real Redis, ZooKeeper and gRPC; the uplink's batches come from the test."""
 
-    class Stream:
+    class Reading:
         isActive = True
 
         def exception(self):
             return None
 
-    def prepare_stream(self, node):
+        def hold(self, member, held):
+            pass
+
+        def pace(self, member, interval_ms):
+            pass
+
+        def stop(self):
+            pass
+
+    def engine(self, peer):
         pass
 
-    def stream(self, node, start):
-        return self.Stream()
-
-    def hold(self, stream, held):
-        pass
-
-    def pace(self, stream, interval_ms):
-        pass
-
-    def stop_stream(self, stream):
-        pass
+    def reading(self, peer, starts):
+        return self.Reading()
 
 
 def forge(address, flow, from_node, epoch, claims):
@@ -82,14 +82,14 @@ def forge(address, flow, from_node, epoch, claims):
 @pytest.fixture
 def worker(redis_url, zk_hosts, flow_name, tmp_path):
     graph = parse_graph(FLOW.format(name=flow_name))
-    node = FlowNode(graph, NodeConfig(node_id="w", redis_url=redis_url, zk_hosts=zk_hosts,
-                                      state_dir=str(tmp_path)), parts=NoSpark())
-    node.start()
+    peer = Peer.for_flow(graph, NodeConfig(node_id="w", redis_url=redis_url, zk_hosts=zk_hosts,
+                                           state_dir=str(tmp_path)), parts=NoSpark())
+    peer.start()
     zk = connect_zookeeper(zk_hosts, 10.0)
     try:
-        yield node, zk
+        yield peer.member, zk
     finally:
-        node.stop()
+        peer.stop()
         zk.stop()
         zk.close()
 

@@ -94,8 +94,8 @@ def test_promotion_rollback_fencing_and_demotion_each_log_one_line(json_log, red
         assert (demoted["node"], demoted["epoch"], demoted["reason"]) == ("a", 1, "fenced")
         assert [p["node"] for p in json_log("promoted")] == ["a", "b"]  # b's too: one line per promotion
     finally:
-        a.stop()
-        b.stop()
+        a.parts.peer.stop()
+        b.parts.peer.stop()
 
 
 def answers(port):

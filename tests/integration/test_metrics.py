@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_until
 from tests.integration.test_escalation_admission import NoSpark
-from twinflow.cluster.node import FlowNode
-from twinflow.cluster.host import NodeConfig
+from twinflow.cluster.peer import Peer
+from twinflow.cluster.peer_config import NodeConfig
 from twinflow.cluster.on_cluster import StartRefused
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
@@ -61,16 +61,18 @@ def metric(address: str, name: str, **labels) -> float:
 
 @pytest.fixture
 def pair(redis_url, zk_hosts, flow_name, tmp_path):
-    """Nodes a (master) and b (worker) of a claim-pair flow, each serving metrics on a free port."""
+    """Peers a (master) and b (worker) of a claim-pair flow, each serving metrics on a free port."""
     graph = parse_graph(FLOW.format(name=flow_name))
     clock = FakeClock(1000.0)
-    nodes = {}
+    nodes, peers = {}, []
     try:
         for node_id in ("a", "b"):
             cfg = NodeConfig(node_id=node_id, redis_url=redis_url, zk_hosts=zk_hosts,
                              state_dir=str(tmp_path / node_id), metrics_listen="127.0.0.1:0")
-            nodes[node_id] = n = FlowNode(graph, cfg, clock=clock, parts=NoSpark())
-            n.start()
+            peer = Peer.for_flow(graph, cfg, clock=clock, parts=NoSpark())
+            peers.append(peer)
+            peer.start()
+            nodes[node_id] = n = peer.member
             # The warm-up batch would set this; only then does the node queue for the election,
             # so a, warm first, is the master.
             n.streaming = True
@@ -79,15 +81,16 @@ def pair(redis_url, zk_hosts, flow_name, tmp_path):
         # The master escalates to the nodes it knew when a step committed: wait until b is one.
         wait_until(lambda: nodes["a"].sender.stats()["targets"].get("b", {}).get("connected"), 10.0,
                    what="a's escalation stream to b")
-        yield nodes["a"], nodes["b"], clock
+        yield (*peers, clock)
     finally:
-        for n in nodes.values():
-            n.stop()
+        for peer in peers:
+            peer.stop()
 
 
 def test_a_scrape_shows_what_each_node_did(pair, flow_name):
-    a, b, clock = pair
-    A, B = a.metrics.address, b.metrics.address
+    peer_a, peer_b, clock = pair
+    a, b = peer_a.member, peer_b.member
+    A, B = peer_a.metrics.address, peer_b.metrics.address
     who_a, who_b = {"flow": flow_name, "node": "a"}, {"flow": flow_name, "node": "b"}
 
     before = scrape(A)
@@ -167,19 +170,20 @@ def test_a_scrape_shows_what_each_node_did(pair, flow_name):
 
 
 def test_the_metrics_page_lists_every_metric_served(pair):
-    a, b, _ = pair
+    peer_a, peer_b, _ = pair
     page = (Path(__file__).parents[2] / "docs" / "reference" / "metrics.md").read_text()
     listed = set(re.findall(r"^\| `(twinflow_[a-z_]+)` \|", page, re.M))
-    served = {re.sub(r"_(count|sum|bucket)$", "", n) for node in (a, b) for n, _, _ in scrape(node.metrics.address)}
+    served = {re.sub(r"_(count|sum|bucket)$", "", n)
+              for peer in (peer_a, peer_b) for n, _, _ in scrape(peer.metrics.address)}
     assert served - listed == set()
     assert len(served) >= 20  # the scrape held the node's metrics, not just an empty page
 
 
 def test_the_endpoint_stops_with_the_node(pair):
-    a, _, _ = pair
-    address = a.metrics.address
+    peer_a, _, _ = pair
+    address = peer_a.metrics.address
     assert scrape(address)
-    a.stop()
+    peer_a.stop()
     with pytest.raises(urllib.error.URLError):
         scrape(address)
 
@@ -193,8 +197,8 @@ def test_a_metrics_address_that_cannot_be_bound_refuses_the_start(redis_url, flo
         for listen, why in ((f"127.0.0.1:{port}", "in use"), ("127.0.0.1:http", "not HOST:PORT")):
             cfg = NodeConfig(node_id="a", redis_url=redis_url, zk_hosts="unused", state_dir=str(tmp_path),
                              metrics_listen=listen)
-            node = FlowNode(graph, cfg, parts=NoSpark())
+            peer = Peer.for_flow(graph, cfg, parts=NoSpark())
             with pytest.raises(StartRefused, match=f"cannot serve metrics on {listen}: .*{why}"):
-                node.start()
-            assert node.store is None  # refused before it connected to anything
-            node.stop()
+                peer.start()
+            assert peer.member.store is None and peer.zk is None  # refused before it connected to anything
+            peer.stop()

@@ -1,4 +1,4 @@
-"""A flow node driven without Spark or ZooKeeper: its collaborators are passed in (node_parts).
+"""A peer and its member driven without Spark or ZooKeeper: their collaborators are passed in (cluster.parts).
 
 The store is real (the session's redis-server); the stream, the leadership,
 the escalation sender and the gRPC server are small stand-ins the test
@@ -15,9 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from twinflow.cluster.node import FlowNode
-
-from twinflow.cluster.host import NodeConfig
+from twinflow.cluster.peer import Peer
+from twinflow.cluster.peer_config import NodeConfig
 from twinflow.cluster.real_parts import RealParts
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
@@ -72,6 +71,12 @@ class Stub:
     def exception(self):
         return None
 
+    def hold(self, member, held):
+        pass
+
+    def pace(self, member, interval_ms):
+        pass
+
     def stop(self, *args):
         pass
 
@@ -89,32 +94,24 @@ class SimulatedParts(RealParts):
     def store(self, node):
         return FlowStore(redis.Redis.from_url(self.redis_url), node.keys, node.cfg.node_id)
 
-    def zookeeper(self, node):
+    def zookeeper(self, peer):
         return Stub()
 
-    def prepare_stream(self, node):
+    def engine(self, peer):
         pass
 
-    def server(self, node):
+    def server(self, peer):
         return Stub(), 0
+
+    def reading(self, peer, starts):
+        self.peer = peer  # so that a test stops the peer its member belongs to
+        return Stub()
 
     def sender(self, node):
         return Stub()
 
     def leadership(self, node):
         return self.leader
-
-    def stream(self, node, start):
-        return Stub()
-
-    def hold(self, stream, held):
-        pass
-
-    def pace(self, stream, interval_ms):
-        pass
-
-    def stop_stream(self, stream):
-        pass
 
     def batches_ahead(self):
         return None  # each batch runs in on_batch, so a test sees its effect when it returns
@@ -130,8 +127,9 @@ class AheadParts(SimulatedParts):
 def node(graph, node_id, redis_url, clock, tmp_path, parts=SimulatedParts):
     cfg = NodeConfig(node_id=node_id, redis_url=redis_url, zk_hosts="unused", state_dir=str(tmp_path / node_id),
                      start_from="processed")
-    n = FlowNode(graph, cfg, clock=clock, parts=parts(redis_url))
-    n.start()
+    peer = Peer.for_flow(graph, cfg, clock=clock, parts=parts(redis_url))
+    peer.start()
+    n = peer.member
     n.streaming = True
     return n
 
@@ -164,8 +162,8 @@ def test_two_simulated_nodes_hand_a_pending_join_over_through_redis(redis_url, f
         a.on_batch(1, [(late, r.xrange(up)[-1][1][b"data"], None)])
         assert a.parts.leader.steps_down == ["fenced"] and r.hlen(a.keys.state("match")) == 0
     finally:
-        a.stop()
-        b.stop()
+        a.parts.peer.stop()
+        b.parts.peer.stop()
 
 
 def test_a_repeated_id_in_a_later_chunk_of_the_same_batch_runs_once(redis_url, flow_name, tmp_path):
@@ -185,7 +183,7 @@ def test_a_repeated_id_in_a_later_chunk_of_the_same_batch_runs_once(redis_url, f
         ids = [f[b"id"] for _, f in r.xrange(n.keys.sink)]
         assert len(ids) == 1000 and ids.count(b"same") == 1
     finally:
-        n.stop()
+        n.parts.peer.stop()
 
 
 def returns_within(call, timeout_s=10.0) -> bool:
@@ -236,9 +234,9 @@ def test_a_node_that_dies_with_a_batch_running_ahead_delivers_it_when_promoted(r
         assert a.parts.leader.steps_down == ["fenced"] and r.xlen(a.keys.sink) == 3
     finally:
         gate.set()
-        a.stop()
+        a.parts.peer.stop()
         if again is not None:
-            again.stop()
+            again.parts.peer.stop()
 
 
 def test_a_batch_that_fails_running_ahead_fails_the_next_and_stops_the_node(redis_url, flow_name, tmp_path):
@@ -259,4 +257,4 @@ def test_a_batch_that_fails_running_ahead_fails_the_next_and_stops_the_node(redi
             a.on_batch(1, rows)  # Spark fails this batch: it commits nothing more
         assert isinstance(a.batch_error, RuntimeError)  # run_until_stopped stops the node on it
     finally:
-        a.stop()
+        a.parts.peer.stop()

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from twinflow.chaos.sim.simulator import run_once, simulate
-from twinflow.cluster.node import FlowNode
+from twinflow.cluster.member import FlowMember
 from twinflow.runtime.store import scripts
 from twinflow.runtime.store.flow_store import FlowStore
 
@@ -99,7 +99,7 @@ def test_a_guessed_commit_that_does_not_check_the_id_cache_is_caught(monkeypatch
 
 
 def test_a_promotion_that_skips_the_catch_up_is_caught(monkeypatch):
-    monkeypatch.setattr(FlowNode, "_catch_up", lambda self, epoch: 0)
+    monkeypatch.setattr(FlowMember, "_catch_up", lambda self, epoch: 0)
     failed = _first_failure()
     assert failed is not None, "a promoted worker that never delivers what the old master left passed"
     assert any("never left the flow" in p for p in failed.problems)

@@ -1,7 +1,10 @@
-"""One flow node of an active-active pair: master or worker, and the switch between them.
+"""A member: a peer's part in one flow (or one shard), master or worker, and the switch between them.
 
-Every node reads the whole uplink through Spark. What it does with a batch
-depends on its role:
+The peer (``peer.py``, one ``twinflow run`` process) holds the process's
+ZooKeeper session, gRPC server, engine and uplink reading; the member holds
+the flow's side of the pair: its role and epoch, its store, its election,
+its bake and claims, its backpressure and timers. Every member reads the
+whole uplink of its flow. What it does with a batch depends on its role:
 
 - master: the flow graph (the same nodes as ``twinflow replay``, see
   ``master_flow.py``) takes each message the flow has not processed yet;
@@ -28,8 +31,8 @@ that holds the concern, and said in its docstring:
 - ``node_timers``: deadlines, bake expiry, sweep, trim, status, lease (1, 3, 4);
 - ``start_position``: where a node starts reading, and what it refuses.
 
-The node lock (``_lock``) guards memory only and is never held across a
-Redis call, so handover and status answer while Redis hangs; ``_work``
+The member lock (``_lock``) guards memory only and is never held across a
+Redis call, so handover and status answer while Redis hangs; ``batch_lock``
 admits one batch or one promotion catch-up at a time.
 """
 
@@ -52,13 +55,12 @@ from .backpressure import Backpressure
 from .batch_intake import BatchIntake
 from .claims import Claims, NoPair
 from .escalation import EscalationSender
-from .health import NodeHealth
-from .host import NodeConfig, run_until_stopped, start_metrics
+from .peer_config import NodeConfig
 from .leadership import Leadership
 from .master_session import MasterSession
 from .master_side import MasterSide
-from .metrics import LATENESS_BUCKETS, BatchTimings, MetricsServer, Timings
-from .node_parts import NodeParts
+from .metrics import LATENESS_BUCKETS, BatchTimings, Timings
+from .parts import MemberParts
 from .node_timers import NodeTimers
 from .on_cluster import cluster_flow, flow_keys
 from .promotion import Promotion
@@ -68,12 +70,12 @@ from .start_position import StartPosition
 log = logging.getLogger("twinflow.node")
 
 
-class FlowNode(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpressure, NodeTimers):
-    """One flow node of an active-active pair (see the module doc)."""
+class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpressure, NodeTimers):
+    """A peer's part in one flow (or one shard of it): one side of an active-active pair (see the module doc)."""
 
-    def __init__(self, graph: FlowGraph, config: NodeConfig, *, parts: NodeParts, clock: Clock | None = None,
+    def __init__(self, graph: FlowGraph, config: NodeConfig, *, parts: MemberParts, clock: Clock | None = None,
                  monotonic=time.monotonic, pause=None):
-        """``parts`` builds the node's collaborators (``real_parts.RealParts`` for real servers and Spark);
+        """``parts`` builds the member's collaborators (``real_parts.RealParts`` for real servers);
         ``clock`` gives the flow's time, ``monotonic`` the timers' local intervals and ``pause(s)``
         the wait of a held batch (default: until stopped); a simulator passes its virtual clock."""
         spec = cluster_flow(graph)
@@ -122,7 +124,6 @@ class FlowNode(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpr
         self.left: Counter = Counter()  # stream -> messages committed master steps sent there
         self.batch_timings = BatchTimings((MASTER, WORKER))  # batch durations by role
         self.lateness = Timings(LATENESS_BUCKETS)  # how late due deadlines fired (flow clock)
-        self.metrics: MetricsServer | None = None
         self.held = False         # backpressure: the reader plans no batch
         self._paced_ms: int | None = None  # the reader's pace as last set
         self.holding = False      # a master batch waits for ZooKeeper to come back
@@ -130,49 +131,51 @@ class FlowNode(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpr
         self.streaming = False
         self.streaming_since = 0.0
         self._lock = threading.Lock()   # memory only: never held across a Redis call
-        self._work = threading.Lock()   # one batch or one promotion catch-up at a time
+        self.batch_lock = threading.Lock()  # one batch or one promotion catch-up at a time
         self._stop = threading.Event()
         self._pause = pause or self._stop.wait
         self._wake = threading.Event()
-        self._term_requested = threading.Event()
         self._stopped = False
         self._to_surface: list[Message] = []
         self.store: FlowStore | None = None
         self.zk = None
         self.leadership: Leadership | None = None
         self.sender: EscalationSender | None = None
-        self.server = None
-        self.health = NodeHealth()
+        self.health = None        # the peer's, shared by its members (prepare)
         self.address = ""
-        self.query = None
+        self.reading = None       # the peer's uplink reading (read_with)
 
-    # -- life cycle -------------------------------------------------------
-    def start(self) -> None:
-        """Connect (waiting up to the deadline), check Redis and the start position, start
-        the stream's engine, serve gRPC, read; join the election once the stream is warm."""
-        parts = self.parts
-        if self.cfg.metrics_listen:  # first: a bad metrics address stops nothing half started
-            self.metrics = start_metrics(self.cfg, lambda: [self], lambda: self.server, self.name)
-        self.store = parts.store(self)
+    # -- life cycle (driven by the peer, peer.py) ----------------------------
+    def open_store(self) -> None:
+        """Connect to Redis (waiting up to the deadline) and check that it can keep the promises."""
+        self.store = self.parts.store(self)
         self._check_redis()
-        self.zk = parts.zookeeper(self)
+
+    def prepare(self, peer) -> dict:
+        """Check the fencing epoch against the peer's ZooKeeper, choose where to start reading
+        (StartRefused when that could break a promise); returns the start position."""
+        self.health = peer.health
+        self.zk = peer.zk
         self._guard_epoch(self._zookeeper_epoch())
         self.handled_upto = self.store.handled_position()
         resuming = (self.checkpoint_dir().parent / "start.json").exists()
         start = self._start_position()
         self._check_retention(resuming)
-        parts.prepare_stream(self)
-        self.server, port = parts.server(self)
-        self.cfg.security.warn_if_insecure(self.cfg.listen, self._stop)
-        host = self.cfg.listen.rsplit(":", 1)[0]
-        self.address = self.cfg.advertise or f"{host}:{port}"
-        self.sender = parts.sender(self)
+        return start
+
+    def serve(self, peer) -> None:
+        """Escalate from, and take part in the election at, the peer's gRPC address; start the timers."""
+        self.address = peer.address
+        self.sender = self.parts.sender(self)
         with self._lock:
             self.role = WORKER
-        self.leadership = parts.leadership(self)
+        self.leadership = self.parts.leadership(self)
         self.leadership.start()
-        parts.start_timers(self)
-        self.query = parts.stream(self, start)
+        self.parts.start_timers(self)
+
+    def read_with(self, reading) -> None:
+        """The peer's reading now runs: this member holds and paces it from here on."""
+        self.reading = reading
         self._pace()
         self._event(logging.INFO, "started", "%s started reading %s (gRPC %s); ready after the warm-up batch",
                     self.cfg.node_id, self.keys.uplink, self.address, address=self.address)
@@ -193,30 +196,19 @@ class FlowNode(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpr
         with self._lock:
             self.known_epoch = max(self.known_epoch, newest)
 
-    def run_forever(self) -> int:
-        """Run until stopped; SIGTERM (see request_term) hands the master role over first."""
-        return run_until_stopped(self, lambda: self.leadership.is_master)
-
-    def request_term(self) -> None:
-        """Ask for a graceful stop (safe to call from a signal handler)."""
-        self._term_requested.set()
-
-    def stop(self) -> None:
+    def stop_member(self) -> None:
+        """Stop taking batches: a batch waiting for Redis raises now and is not committed."""
         if self._stopped:
             return
         self._stopped = True
         self._event(logging.INFO, "stopping", "%s stopping (%s)", self.cfg.node_id, self.role, role=self.role)
         self._stop.set()
         self._wake.set()
-        self.health.stopping()
         if self.store is not None:
-            # A batch waiting for Redis raises now and is not committed.
             self.store.close()
-        if self.query is not None:
-            try:
-                self.parts.stop_stream(self.query)
-            except Exception:  # a batch refused on purpose (NodeStopping) fails the query
-                log.info("uplink stream stopped with its last batch uncommitted (read again on restart)")
+
+    def settle(self) -> None:
+        """Once the reading stopped: let a batch running ahead end, leave the election, stop sending."""
         try:
             self._settle_ahead(timeout_s=max(5.0, 2 * self.lease_s))
         except Exception:  # logged by the batch thread; handled_id covers the batch
@@ -225,14 +217,6 @@ class FlowNode(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpr
             self.leadership.stop()
         if self.sender is not None:
             self.sender.stop()
-        if self.server is not None:
-            self.server.stop(1.0)
-        if self.metrics is not None:
-            self.metrics.stop()
-        if self.zk is not None:
-            self.zk.stop()
-            self.zk.close()
-        self.parts.close()
 
     def _event(self, level: int, name: str, msg: str, *args, **fields) -> None:
         """Log the operator event ``name`` (``twinflow.logs``) with this node's flow, ID and epoch (its

@@ -1,0 +1,76 @@
+"""What a peer and its members are built from: their collaborators, passed in rather than built inside.
+
+A :class:`~twinflow.cluster.peer.Peer` (one ``twinflow run`` process) asks
+its :class:`PeerParts`, in this order, for its ZooKeeper session, its
+uplink engine (the JVM), its gRPC server and, last, its uplink reading
+(one query for all its members). Each
+:class:`~twinflow.cluster.member.FlowMember` (the peer's part in one flow,
+or one shard of it) asks its :class:`MemberParts` for its Redis store, its
+escalation sender, its leadership, its timers, where its master's COMMITs
+are sent from (``writes``) and where its master's batches run ahead of
+Spark (``batches_ahead``, or None).
+
+:class:`~twinflow.cluster.real_parts.RealParts` fills both with real
+servers and Spark; a test or the failover simulator passes its own (an
+in-memory reading that calls ``member.on_batch``, a store on a private
+Redis, a leadership it drives by hand) and drives the same peer and member
+logic without Spark or ZooKeeper.
+
+Under failure: :func:`open_store` waits for Redis up to the peer's
+``connect_deadline_s`` and then raises ServiceUnavailable naming it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..runtime.cluster_spec import ClusterSpec
+from ..runtime.store.flow_keys import FlowKeys
+from ..runtime.store.flow_store import FlowStore
+from .connect import connect_redis
+from .escalation import EscalationSender
+from .leadership import Leadership
+
+if TYPE_CHECKING:
+    from .member import FlowMember
+    from .peer import Peer
+
+
+class UplinkReading(Protocol):
+    """The running reader of a peer's uplink(s) that calls its members' batches (Spark's query, or a fake)."""
+
+    @property
+    def isActive(self) -> bool: ...  # noqa: N802  (Spark's name)
+
+    def exception(self) -> Any: ...
+    def hold(self, member: "FlowMember", held: bool) -> None: ...
+    def pace(self, member: "FlowMember", interval_ms: int) -> None: ...
+    def stop(self) -> None: ...
+
+
+class MemberParts(Protocol):
+    def store(self, member: "FlowMember") -> FlowStore: ...
+    def sender(self, member: "FlowMember") -> EscalationSender: ...
+    def leadership(self, member: "FlowMember") -> Leadership: ...
+    def start_timers(self, member: "FlowMember") -> None: ...
+    def writes(self) -> Executor: ...
+    def batches_ahead(self) -> Executor | None: ...
+
+
+class PeerParts(Protocol):
+    def zookeeper(self, peer: "Peer") -> Any: ...
+    def engine(self, peer: "Peer") -> None: ...
+    def server(self, peer: "Peer") -> tuple[Any, int]: ...
+    def reading(self, peer: "Peer", starts: list[dict]) -> UplinkReading: ...
+    def close(self) -> None: ...
+
+
+def open_store(redis_url: str, connect_deadline_s: float, keys: FlowKeys, node_id: str,
+               spec: ClusterSpec) -> FlowStore:
+    """A flow's (or a shard's) store for ``node_id``, on the Redis that owns its slot."""
+    # Each Redis call is bounded by the lease, so a link that drops packets
+    # shows as failed writes in time for the master to step down.
+    client = connect_redis(redis_url, connect_deadline_s, socket_timeout_s=max(0.5, spec.write_lease),
+                           slot_key=keys.uplink)
+    return FlowStore(client, keys, node_id, id_ttl=spec.message.id_ttl)
