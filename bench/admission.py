@@ -33,14 +33,14 @@ UPLINK = "uplink: {stream: uplink, batch_size: 2000}"
 def bursts(cap: int, messages: int, runs: int = 2) -> list[dict]:
     text = CHAINED.read_text().replace(UPLINK, f"uplink: {{stream: uplink, batch_size: 2000, max_batch_size: {cap}}}")
     assert f"max_batch_size: {cap}" in text
-    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow="admission", text=text).start(nodes=False)
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow="admission", text=text).start(peers=False)
     store = FlowStore(cluster.redis, FlowKeys("admission"), "bench")
     out = []
     try:
-        cluster.start_nodes()
+        cluster.start_peers()
         cluster.wait_ready()
         roles = {n: s["role"] for n, s in cluster.statuses().items()}
-        pids = {**{n: p.pid for n, p in cluster.nodes.items()}, "redis": cluster.services.redis.pid}
+        pids = {**{n: p.pid for n, p in cluster.peers.items()}, "redis": cluster.services.redis.pid}
         for run in range(runs):
             pub = UplinkPublisher(cluster.redis, store.keys.uplink, order_or_payment)
             pub.seq = run * 10 ** 7

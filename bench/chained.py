@@ -56,7 +56,7 @@ def chained_doc(seq: int, lone_every: int = 20) -> dict:
 class Run:
     def __init__(self, name: str, text: str, document):
         self.name, self.document = name, document
-        self.cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow=name, text=text).start(nodes=False)
+        self.cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-"), flow=name, text=text).start(peers=False)
         self.store = FlowStore(self.cluster.redis, FlowKeys(name), "bench")
         self.seq = 0
         self.written: dict[str, float] = {}  # message ID -> uplink write time (s)
@@ -114,7 +114,7 @@ class Run:
 def measure(name: str, text: str, document, args) -> dict:
     run = Run(name, text, document)
     try:
-        run.cluster.start_nodes()
+        run.cluster.start_peers()
         run.cluster.wait_ready()
         record: dict = {"flow": name}
         record["burst_msgs_per_s"] = round(run.burst(args.messages))
@@ -126,7 +126,7 @@ def measure(name: str, text: str, document, args) -> dict:
         record.update(rate=args.rate, p50_ms=pct(lat, 0.5), p99_ms=pct(lat, 0.99), outputs=len(lat),
                       timer_p50_ms_load=pct(late, 0.5), timer_p99_ms_load=pct(late, 0.99), timers_load=len(late))
         # Idle: nothing published for 20 s, then a few lone orders whose time-outs fire on an idle node.
-        pids = {n: p.pid for n, p in run.cluster.nodes.items() if p.alive()}
+        pids = {n: p.pid for n, p in run.cluster.peers.items() if p.alive()}
         before = {n: cpu_ticks(pid) for n, pid in pids.items()}
         t0 = time.monotonic()
         time.sleep(20.0)  # the idle window being measured

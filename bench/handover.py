@@ -28,9 +28,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-")).start(nodes=False)
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-")).start(peers=False)
     try:
-        cluster.start_nodes()
+        cluster.start_peers()
         cluster.wait_ready()
         pub = IngestPublisher(cluster, count=int(600 * (10 + 4 * args.runs)), rate=600)  # outlasts every run
         pub.start()

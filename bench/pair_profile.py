@@ -50,13 +50,13 @@ def main() -> None:
     ap.add_argument("--out", default=tempfile.gettempdir())
     args = ap.parse_args()
     cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-pair-profile-"), flow="benchflow",
-                           text=CHAINED.read_text()).start(nodes=False)
+                           text=CHAINED.read_text()).start(peers=False)
     store = FlowStore(cluster.redis, cluster.keys, "bench")
     try:
-        cluster.start_nodes()
+        cluster.start_peers()
         cluster.wait_ready()
         master = cluster.master_epoch()[0]
-        pids = {n: p.pid for n, p in cluster.nodes.items()}
+        pids = {n: p.pid for n, p in cluster.peers.items()}
         pub = UplinkPublisher(cluster.redis, store.keys.uplink, order_or_payment)
         for burst in range(args.bursts):
             spies = []

@@ -53,9 +53,9 @@ def run_shards(spark: StandaloneSpark, shards: int, messages: int, runs: int, co
         UPLINK, f'uplink: {{stream: uplink, batch_size: 2000, shards: {shards}, shard_key: "{{order_id}}"}}')
     extra = ["--spark-master", spark.master_url, "--spark-conf", f"spark.cores.max={cores}",
              "--spark-conf", "spark.executor.memory=1g"]
-    cluster = LocalCluster(str(workdir / name), flow=name, text=text, nodes=("a", "b"), node_args=extra).start()
+    cluster = LocalCluster(str(workdir / name), flow=name, text=text, peers=("a", "b"), peer_args=extra).start()
     keys, router, r = cluster.shard_keys, cluster.router, cluster.redis
-    nodes = list(cluster.nodes.values())
+    nodes = list(cluster.peers.values())
 
     def status(node: str, k: int) -> dict:
         return cluster.shard_statuses(node)[k]
@@ -71,7 +71,7 @@ def run_shards(spark: StandaloneSpark, shards: int, messages: int, runs: int, co
         for run in range(runs + 1):  # run 0 warms up: each task slot's Python workers start (not counted)
             docs = [order_or_payment(seq + i) for i in range(messages)]
             seq += messages
-            groups = {**{f"node_{p.node_id}": [p.pid] for p in nodes}, "spark_executors": [spark.worker_pid],
+            groups = {**{f"node_{p.peer_id}": [p.pid] for p in nodes}, "spark_executors": [spark.worker_pid],
                       "redis": [cluster.services.redis.pid]}
             before = {g: sum(tree_cpu_s(p) for p in pids) for g, pids in groups.items()}
             t0 = time.monotonic()

@@ -29,23 +29,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=50_000)
     args = ap.parse_args()
-    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-")).start(nodes=False)
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-bench-")).start(peers=False)
     try:
-        cluster.start_nodes()
+        cluster.start_peers()
         cluster.wait_ready()
-        idle_mem = {n: round(tree_rss_mib(p.pid)) for n, p in cluster.nodes.items()}
+        idle_mem = {n: round(tree_rss_mib(p.pid)) for n, p in cluster.peers.items()}
         store = FlowStore(cluster.redis, FlowKeys(cluster.flow), "bench")
         master, _ = cluster.master_epoch()
-        worker = next(n for n in cluster.nodes if n != master)
+        worker = next(n for n in cluster.peers if n != master)
         t0 = time.monotonic()
         for i in range(0, args.messages, 5000):
             store.publish(json.dumps({"id": f"t{j}", "seq": j}).encode()
                           for j in range(i, min(i + 5000, args.messages)))
         published = time.monotonic() - t0
-        peak = {n: 0.0 for n in cluster.nodes}
+        peak = {n: 0.0 for n in cluster.peers}
 
         def done():
-            for n, p in cluster.nodes.items():
+            for n, p in cluster.peers.items():
                 peak[n] = max(peak[n], tree_rss_mib(p.pid))
             st = cluster.statuses()
             return (cluster.sink_count() >= args.messages

@@ -88,7 +88,7 @@ class Drill:
         if now != master:
             raise RuntimeError(f"{master} is not master before the fault (master: {now}):\n{self.cluster.logs()}")
         self.fault(f"SIGKILL master {master}")
-        self.cluster.nodes[master].kill()
+        self.cluster.peers[master].kill()
         self.cluster.wait_role(heir, "master")
 
     def fault(self, what: str, lasts: bool = False) -> None:
@@ -121,9 +121,9 @@ def pause_master(d: Drill) -> None:
     """SIGSTOP past the session: the worker takes over; SIGCONT: the old master is fenced, steps down."""
     d.wait_sent(0.4)
     d.fault(f"SIGSTOP master {d.master}", lasts=True)
-    d.cluster.nodes[d.master].pause()
+    d.cluster.peers[d.master].pause()
     d.cluster.wait_role(d.worker, "master")
-    d.cluster.nodes[d.master].cont()
+    d.cluster.peers[d.master].cont()
     d.healed()
     d.say(f"  SIGCONT {d.master}")
     d.cluster.wait_role(d.master, "worker")
@@ -162,7 +162,7 @@ def worker_crash(d: Drill) -> None:
     d.wait_sent(0.3)
     d.window(f"SIGKILL worker {d.worker}, then restart it")
     d.producing.clear()  # the restart takes longer than the rest of the stream: keep some for the kill
-    d.cluster.nodes[d.worker].kill()
+    d.cluster.peers[d.worker].kill()
     d.cluster.restart(d.worker)
     d.healed()
     d.resume()
@@ -240,7 +240,7 @@ def kill_during_rollback(d: Drill) -> None:
 
         def on_epoch(data, stat):  # b takes the new epoch in ZooKeeper first, then catches up
             if stat is not None and stat.version > epoch and not killed.is_set():
-                d.cluster.nodes[b].kill()
+                d.cluster.peers[b].kill()
                 d.fault(f"SIGKILL {b} as it takes over")
                 killed.set()
                 return False  # no more calls
@@ -249,7 +249,7 @@ def kill_during_rollback(d: Drill) -> None:
         d.wait_sent(0.5)
         zk.DataWatch(epoch_path, on_epoch)
         d.fault(f"SIGKILL master {a}")
-        d.cluster.nodes[a].kill()
+        d.cluster.peers[a].kill()
         if not killed.wait(60):
             raise RuntimeError(f"{b} was not promoted:\n{d.cluster.logs()}")
     finally:
@@ -363,7 +363,7 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
         wait_replicas = 1
     if wait_replicas is not None:
         flow_text = with_wait_replicas(flow_text, wait_replicas)
-    cluster = LocalCluster(flow="drill", text=flow_text, nodes=("a", "b"), proxied=True,
+    cluster = LocalCluster(flow="drill", text=flow_text, peers=("a", "b"), proxied=True,
                            zk_members=3 if name in ON_ENSEMBLE else 1, redis_mode=REDIS_HA.get(name, "single"),
                            wait_replicas=wait_replicas or 0).start()
     try:

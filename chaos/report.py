@@ -20,7 +20,7 @@ NODE_COLOURS = {"a": "tab:blue", "b": "tab:orange"}
 
 def timeline(outputs: dict, windows: list[list]) -> dict:
     """Writes (ms, node), role changes (ms, node, epoch) and windows (start ms, end ms, what)."""
-    writes = sorted((e.written_ms, e.node, e.epoch) for entries in outputs.values() for e in entries)
+    writes = sorted((e.written_ms, e.peer, e.epoch) for entries in outputs.values() for e in entries)
     roles, seen = [], set()
     for ms, node, epoch in writes:
         if epoch not in seen:

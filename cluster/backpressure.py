@@ -11,7 +11,7 @@ import logging
 
 from .roles import MASTER
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 class Backpressure:
@@ -39,8 +39,8 @@ class Backpressure:
         if want:
             self._event(logging.WARNING, "backpressure_on",
                         "%s holds %d messages (max_pending %d): stopped reading until claims free room",
-                        self.cfg.node_id, pending, self.spec.max_pending, pending=pending,
+                        self.cfg.peer_id, pending, self.spec.max_pending, pending=pending,
                         max_pending=self.spec.max_pending)
         else:
             self._event(logging.INFO, "backpressure_off", "%s reads again (%d messages held)",
-                        self.cfg.node_id, pending, pending=pending)
+                        self.cfg.peer_id, pending, pending=pending)

@@ -25,7 +25,7 @@ from .uplink_rows import decode_rows, last_position, processed_as_worker, record
 if TYPE_CHECKING:
     from .shard_task import ShardResult
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 class NodeStopping(RuntimeError):
@@ -75,11 +75,11 @@ class BatchIntake:
             msgs, bad = self._decode(rows)
             self._take_batch(batch_id, msgs, bad, last)
         except NodeStopping as exc:  # handled_id covers it: a promoted node delivers it
-            log.info("%s: %s", self.cfg.node_id, exc)
+            log.info("%s: %s", self.cfg.peer_id, exc)
         except BaseException as exc:
             self.batch_error = exc
             self._event(logging.ERROR, "batch_failed", "%s: batch %d failed after Spark committed it; stopping",
-                        self.cfg.node_id, batch_id, batch=batch_id, exc_info=True)
+                        self.cfg.peer_id, batch_id, batch=batch_id, exc_info=True)
             raise
         finally:
             self.batch_lock.release()
@@ -194,7 +194,7 @@ class BatchIntake:
             self.streaming_since = time.time()
             self.streaming = True
             self.health.streaming(True)
-            self._event(logging.INFO, "streaming", "%s is streaming", self.cfg.node_id)
+            self._event(logging.INFO, "streaming", "%s is streaming", self.cfg.peer_id)
 
     def _handled(self, position: str) -> None:
         with self._lock:

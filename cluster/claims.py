@@ -13,7 +13,7 @@ import logging
 from .escalation import StaleEpoch
 from .roles import MASTER
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 class NoPair:
@@ -101,5 +101,5 @@ class Claims:
         """The other members' gRPC addresses; raises MembersUnknown while ZooKeeper cannot
         say (the sender then keeps its targets and their buffered claims)."""
         members = self.leadership.members() if self.leadership else {}
-        members.pop(self.cfg.node_id, None)
+        members.pop(self.cfg.peer_id, None)
         return members

@@ -163,8 +163,8 @@ class _Stream:
 class _Target:
     """One target's buffer, stream and counters; everything is guarded by ``cond``."""
 
-    def __init__(self, node_id: str, address: str):
-        self.node_id, self.address = node_id, address
+    def __init__(self, peer_id: str, address: str):
+        self.peer_id, self.address = peer_id, address
         self.cond = threading.Condition()
         self.backlog: deque[Claim] = deque()  # not yet in a batch
         self.backlog_since = 0.0
@@ -199,7 +199,7 @@ class EscalationSender:
     def __init__(
         self,
         flow: str,
-        node_id: str,
+        peer_id: str,
         epoch: Callable[[], int],
         targets: Callable[[], dict[str, str]],
         *,
@@ -209,7 +209,7 @@ class EscalationSender:
         reconnect_backoff_s: float = 0.2,
         security: GrpcSecurity = NO_SECURITY,
     ):
-        self.flow, self.node_id = flow, node_id
+        self.flow, self.peer_id = flow, peer_id
         self.security = security  # TLS and the escalation token the targets check
         self._epoch, self._targets_fn = epoch, targets
         self.batch_max, self.linger_s, self.max_buffer = batch_max, linger_s, max_buffer
@@ -269,7 +269,7 @@ class EscalationSender:
         per_target = {}
         for t in targets:
             with t.cond:
-                per_target[t.node_id] = {
+                per_target[t.peer_id] = {
                     "address": t.address,
                     "connected": t.connected,
                     "streams": t.streams,
@@ -322,12 +322,12 @@ class EscalationSender:
                 return
             gone = [self._targets.pop(n) for n in list(self._targets) if n not in wanted]
             moved = []
-            for node_id, address in wanted.items():
-                t = self._targets.get(node_id)
+            for peer_id, address in wanted.items():
+                t = self._targets.get(peer_id)
                 if t is None:
-                    t = self._targets[node_id] = _Target(node_id, address)
+                    t = self._targets[peer_id] = _Target(peer_id, address)
                     t.thread = threading.Thread(
-                        target=self._run, args=(t,), name=f"escalation-{self.flow}-{node_id}", daemon=True
+                        target=self._run, args=(t,), name=f"escalation-{self.flow}-{peer_id}", daemon=True
                     )
                     t.thread.start()
                 elif t.address != address:
@@ -335,7 +335,7 @@ class EscalationSender:
                     with t.cond:
                         t.address = address
         for t in gone:
-            log.info("escalation target %s left; %d claims for it discarded", t.node_id, t.pending())
+            log.info("escalation target %s left; %d claims for it discarded", t.peer_id, t.pending())
             self._retire(t)
         for t in moved:
             # Ending the current stream makes its thread reconnect to the new address.
@@ -379,7 +379,7 @@ class EscalationSender:
                         t.connected = True
                         t.streams += 1
                     if failed:
-                        log.info("escalation stream to %s at %s open again", t.node_id, address)
+                        log.info("escalation stream to %s at %s open again", t.peer_id, address)
                     pauses, failed = self.reconnect.pauses(), 0
                 for ack in call:
                     self._on_ack(t, stream, ack)
@@ -388,7 +388,7 @@ class EscalationSender:
                     # Warn once per outage; the retries that follow are debug noise.
                     level = logging.WARNING if not failed else logging.DEBUG
                     log.log(level, "escalation stream to %s at %s failed: %s %s; %d claims pending, retrying",
-                            t.node_id, address, exc.code(), exc.details(), t.pending())
+                            t.peer_id, address, exc.code(), exc.details(), t.pending())
             finally:
                 with t.cond:
                     stream.open = False
@@ -413,7 +413,7 @@ class EscalationSender:
                         break
                     t.cond.wait(wait_s)
                 seq, claims = batch.seq, batch.claims
-            message = pb.EscalationBatch(flow=self.flow, from_node=self.node_id, epoch=self._epoch(), seq=seq)
+            message = pb.EscalationBatch(flow=self.flow, from_node=self.peer_id, epoch=self._epoch(), seq=seq)
             add = message.claims.add  # add() is 1.5x faster than building Envelopes to extend with
             for i, k, p in claims:
                 add(id=i, key=k, position=p)
@@ -462,8 +462,8 @@ class EscalationSender:
             t.cond.notify_all()
         if not ack.accepted:
             event(log, logging.WARNING, "escalation_rejected", "escalation batch of %d claims refused by %s: %s",
-                  len(batch.claims), t.node_id, ack.reason, flow=self.flow, node=self.node_id, epoch=self._epoch(),
-                  target=t.node_id, count=len(batch.claims), reason=ack.reason)
+                  len(batch.claims), t.peer_id, ack.reason, flow=self.flow, peer=self.peer_id, epoch=self._epoch(),
+                  target=t.peer_id, count=len(batch.claims), reason=ack.reason)
 
     def _drop_excess(self, t: _Target) -> None:
         """Drop the oldest claims beyond max_buffer (unacked batches hold the oldest)."""

@@ -38,7 +38,7 @@ Under failure:
 >>> server, port = create_server("127.0.0.1:0", admin=AdminServicer(
 ...     status=lambda: {"flow": "orders", "role": "worker"},
 ...     handover=lambda timeout_s: {"ok": False, "reason": "not master"}))
->>> node_status(f"127.0.0.1:{port}")["role"]
+>>> peer_status(f"127.0.0.1:{port}")["role"]
 'worker'
 >>> request_handover(f"127.0.0.1:{port}")["reason"]
 'not master'
@@ -304,8 +304,15 @@ def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.
     return client.publish(address, flow, bodies, timeout_s, security=security)
 
 
+def peer_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
+    """The peer's status as a dict; see :func:`twinflow.client.peer_status`, which this calls."""
+    from twinflow import client
+
+    return client.peer_status(address, timeout_s, security=security)
+
+
 def node_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
-    """The node's status as a dict; see :func:`twinflow.client.node_status`, which this calls."""
+    """Deprecated name of :func:`peer_status`."""
     from twinflow import client
 
     return client.node_status(address, timeout_s, security=security)

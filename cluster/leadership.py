@@ -71,7 +71,7 @@ class Leadership(Membership):
         self,
         zk: KazooClient,
         flow: str,
-        node_id: str,
+        peer_id: str,
         address: str,
         on_promoted: Callable[[int], None],
         on_demoted: Callable[[str], None],
@@ -80,10 +80,10 @@ class Leadership(Membership):
     ):
         self.zk = zk
         self.flow = flow
-        self.node_id = node_id
+        self.peer_id = peer_id
         self.address = address
         self.root = f"/twinflow/{flow}"
-        self._member_path = f"{self.root}/members/{node_id}"
+        self._member_path = f"{self.root}/members/{peer_id}"
         self._member_data = json.dumps({"address": address}).encode()
         self._on_promoted = on_promoted
         self._on_demoted = on_demoted
@@ -107,8 +107,8 @@ class Leadership(Membership):
         self._election = None
         self._master_seen: tuple[str | None, int] = (None, 0)  # (node, epoch) of the epoch znode
         self._master_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name=f"election-{node_id}", daemon=True)
-        self._keeper = threading.Thread(target=self._keep_member, name=f"member-{node_id}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"election-{peer_id}", daemon=True)
+        self._keeper = threading.Thread(target=self._keep_member, name=f"member-{peer_id}", daemon=True)
 
     # -- public -----------------------------------------------------------
     def start(self) -> None:
@@ -179,7 +179,7 @@ class Leadership(Membership):
             return {"ok": False, "reason": "this node is not master"}
         if self.suspended:  # a ZooKeeper call would wait for the connection, unbounded
             return {"ok": False, "reason": "ZooKeeper is unreachable: the role ends with the session"}
-        others = [c for c in self.zk.Election(f"{self.root}/election").contenders() if c != self.node_id]
+        others = [c for c in self.zk.Election(f"{self.root}/election").contenders() if c != self.peer_id]
         if not others:
             return {"ok": False, "reason": "no other node is waiting to take over"}
         t0 = time.monotonic()
@@ -187,7 +187,7 @@ class Leadership(Membership):
         end = t0 + timeout_s
         while time.monotonic() < end:
             leader = self.leader()
-            if leader and leader != self.node_id and self._master_epoch_moved():
+            if leader and leader != self.peer_id and self._master_epoch_moved():
                 return {"ok": True, "new_master": leader, "seconds": time.monotonic() - t0}
             time.sleep(0.005)
         return {"ok": False, "reason": f"no other node took over within {timeout_s} s",
@@ -236,7 +236,7 @@ class Leadership(Membership):
                 self._suspended_at = time.monotonic()
                 self.disconnects += 1
                 self._event(logging.WARNING, "zk_suspended", "%s: ZooKeeper connection lost; the session may "
-                            "still be alive (a master stops writing)", self.node_id, master=self.is_master)
+                            "still be alive (a master stops writing)", self.peer_id, master=self.is_master)
             self._suspended.set()
         elif state == KazooState.LOST:
             if not self._suspended.is_set():
@@ -246,7 +246,7 @@ class Leadership(Membership):
             self._new_session = True
             self._losses += 1
             self._session_lost.set()
-            self._event(logging.ERROR, "zk_session_lost", "%s: ZooKeeper session lost%s", self.node_id,
+            self._event(logging.ERROR, "zk_session_lost", "%s: ZooKeeper session lost%s", self.peer_id,
                         "; stepping down" if self._master.is_set() else "", master=self.is_master)
             if self._master.is_set():
                 self.step_down("session lost")
@@ -254,7 +254,7 @@ class Leadership(Membership):
             if self._suspended.is_set():
                 down = time.monotonic() - self._suspended_at
                 self._event(logging.INFO, "zk_reconnected", "%s: ZooKeeper connected again after %.1f s%s",
-                            self.node_id, down, " (new session)" if self._new_session else "",
+                            self.peer_id, down, " (new session)" if self._new_session else "",
                             seconds=round(down, 3), new_session=self._new_session)
             self._new_session = False
             self._suspended.clear()
@@ -262,11 +262,11 @@ class Leadership(Membership):
 
     def _event(self, level: int, name: str, msg: str, *args, **fields) -> None:
         """An operator event (``twinflow.logs``) with the flow, this node and the newest epoch known here."""
-        event(log, level, name, msg, *args, flow=self.flow, node=self.node_id,
+        event(log, level, name, msg, *args, flow=self.flow, peer=self.peer_id,
               epoch=max(self.epoch, self._master_seen[1]) or None, **fields)
 
     def _next_epoch(self) -> int:
-        stat = self.zk.set(f"{self.root}/epoch", self.node_id.encode())
+        stat = self.zk.set(f"{self.root}/epoch", self.peer_id.encode())
         return stat.version
 
     def _lead(self) -> None:
@@ -284,7 +284,7 @@ class Leadership(Membership):
         elif self._stopping.is_set():
             self.step_down("stopping")
         # The node logs the promotion (event "promoted") once it has caught up and holds the role.
-        log.debug("%s promoted to master, epoch %d", self.node_id, epoch)
+        log.debug("%s promoted to master, epoch %d", self.peer_id, epoch)
         failure = None
         try:
             try:
@@ -296,7 +296,7 @@ class Leadership(Membership):
         finally:
             self._master.clear()
             reason = failure or self._demote_reason or "stopped"
-            log.debug("%s demoted (%s), epoch %d", self.node_id, reason, epoch)  # the node logs "demoted"
+            log.debug("%s demoted (%s), epoch %d", self.peer_id, reason, epoch)  # the node logs "demoted"
             self._on_demoted(reason)
 
     def _contend_now(self) -> bool:
@@ -307,11 +307,11 @@ class Leadership(Membership):
             now = time.monotonic()
             if now - self._gate_logged_at > 5.0:  # polled 10 times a second: don't flood the log
                 self._gate_logged_at = now
-                log.exception("%s: may_contend raised; not queueing for the election", self.node_id)
+                log.exception("%s: may_contend raised; not queueing for the election", self.peer_id)
             open_ = False
         if open_ != self._gate_open:
             self._gate_open = open_
-            log.info("%s %s", self.node_id, "queues for the election" if open_ else
+            log.info("%s %s", self.peer_id, "queues for the election" if open_ else
                      "waits before queueing for the election (may_contend is False)")
         return open_
 
@@ -326,8 +326,8 @@ class Leadership(Membership):
                 data, stat = self.zk.get(f"{path}/{child}")
             except NoNodeError:
                 continue
-            if stat.ephemeralOwner == session and data == self.node_id.encode():
-                log.warning("%s: removing its leftover election node %s", self.node_id, child)
+            if stat.ephemeralOwner == session and data == self.peer_id.encode():
+                log.warning("%s: removing its leftover election node %s", self.peer_id, child)
                 try:
                     self.zk.delete(f"{path}/{child}", version=stat.version)
                 except (NoNodeError, BadVersionError):
@@ -350,7 +350,7 @@ class Leadership(Membership):
                     self._failed = False
                 # After a handover this queues behind the node that was already
                 # waiting (the lock is fair), so that node takes over.
-                self._election = self.zk.Election(f"{self.root}/election", self.node_id)
+                self._election = self.zk.Election(f"{self.root}/election", self.peer_id)
                 if self._stopping.is_set():
                     break  # stop() may have missed this election: don't queue
                 self._election.run(self._lead)
@@ -358,8 +358,8 @@ class Leadership(Membership):
                 self._master.clear()  # _lead's finally did, unless it never set it
                 self._failed = True
                 if self._stopping.is_set():
-                    log.info("election for %s ended while stopping", self.node_id, exc_info=True)
+                    log.info("election for %s ended while stopping", self.peer_id, exc_info=True)
                     break
                 self._event(logging.ERROR, "election_failed", "election for %s failed; the node queues again",
-                            self.node_id, exc_info=True)
+                            self.peer_id, exc_info=True)
                 self._stopping.wait(RETRY_PAUSE_S)

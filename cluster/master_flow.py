@@ -89,10 +89,10 @@ class MessageRefused(RuntimeError):
 class MasterFlow:
     """One master's flow graph at one epoch; see the module docstring."""
 
-    def __init__(self, graph: FlowGraph, keys: FlowKeys, node_id: str):
+    def __init__(self, graph: FlowGraph, keys: FlowKeys, peer_id: str):
         self.graph = graph
         self.keys = keys
-        self.node_id = node_id
+        self.peer_id = peer_id
         self.engine = Engine(graph, leave=self._leave)
         self._step: Step | None = None
         self._epoch = 0
@@ -118,7 +118,7 @@ class MasterFlow:
         entries, mark, version = store.load_state_version(fresh.nodes, deadline_s=deadline_s)
         for name, node in fresh.nodes.items():
             node.load_state(entries[name])
-        flow = cls(fresh, store.keys, store.node_id)
+        flow = cls(fresh, store.keys, store.peer_id)
         flow.mark, flow.version = mark, version
         return flow
 
@@ -188,7 +188,7 @@ class MasterFlow:
         return step
 
     def _leave(self, node: str, e: Emit, at: float) -> None:
-        fields: dict[str, Any] = {"node": self.node_id, "epoch": self._epoch, "from": node,
+        fields: dict[str, Any] = {"node": self.peer_id, "epoch": self._epoch, "from": node,
                                   "outlink": e.outlink, "at": repr(at)}
         if len(e.msgs) == 1:
             msg = e.msgs[0]

@@ -20,7 +20,7 @@ from .master_flow import MasterFlow
 from .master_session import MasterSession, Outcome
 from .roles import WORKER
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 class MasterSide:
@@ -84,7 +84,7 @@ class MasterSide:
         if not isinstance(exc, Fenced):
             self._lost_redis(str(exc))
             return
-        self._event(logging.ERROR, "fenced", "%s: %s; stepping down", self.cfg.node_id, exc,
+        self._event(logging.ERROR, "fenced", "%s: %s; stepping down", self.cfg.peer_id, exc,
                     epoch=exc.epoch, newest=exc.newest)
         with self._lock:
             self.known_epoch = max(self.known_epoch, exc.newest)
@@ -93,7 +93,7 @@ class MasterSide:
 
     def _lost_redis(self, why: str) -> None:
         self._event(logging.ERROR, "lease_expired", "%s: %s; over the write lease (%.1f s): stepping down",
-                    self.cfg.node_id, why, self.lease_s, reason=why, lease=self.lease_s)
+                    self.cfg.peer_id, why, self.lease_s, reason=why, lease=self.lease_s)
         self._step_down("Redis unreachable")
 
     def _note_open(self) -> None:

@@ -55,7 +55,7 @@ from .backpressure import Backpressure
 from .batch_intake import BatchIntake
 from .claims import Claims, NoPair
 from .escalation import EscalationSender
-from .peer_config import NodeConfig
+from .peer_config import PeerConfig
 from .leadership import Leadership
 from .master_session import MasterSession
 from .master_side import MasterSide
@@ -67,13 +67,13 @@ from .promotion import Promotion
 from .roles import MASTER, STARTING, WORKER
 from .start_position import StartPosition
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpressure, NodeTimers):
     """A peer's part in one flow (or one shard of it): one side of an active-active pair (see the module doc)."""
 
-    def __init__(self, graph: FlowGraph, config: NodeConfig, *, parts: MemberParts, clock: Clock | None = None,
+    def __init__(self, graph: FlowGraph, config: PeerConfig, *, parts: MemberParts, clock: Clock | None = None,
                  monotonic=time.monotonic, pause=None):
         """``parts`` builds the member's collaborators (``real_parts.RealParts`` for real servers);
         ``clock`` gives the flow's time, ``monotonic`` the timers' local intervals and ``pause(s)``
@@ -178,7 +178,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self.reading = reading
         self._pace()
         self._event(logging.INFO, "started", "%s started reading %s (gRPC %s); ready after the warm-up batch",
-                    self.cfg.node_id, self.keys.uplink, self.address, address=self.address)
+                    self.cfg.peer_id, self.keys.uplink, self.address, address=self.address)
 
     def _zookeeper_epoch(self) -> int:
         stat = self.zk.exists(f"/twinflow/{self.name}/epoch")
@@ -201,7 +201,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         if self._stopped:
             return
         self._stopped = True
-        self._event(logging.INFO, "stopping", "%s stopping (%s)", self.cfg.node_id, self.role, role=self.role)
+        self._event(logging.INFO, "stopping", "%s stopping (%s)", self.cfg.peer_id, self.role, role=self.role)
         self._stop.set()
         self._wake.set()
         if self.store is not None:
@@ -223,13 +223,14 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         own as master, else the newest it has seen, left out while none is: epochs start at 1;
         ``epoch=`` overrides it). Reads without the lock, so it may be called holding it."""
         fields.setdefault("epoch", (self.epoch if self.role == MASTER else self.known_epoch) or None)
-        event(log, level, name, msg, *args, flow=self.name, node=self.cfg.node_id, **fields)
+        event(log, level, name, msg, *args, flow=self.name, peer=self.cfg.peer_id, **fields)
 
     def status(self) -> dict:
         with self._lock:
             out = {
                 "flow": self.name,
-                "node_id": self.cfg.node_id,
+                "peer_id": self.cfg.peer_id,
+                "node_id": self.cfg.peer_id,  # peer_id under its old name, kept one release for readers
                 "role": self.role,
                 "epoch": self.epoch if self.role == MASTER else self.known_epoch,
                 "pending": self.open_in_flow if self.flow is not None else 0,
@@ -254,7 +255,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
             out["task_pid"] = self.task_pid
             out["state_loads"] = self.state_loads
         try:
-            out["uplink_lag"] = self.store.uplink_lag(self.cfg.node_id) if self.store else 0
+            out["uplink_lag"] = self.store.uplink_lag(self.cfg.peer_id) if self.store else 0
         except Exception:  # status must answer even when Redis does not
             out["uplink_lag"] = -1
         return out

@@ -43,11 +43,11 @@ class MembersUnknown(RuntimeError):
 
 class Membership:
     """The member znode and the flow's znodes of a :class:`~.leadership.Leadership`, whose
-    ``__init__`` sets what these use (``zk``, ``flow``, ``node_id``, ``root``, the member path
+    ``__init__`` sets what these use (``zk``, ``flow``, ``peer_id``, ``root``, the member path
     and data, the stop and member-check events, the register lock)."""
 
     def members(self) -> dict[str, str]:
-        """Every registered node: {node_id: gRPC address}. Raises MembersUnknown when ZooKeeper
+        """Every registered node: {peer_id: gRPC address}. Raises MembersUnknown when ZooKeeper
         cannot say: an empty answer would read as "no other node is live", and the trim, which
         keeps what live nodes have not read, would then drop a live worker's unread entries."""
         out = {}
@@ -102,7 +102,7 @@ class Membership:
             if missing_ok:  # an ephemeral znode whose session just ended
                 return
             raise
-        log.warning("%s: %s had ACL %s; now %s (ZooKeeper credentials are set)", self.node_id, path,
+        log.warning("%s: %s had ACL %s; now %s (ZooKeeper credentials are set)", self.peer_id, path,
                     describe_acl(current), describe_acl(acl))
 
     def _session_id(self) -> int:
@@ -137,7 +137,7 @@ class Membership:
                 # session's expiry, so replace it with one of our own.
                 log.warning("%s: member znode %s is held by session 0x%x, not ours: replacing it "
                             "(if this repeats, two running nodes share the ID)",
-                            self.node_id, path, stat.ephemeralOwner)
+                            self.peer_id, path, stat.ephemeralOwner)
                 try:
                     self.zk.delete(path, version=stat.version)
                 except (NoNodeError, BadVersionError):
@@ -163,7 +163,7 @@ class Membership:
                     continue
                 if self._stopping.is_set():
                     return
-                log.warning("%s: member znode %s %s: registering again", self.node_id, self._member_path,
+                log.warning("%s: member znode %s %s: registering again", self.peer_id, self._member_path,
                             "is gone" if stat is None else "belongs to another session")
                 self._register()
                 self._member_check.set()  # look again (and watch the new znode)
@@ -172,6 +172,6 @@ class Membership:
                 if self._stopping.is_set():
                     return
                 log.warning("%s: checking member znode %s failed: %s; trying again",
-                            self.node_id, self._member_path, exc)
+                            self.peer_id, self._member_path, exc)
                 self._member_check.set()
                 self._stopping.wait(RETRY_PAUSE_S)

@@ -118,7 +118,8 @@ class NodeCollector(Collector):
 
     def collect(self):
         nodes = self.nodes()
-        base = ["flow", "node"]
+        # "node" is the peer's label under its old name, kept one release for existing dashboards.
+        base = ["flow", "peer", "node"]
         f: dict[str, Any] = {}
 
         def family(kind, name, doc, labels=()):
@@ -130,26 +131,26 @@ class NodeCollector(Collector):
             try:
                 self._collect_node(n, family)
             except Exception:  # one node's bad read must not fail the whole scrape
-                log.exception("metrics of %s %s could not be read", n.name, n.cfg.node_id)
+                log.exception("metrics of %s %s could not be read", n.name, n.cfg.peer_id)
         if self.frames is not None and nodes:
             flow, timings = self.frames
             hist = family(HistogramMetricFamily, "twinflow_batch_duration_seconds",
                           "Time to process one uplink batch, once per batch", ["role"])
             for role, t in sorted(timings.by_role.items()):
                 buckets, total = t.snapshot()
-                hist.add_metric([flow, nodes[0].cfg.node_id, role], buckets, total)
+                hist.add_metric([flow, nodes[0].cfg.peer_id, nodes[0].cfg.peer_id, role], buckets, total)
         check = getattr(self.server(), "token_check", None) if self.server is not None else None
         if check is not None and nodes:
             refused = family(CounterMetricFamily, "twinflow_grpc_refused",
                              "gRPC calls refused by the token check", ["reason"])
             flow = self.frames[0] if self.frames else nodes[0].name
             for reason, count in sorted(dict(check.refused).items()):
-                refused.add_metric([flow, nodes[0].cfg.node_id, reason], count)
+                refused.add_metric([flow, nodes[0].cfg.peer_id, nodes[0].cfg.peer_id, reason], count)
         yield from f.values()
 
     def _collect_node(self, n: "FlowMember", family) -> None:
         s = n.status()
-        who = [n.name, n.cfg.node_id]
+        who = [n.name, n.cfg.peer_id, n.cfg.peer_id]
         family(CounterMetricFamily, "twinflow_uplink_read", "Uplink entries this node read (messages in)"
                ).add_metric(who, n.read)
         out = family(CounterMetricFamily, "twinflow_messages",

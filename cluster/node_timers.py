@@ -16,7 +16,7 @@ import logging
 from .membership import MembersUnknown
 from .roles import MASTER
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 # A sharded flow's master fires a time-out itself once this long has passed without a batch
@@ -127,7 +127,7 @@ class NodeTimers:
         if silent > self.lease_s:
             self._event(logging.ERROR, "lease_expired",
                         "%s: no answer from Redis for %.1f s, over the write lease (%.1f s): stepping down",
-                        self.cfg.node_id, silent, self.lease_s, seconds=round(silent, 3), lease=self.lease_s)
+                        self.cfg.peer_id, silent, self.lease_s, seconds=round(silent, 3), lease=self.lease_s)
             self._step_down("Redis unreachable")
 
     def _sweep(self) -> None:
@@ -146,10 +146,10 @@ class NodeTimers:
         When ZooKeeper cannot list them, nothing is trimmed: a live worker's read position
         must never be left out."""
         try:
-            live = set(self.leadership.members()) | {self.cfg.node_id}
+            live = set(self.leadership.members()) | {self.cfg.peer_id}
         except MembersUnknown as exc:
-            log.info("%s trims nothing this round: %s", self.cfg.node_id, exc)
+            log.info("%s trims nothing this round: %s", self.cfg.peer_id, exc)
             return
         n, kept = self.store.trim_uplink(live, self.spec.retention, self.clock.now())
         if n:
-            log.info("%s trimmed %d uplink entries before %s", self.cfg.node_id, n, kept)
+            log.info("%s trimmed %d uplink entries before %s", self.cfg.peer_id, n, kept)

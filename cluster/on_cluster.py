@@ -12,7 +12,7 @@ from ..runtime.flowgraph import FlowGraph
 from ..runtime.store.flow_keys import FlowKeys
 from .master_flow import not_on_cluster
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 class StartRefused(RuntimeError):

@@ -66,11 +66,11 @@ class PeerParts(Protocol):
     def close(self) -> None: ...
 
 
-def open_store(redis_url: str, connect_deadline_s: float, keys: FlowKeys, node_id: str,
+def open_store(redis_url: str, connect_deadline_s: float, keys: FlowKeys, peer_id: str,
                spec: ClusterSpec) -> FlowStore:
-    """A flow's (or a shard's) store for ``node_id``, on the Redis that owns its slot."""
+    """A flow's (or a shard's) store for ``peer_id``, on the Redis that owns its slot."""
     # Each Redis call is bounded by the lease, so a link that drops packets
     # shows as failed writes in time for the master to step down.
     client = connect_redis(redis_url, connect_deadline_s, socket_timeout_s=max(0.5, spec.write_lease),
                            slot_key=keys.uplink)
-    return FlowStore(client, keys, node_id, id_ttl=spec.message.id_ttl)
+    return FlowStore(client, keys, peer_id, id_ttl=spec.message.id_ttl)

@@ -1,7 +1,7 @@
 """A peer: one ``twinflow run`` process, and the members it runs, one per flow or shard.
 
 The peer holds what a process has once, whatever it runs: its config
-(:class:`NodeConfig`), its ZooKeeper session, its uplink engine (Spark), its
+(:class:`PeerConfig`), its ZooKeeper session, its uplink engine (Spark), its
 gRPC server (escalations routed to the member of the flow they name,
 publishes to the member whose uplink takes the body), its health service,
 its metrics endpoint, its signals and the loop that runs it until it stops.
@@ -34,10 +34,10 @@ from .metrics import BatchTimings, MetricsServer
 from .metrics import serve as serve_metrics
 from .on_cluster import StartRefused, cluster_flow
 from .parts import PeerParts, UplinkReading
-from .peer_config import NodeConfig
+from .peer_config import PeerConfig
 from .roles import MASTER
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 # The status counts a sharded flow's peer sums over its members.
@@ -48,7 +48,7 @@ SUMMED = ("pending", "baked", "claimed", "rolled_back", "delivered", "failed", "
 class Peer:
     """One ``twinflow run`` process of a flow (see the module doc)."""
 
-    def __init__(self, graph: FlowGraph, config: NodeConfig, *, parts: PeerParts, members: list[FlowMember]):
+    def __init__(self, graph: FlowGraph, config: PeerConfig, *, parts: PeerParts, members: list[FlowMember]):
         self.graph, self.cfg, self.parts, self.members = graph, config, parts, members
         self.spec = cluster_flow(graph)
         self.name = graph.name
@@ -67,7 +67,7 @@ class Peer:
         self._stopped = False
 
     @classmethod
-    def for_flow(cls, graph: FlowGraph, config: NodeConfig, *, parts: Any, clock: Clock | None = None,
+    def for_flow(cls, graph: FlowGraph, config: PeerConfig, *, parts: Any, clock: Clock | None = None,
                  **member_options) -> "Peer":
         """A peer of ``graph`` with one member, or one per shard; ``parts`` fills both the
         peer's and the members' parts (``real_parts.RealParts``, or a test's or simulator's)."""
@@ -109,9 +109,9 @@ class Peer:
         self.reading = parts.reading(self, starts)
         for member in self.members:
             member.read_with(self.reading)
-        event(log, logging.INFO, "started", "%s reads %s (%d member%s; gRPC %s)", cfg.node_id, self.name,
+        event(log, logging.INFO, "started", "%s reads %s (%d member%s; gRPC %s)", cfg.peer_id, self.name,
               len(self.members), "s" if len(self.members) > 1 else "", self.address, flow=self.name,
-              node=cfg.node_id, members=len(self.members), address=self.address)
+              peer=cfg.peer_id, members=len(self.members), address=self.address)
 
     def run_forever(self) -> int:
         """Start and run until stopped: 0 after a stop or a SIGTERM (see request_term), which
@@ -123,7 +123,7 @@ class Peer:
                 break
             if self.reading is not None and not self.reading.isActive:
                 event(log, logging.ERROR, "stream_stopped", "the uplink stream stopped: %s",
-                      self.reading.exception(), flow=self.name, node=self.cfg.node_id)
+                      self.reading.exception(), flow=self.name, peer=self.cfg.peer_id)
                 self.stop()
                 return 1
             if any(m.batch_error is not None for m in self.members):  # a batch that ran ahead failed
@@ -139,11 +139,11 @@ class Peer:
         try:
             result = self.handover(5.0)
             event(log, logging.INFO, "handover", "SIGTERM handover: %s", result, flow=self.name,
-                  node=self.cfg.node_id, ok=bool(result.get("ok")), new_master=result.get("new_master"),
+                  peer=self.cfg.peer_id, ok=bool(result.get("ok")), new_master=result.get("new_master"),
                   reason=result.get("reason"))
         except Exception:  # ZooKeeper unreachable: stop all the same
             event(log, logging.ERROR, "handover", "SIGTERM handover failed; stopping", flow=self.name,
-                  node=self.cfg.node_id, ok=False, exc_info=True)
+                  peer=self.cfg.peer_id, ok=False, exc_info=True)
 
     def request_term(self) -> None:
         """Ask for a graceful stop (safe to call from a signal handler)."""
@@ -156,8 +156,8 @@ class Peer:
             return
         self._stopped = True
         if self.sharded:  # each member logs its own "stopping" with its role and epoch
-            event(log, logging.INFO, "stopping", "%s stopping %d shards of %s", self.cfg.node_id,
-                  len(self.members), self.name, flow=self.name, node=self.cfg.node_id, shards=len(self.members))
+            event(log, logging.INFO, "stopping", "%s stopping %d shards of %s", self.cfg.peer_id,
+                  len(self.members), self.name, flow=self.name, peer=self.cfg.peer_id, shards=len(self.members))
         self._stop.set()
         self.health.stopping()
         for member in self.members:
@@ -224,7 +224,7 @@ class Peer:
                 "seconds": max(float(r.get("seconds") or 0) for _, r in replies)}
 
 
-def start_metrics(cfg: NodeConfig, members, server, flow: str, frames=None) -> MetricsServer:
+def start_metrics(cfg: PeerConfig, members, server, flow: str, frames=None) -> MetricsServer:
     """Serve the metrics of ``members`` on ``cfg.metrics_listen``; StartRefused when that
     address cannot be bound."""
     try:
@@ -232,5 +232,5 @@ def start_metrics(cfg: NodeConfig, members, server, flow: str, frames=None) -> M
     except (OSError, ValueError) as exc:
         raise StartRefused(f"cannot serve metrics on {cfg.metrics_listen}: {exc}") from exc
     event(log, logging.INFO, "metrics", "%s serves Prometheus metrics on http://%s/metrics (unauthenticated)",
-          cfg.node_id, metrics.address, flow=flow, node=cfg.node_id, address=metrics.address)
+          cfg.peer_id, metrics.address, flow=flow, peer=cfg.peer_id, address=metrics.address)
     return metrics

@@ -11,8 +11,8 @@ from ..grpc_security import NO_SECURITY, GrpcSecurity
 
 
 @dataclass
-class NodeConfig:
-    node_id: str
+class PeerConfig:
+    peer_id: str
     redis_url: str
     zk_hosts: str
     listen: str = "127.0.0.1:0"

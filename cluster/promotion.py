@@ -16,7 +16,7 @@ from ..runtime.positions import position_order
 from .roles import MASTER, WORKER
 from .uplink_rows import record_bad
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 class _StepDown(RuntimeError):
@@ -71,10 +71,10 @@ class Promotion:
         finally:
             self.batch_lock.release()
         self._event(logging.INFO, "promoted", "%s is master at epoch %d; delivered %d messages the old master had not",
-                    self.cfg.node_id, epoch, rolled, epoch=epoch, rolled_back=rolled)
+                    self.cfg.peer_id, epoch, rolled, epoch=epoch, rolled_back=rolled)
         if rolled:  # its own line, so that rollbacks can be counted and alerted on by name
             self._event(logging.WARNING, "rolled_back", "%s rolled back %d messages at epoch %d",
-                        self.cfg.node_id, rolled, epoch, epoch=epoch, count=rolled)
+                        self.cfg.peer_id, rolled, epoch, epoch=epoch, count=rolled)
 
     def _catch_up(self, epoch: int) -> int:
         """Deliver every uplink entry after the processed mark up to where this node has
@@ -107,7 +107,7 @@ class Promotion:
         epoch = getattr(self.leadership, "epoch", 0) or self.epoch
         routine = reason in ("handover", "stopping")
         self._event(logging.INFO if routine else logging.WARNING, "demoted", "%s demoted (%s), epoch %d",
-                    self.cfg.node_id, reason, epoch, epoch=epoch, reason=reason)
+                    self.cfg.peer_id, reason, epoch, epoch=epoch, reason=reason)
 
     def handover(self, timeout_s: float) -> dict:
         if self.leadership is None:

@@ -42,7 +42,7 @@ class RealParts:
         # threads run broke the JVM launch (seen once in ~13 starts).
         from ..runtime.spark.session import build_session
 
-        self.spark = build_session(f"twinflow-{peer.name}-{peer.cfg.node_id}", peer.cfg.spark_master,
+        self.spark = build_session(f"twinflow-{peer.name}-{peer.cfg.peer_id}", peer.cfg.spark_master,
                                    peer.cfg.spark_conf)
 
     def server(self, peer: "Peer") -> tuple[Any, int]:
@@ -68,14 +68,14 @@ class RealParts:
     # -- each member's ----------------------------------------------------------
     def store(self, member: "FlowMember") -> FlowStore:
         cfg = member.cfg
-        return open_store(cfg.redis_url, cfg.connect_deadline_s, member.keys, cfg.node_id, member.spec)
+        return open_store(cfg.redis_url, cfg.connect_deadline_s, member.keys, cfg.peer_id, member.spec)
 
     def sender(self, member: "FlowMember") -> EscalationSender:
-        return EscalationSender(member.name, member.cfg.node_id, lambda: member.epoch, member.escalation_targets,
+        return EscalationSender(member.name, member.cfg.peer_id, lambda: member.epoch, member.escalation_targets,
                                 batch_max=member.spec.escalation_batch, security=member.cfg.security)
 
     def leadership(self, member: "FlowMember") -> Leadership:
-        return Leadership(member.zk, member.name, member.cfg.node_id, member.address, member.on_promoted,
+        return Leadership(member.zk, member.name, member.cfg.peer_id, member.address, member.on_promoted,
                           member.on_demoted, may_contend=member.may_contend)
 
     def start_timers(self, member: "FlowMember") -> None:

@@ -53,13 +53,13 @@ class ShardReading:
         self._held: set[int] = set()
         self._hold_lock = threading.Lock()
         cfg = peer.cfg
-        checkpoint = os.path.join(cfg.state_dir, peer.name, cfg.node_id, "checkpoint")
+        checkpoint = os.path.join(cfg.state_dir, peer.name, cfg.peer_id, "checkpoint")
         os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
         self.query = None
         self.query = start_shard_stream(
             spark,
             redis_url=cfg.redis_url,
-            shards=[{"stream": m.keys.uplink, "status_key": m.keys.read(cfg.node_id),
+            shards=[{"stream": m.keys.uplink, "status_key": m.keys.read(cfg.peer_id),
                      "start_id": start["id"], "start_n": start["n"]}
                     for m, start in zip(self.members, starts)],
             checkpoint_dir=checkpoint,
@@ -67,7 +67,7 @@ class ShardReading:
             max_batch_size=min(m.max_read_size for m in self.members),
             batch_bytes=peer.spec.batch_bytes,
             max_body_bytes=peer.spec.message.max_bytes,
-            query_name=f"{peer.name}_{cfg.node_id}".replace("-", "_").replace(".", "_"),
+            query_name=f"{peer.name}_{cfg.peer_id}".replace("-", "_").replace(".", "_"),
         )
 
     @property
@@ -88,7 +88,7 @@ class ShardReading:
                 raise NodeStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
             plan = ShardPlan(
                 flow_text=peer.graph.text, flow_source=peer.graph.source, redis_url=peer.cfg.redis_url,
-                node_id=peer.cfg.node_id, now=self.members[0].clock.now(),
+                peer_id=peer.cfg.peer_id, now=self.members[0].clock.now(),
                 connect_deadline_s=peer.cfg.connect_deadline_s,
                 roles={k: m.executor_role() for k, m in enumerate(self.members)},
                 generations={k: m.driver_steps for k, m in enumerate(self.members)},

@@ -66,7 +66,7 @@ class ShardPlan:
     flow_text: str
     flow_source: str
     redis_url: str
-    node_id: str
+    peer_id: str
     now: float                          # the flow's time for this batch (the driver's clock)
     connect_deadline_s: float
     roles: dict[int, tuple[str, int]]   # shard -> (role, epoch)
@@ -123,7 +123,7 @@ class _Context:
 
             graph = shard_graph(self.graph, k)
             self.stores[k] = (graph, open_store(self.plan.redis_url, self.plan.connect_deadline_s,
-                                                flow_keys(graph), self.plan.node_id, graph.cluster))
+                                                flow_keys(graph), self.plan.peer_id, graph.cluster))
         return self.stores[k]
 
 
@@ -131,7 +131,7 @@ _contexts: dict[tuple, _Context] = {}
 
 
 def _context(plan: ShardPlan) -> _Context:
-    key = (hashlib.sha256(plan.flow_text.encode()).hexdigest(), plan.redis_url, plan.node_id)
+    key = (hashlib.sha256(plan.flow_text.encode()).hexdigest(), plan.redis_url, plan.peer_id)
     if key not in _contexts:
         _contexts[key] = _Context(plan)
     return _contexts[key]

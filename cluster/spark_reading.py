@@ -33,8 +33,8 @@ class SparkReading:
             max_batch_size=member.max_read_size,
             batch_bytes=member.spec.batch_bytes,
             max_body_bytes=member.spec.message.max_bytes,
-            status_key=member.keys.read(cfg.node_id),
-            query_name=f"{member.name}_{cfg.node_id}".replace("-", "_"),
+            status_key=member.keys.read(cfg.peer_id),
+            query_name=f"{member.name}_{cfg.peer_id}".replace("-", "_"),
             source_options={"warmup": "1", "start_id": start["id"], "start_n": str(start["n"])},
         )
 

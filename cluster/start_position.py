@@ -18,7 +18,7 @@ from pathlib import Path
 from ..runtime.positions import position_order
 from ..secrets import redact_url
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 from .on_cluster import StartRefused
@@ -39,7 +39,7 @@ class StartPosition:
         log.warning("RUNNING ON A REDIS THAT CANNOT KEEP THE PROMISES: %s", text)
 
     def checkpoint_dir(self) -> Path:
-        return Path(self.cfg.state_dir) / self.name / self.cfg.node_id / "checkpoint"
+        return Path(self.cfg.state_dir) / self.name / self.cfg.peer_id / "checkpoint"
 
     def _check_retention(self, resuming: bool) -> None:
         """Refuse to resume reading from a position whose following entries were trimmed."""
@@ -50,7 +50,7 @@ class StartPosition:
         if kept is None or read is None or position_order(read) >= position_order(kept):
             return
         raise StartRefused(
-            f"{self.cfg.node_id} last read {self.keys.uplink} up to {read}, but the uplink was trimmed up to "
+            f"{self.cfg.peer_id} last read {self.keys.uplink} up to {read}, but the uplink was trimmed up to "
             f"{kept} while it was away (longer than uplink.retention = {self.spec.retention:.0f} s): what it "
             f"would read next is gone. Every trimmed entry was processed by the flow; start the node on a new "
             f"state directory with --start-from processed")
@@ -89,5 +89,5 @@ class StartPosition:
                         oldest, self.spec.message.id_ttl)
         chosen.parent.mkdir(parents=True, exist_ok=True)
         chosen.write_text(json.dumps(start))
-        log.info("%s starts reading %s after %s", self.cfg.node_id, self.keys.uplink, start["id"])
+        log.info("%s starts reading %s after %s", self.cfg.peer_id, self.keys.uplink, start["id"])
         return start

@@ -19,7 +19,7 @@ from ..runtime.message import Message, MessageSpec, decode
 from ..runtime.positions import WARMUP_POSITION
 from ..runtime.store.flow_store import FlowStore
 
-log = logging.getLogger("twinflow.node")
+log = logging.getLogger("twinflow.peer")
 
 
 def decode_rows(rows, spec: MessageSpec) -> tuple[list[Message], list[tuple], bool]:

@@ -6,8 +6,8 @@ its cluster when it ends, so start the same cluster yourself (docs/getting-start
 "Run it on two nodes"):
 
     .venv/bin/twinflow services up
-    .venv/bin/twinflow run examples/cluster-chained.yaml --node-id a &
-    .venv/bin/twinflow run examples/cluster-chained.yaml --node-id b &
+    .venv/bin/twinflow run examples/cluster-chained.yaml --peer-id a &
+    .venv/bin/twinflow run examples/cluster-chained.yaml --peer-id b &
     .venv/bin/twinflow status examples/cluster-chained.yaml     # until one is master
     .venv/bin/python examples/external_service.py --pairs 100
 
@@ -95,8 +95,8 @@ def wait_for_sink(r: redis.Redis, sink_key: str, ids: set[str], deadline_s: floa
 def node_addresses(r: redis.Redis, flow: str) -> list[str]:
     """The gRPC addresses of the flow's live nodes, from their status in Redis."""
     addresses = []
-    for node_id in sorted(r.smembers(f"tf:{{{flow}}}:nodes")):
-        address = r.hget(f"tf:{{{flow}}}:node:{node_id.decode()}", "grpc_address")
+    for peer_id in sorted(r.smembers(f"tf:{{{flow}}}:nodes")):
+        address = r.hget(f"tf:{{{flow}}}:node:{peer_id.decode()}", "grpc_address")
         if address:  # a node whose status expired has left
             addresses.append(address.decode())
     return addresses

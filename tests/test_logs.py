@@ -15,7 +15,7 @@ TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
 def record(msg="hello %s", args=("world",), level=logging.INFO, exc_info=None, **extra):
-    rec = logging.LogRecord("twinflow.node", level, __file__, 1, msg, args, exc_info)
+    rec = logging.LogRecord("twinflow.peer", level, __file__, 1, msg, args, exc_info)
     for key, value in extra.items():
         setattr(rec, key, value)
     return rec
@@ -50,19 +50,19 @@ def test_text_without_context_keeps_the_old_shape():
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO twinflow\.node: hello world", line), line
 
 
-def test_text_appends_flow_node_and_epoch_when_known():
-    assert text(record(flow="orders", node="a", epoch=3, event="promoted")).endswith(
-        "twinflow.node: hello world flow=orders node=a epoch=3")
+def test_text_appends_flow_peer_and_epoch_when_known():
+    assert text(record(flow="orders", peer="a", epoch=3, event="promoted")).endswith(
+        "twinflow.peer: hello world flow=orders peer=a epoch=3")
     # Only what the record has: a store knows no epoch before it read one.
-    assert text(record(flow="orders", node="a")).endswith("hello world flow=orders node=a")
+    assert text(record(flow="orders", peer="a")).endswith("hello world flow=orders peer=a")
 
 
 def test_json_has_the_fixed_fields_then_the_context_and_the_event_fields():
-    out = as_json(record(flow="orders", node="a", epoch=3, event="rolled_back", count=7))
+    out = as_json(record(flow="orders", peer="a", epoch=3, event="rolled_back", count=7))
     assert TS.match(out["ts"]), out["ts"]
-    assert out == {"ts": out["ts"], "level": "INFO", "logger": "twinflow.node", "msg": "hello world",
-                   "flow": "orders", "node": "a", "epoch": 3, "event": "rolled_back", "count": 7}
-    assert list(out)[:8] == ["ts", "level", "logger", "msg", "flow", "node", "epoch", "event"]
+    assert out == {"ts": out["ts"], "level": "INFO", "logger": "twinflow.peer", "msg": "hello world",
+                   "flow": "orders", "peer": "a", "epoch": 3, "event": "rolled_back", "count": 7}
+    assert list(out)[:8] == ["ts", "level", "logger", "msg", "flow", "peer", "epoch", "event"]
 
 
 def test_json_ts_is_utc_with_milliseconds():
@@ -79,19 +79,19 @@ def test_json_without_context_has_no_context_keys():
 def test_event_passes_context_and_fields(captured):
     logger, lines = captured
     logs.event(logger, logging.WARNING, "demoted", "%s demoted (%s)", "a", "fenced",
-               flow="orders", node="a", epoch=4, reason="fenced")
+               flow="orders", peer="a", epoch=4, reason="fenced")
     [out] = lines()
-    assert (out["level"], out["msg"], out["event"], out["flow"], out["node"], out["epoch"], out["reason"]) == \
+    assert (out["level"], out["msg"], out["event"], out["flow"], out["peer"], out["epoch"], out["reason"]) == \
         ("WARNING", "a demoted (fenced)", "demoted", "orders", "a", 4, "fenced")
 
 
 def test_event_leaves_out_unknown_context_and_renames_reserved_field_names(captured):
     logger, lines = captured
     # "msg", "name" and "args" are LogRecord attributes: as extra they would make logging raise.
-    logs.event(logger, logging.INFO, "started", "up", flow="orders", node=None, msg="m", name="n", args=1)
+    logs.event(logger, logging.INFO, "started", "up", flow="orders", peer=None, msg="m", name="n", args=1)
     [out] = lines()
     assert out["msg"] == "up" and out["msg_"] == "m" and out["name_"] == "n" and out["args_"] == 1
-    assert "node" not in out and "epoch" not in out
+    assert "peer" not in out and "epoch" not in out
 
 
 def test_event_below_the_level_logs_nothing(captured):
@@ -140,7 +140,7 @@ def test_fields_that_json_cannot_hold_are_written_as_text():
 
 def test_a_field_named_like_a_fixed_key_does_not_replace_it():
     out = as_json(record(ts="mine", logger=3))
-    assert TS.match(out["ts"]) and out["ts_"] == "mine" and out["logger"] == "twinflow.node" and out["logger_"] == 3
+    assert TS.match(out["ts"]) and out["ts_"] == "mine" and out["logger"] == "twinflow.peer" and out["logger_"] == 3
 
 
 def test_a_circular_field_falls_back_to_a_line_that_parses():

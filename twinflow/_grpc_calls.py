@@ -2,7 +2,7 @@
 encoding and batching of the bodies a publish sends.
 
 It holds the calls :class:`twinflow.client.Client` makes, and the one-call functions
-``publish``, ``node_status`` and ``request_handover`` that ``twinflow.client`` exposes. Under
+``publish``, ``peer_status`` (``node_status``, deprecated) and ``request_handover`` that ``twinflow.client`` exposes. Under
 failure each call raises the node's ``grpc.RpcError`` as it comes and retries nothing: the
 retrying, the back-off and what a publish that gave up wrote are :class:`twinflow.client.Client`'s
 (``twinflow.client``).
@@ -11,6 +11,7 @@ retrying, the back-off and what a publish that gave up wrote are :class:`twinflo
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Iterable, Mapping
 
 import grpc
@@ -53,7 +54,9 @@ def _publish_once(channel: grpc.Channel, flow: str, bodies: list[bytes], timeout
 
 
 def _status(channel: grpc.Channel, timeout_s: float) -> dict:
-    return _to_dict(pb_grpc.AdminStub(channel).Status(pb.StatusRequest(), timeout=timeout_s))
+    out = _to_dict(pb_grpc.AdminStub(channel).Status(pb.StatusRequest(), timeout=timeout_s))
+    out["peer_id"] = out["peer_id"] or out["node_id"]  # a peer from before peer_id sends only node_id
+    return out
 
 
 def _handover(channel: grpc.Channel, timeout_s: float) -> dict:
@@ -82,10 +85,17 @@ def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.
         return _publish_once(channel, flow, list(bodies), timeout_s)
 
 
-def node_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
-    """The NodeStatus of the node at ``address`` as a dict with every field."""
+def peer_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
+    """The status of the peer at ``address`` as a dict with every field (``peer_id`` names it;
+    ``node_id`` is the same under its old name)."""
     with security.channel(address, "admin") as channel:
         return _status(channel, timeout_s)
+
+
+def node_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
+    """Deprecated name of :func:`peer_status` (a process is a peer; a node is a graph node)."""
+    warnings.warn("twinflow.client.node_status is deprecated: use peer_status", DeprecationWarning, stacklevel=2)
+    return peer_status(address, timeout_s, security=security)
 
 
 def request_handover(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:

@@ -1,4 +1,4 @@
-"""The ``twinflow`` command: run a node, inspect a flow, manage local services, run the demo.
+"""The ``twinflow`` command: run a peer, inspect a flow, manage local services, run the demo.
 
 Addresses come from flags, else from the environment (TWINFLOW_REDIS,
 TWINFLOW_ZK, TWINFLOW_SPARK_MASTER), else from the local services that
@@ -19,22 +19,37 @@ from twinflow.cli_tools import (cmd_bench, cmd_certs, cmd_demo, cmd_drill, cmd_p
                                 cmd_simulate)
 
 
-START_FROM = ("processed", "beginning")  # where a node with a new state dir may start (NodeConfig.start_from)
+START_FROM = ("processed", "beginning")  # where a peer with a new state dir may start (PeerConfig.start_from)
+
+
+class _OldName(argparse.Action):
+    """A flag under its old name: works as ``new`` does, and says so on stderr (kept one release)."""
+
+    def __init__(self, option_strings, dest, new: str, append: bool = False, **kwargs):
+        self.new, self.append = new, append
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"twinflow: {option_string} is deprecated, use {self.new} (a twinflow run process is a peer; "
+              f"a node is a node of the flow graph)", file=sys.stderr)
+        if self.append:
+            values = [*(getattr(namespace, self.dest, None) or []), values]
+        setattr(namespace, self.dest, values)
 
 
 def _security_flags(parser, serving: bool) -> None:
     g = parser.add_argument_group("gRPC security (over the flow file's security section)")
     if serving:
-        g.add_argument("--tls-cert", metavar="PEM", help="this node's certificate (its gRPC server; and its "
+        g.add_argument("--tls-cert", metavar="PEM", help="this peer's certificate (its gRPC server; and its "
                                                           "client certificate with --tls-mutual)")
         g.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
         g.add_argument("--tls-mutual", action="store_true", help="ask for and check client certificates "
-                                                                 "signed by --tls-ca (node to node)")
+                                                                 "signed by --tls-ca (peer to peer)")
         g.add_argument("--insecure", action="store_true",
                        help="serve a non-loopback --listen without TLS and tokens (warned at start and "
                             "every minute)")
-    g.add_argument("--tls-ca", metavar="PEM", help="the CA that signed the nodes' certificates")
-    g.add_argument("--tls-server-name", metavar="NAME", help="the name to check in a node's certificate "
+    g.add_argument("--tls-ca", metavar="PEM", help="the CA that signed the peers' certificates")
+    g.add_argument("--tls-server-name", metavar="NAME", help="the name to check in a peer's certificate "
                                                              "when it is not the host dialled")
     g.add_argument("--token", action="append", metavar="SCOPE=REF",
                    help="a token for ingest, escalation or admin, named as file:PATH or env:NAME (never "
@@ -48,17 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the log on stderr as text lines (default) or one JSON object per line (docs/reference/logs.md)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run one flow node (master or worker, as elected)")
+    r = sub.add_parser("run", help="run one peer of a flow (master or worker of each pair, as elected)")
     r.add_argument("flow", help="flow file (YAML)")
-    r.add_argument("--node-id", required=True)
+    r.add_argument("--peer-id", help="this peer's name, unique in the flow (required)")
+    r.add_argument("--node-id", dest="peer_id", action=_OldName, new="--peer-id")
     r.add_argument("--redis", help="Redis URL, e.g. redis://10.0.0.5:6379/0")
     r.add_argument("--zk", help="ZooKeeper connect string, e.g. zk1:2181,zk2:2181,zk3:2181")
     r.add_argument("--spark-master", help="Spark master URL (default local[1]; spark://HOST:PORT for a "
                                           "standalone cluster, whose executors run a sharded flow's shards)")
     r.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                   help="a Spark setting for this node's session, e.g. spark.cores.max=2 (repeatable)")
+                   help="a Spark setting for this peer's session, e.g. spark.cores.max=2 (repeatable)")
     r.add_argument("--listen", default="127.0.0.1:0", help="gRPC bind address (default 127.0.0.1:0)")
-    r.add_argument("--advertise", help="gRPC address other nodes dial (default: the bound one)")
+    r.add_argument("--advertise", help="gRPC address other peers dial (default: the bound one)")
     r.add_argument("--state-dir", default=".twinflow", help="where Spark checkpoints live")
     r.add_argument("--start-from", choices=START_FROM,
                    help="a new state dir on a flow that has processed entries: read after the flow's "
@@ -73,16 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     _security_flags(r, serving=True)
     r.set_defaults(fn=cmd_run)
 
-    for name, fn, helptext in (("status", cmd_status, "each node's role, epoch, lag and counts"),
-                               ("handover", cmd_handover, "move the master role to another node")):
+    for name, fn, helptext in (("status", cmd_status, "each peer's role, epoch, lag and counts"),
+                               ("handover", cmd_handover, "move the master role to another peer")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("flow", help="flow file (YAML)")
         s.add_argument("--redis")
         if name == "status":
             s.add_argument("--json", action="store_true")
-            s.add_argument("--node", action="append", metavar="HOST:PORT",
-                           help="a node's gRPC address, asked when Redis does not answer "
-                                "(default: the nodes the last status found)")
+            s.add_argument("--peer", action="append", metavar="HOST:PORT",
+                           help="a peer's gRPC address, asked when Redis does not answer "
+                                "(default: the peers the last status found)")
+            s.add_argument("--node", dest="peer", action=_OldName, new="--peer", append=True)
         else:
             s.add_argument("--timeout", type=float, default=5.0)
         _security_flags(s, serving=False)
@@ -120,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(default for `all`: drill-report)")
     dr.set_defaults(fn=cmd_drill)
 
-    sm = sub.add_parser("simulate", help="seeded failover simulation of the node code on a virtual clock")
+    sm = sub.add_parser("simulate", help="seeded failover simulation of the peer code on a virtual clock")
     sm.add_argument("--seed", type=int, default=1, help="the first run's seed (runs use seed, seed+1, ...)")
     sm.add_argument("--runs", type=int, default=1000)
     sm.add_argument("--steps", type=int, default=200, help="steps with faults per run (then it settles)")
@@ -137,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--json", action="store_true")
     sm.set_defaults(fn=cmd_simulate)
 
-    b = sub.add_parser("bench", help="measure the two-node cluster against bare Spark on this machine")
+    b = sub.add_parser("bench", help="measure the two-peer cluster against bare Spark on this machine")
     b.add_argument("which", choices=("flow-vs-passthrough",))
     b.add_argument("--messages", type=int, default=50_000, help="messages in the burst (default 50,000)")
     b.add_argument("--rate", type=float, default=2000.0, help="steady rate for latency (default 2,000/s)")
@@ -145,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     b.set_defaults(fn=cmd_bench)
 
-    d = sub.add_parser("demo", help="two nodes, a SIGKILL of the master mid-stream, and the count")
+    d = sub.add_parser("demo", help="two peers, a SIGKILL of the master mid-stream, and the count")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     d.add_argument("--messages", type=int, default=3000)
     d.add_argument("--rate", type=float, default=600.0, help="messages per second (default 600)")
@@ -155,11 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chained: history -> AND join -> action (default); claim-pair: the action alone")
     d.set_defaults(fn=cmd_demo)
 
-    c = sub.add_parser("certs", help="a development CA, a node certificate and tokens (docs/operations/security.md)")
+    c = sub.add_parser("certs", help="a development CA, a peer certificate and tokens (docs/operations/security.md)")
     c.add_argument("dir", help="where to write them (the CA and tokens there are reused)")
-    c.add_argument("--node", required=True, help="the node's name: <node>.pem and <node>-key.pem")
+    c.add_argument("--peer", help="the peer's name: <peer>.pem and <peer>-key.pem (required)")
+    c.add_argument("--node", dest="peer", action=_OldName, new="--peer")
     c.add_argument("--name", action="append", metavar="HOST_OR_IP",
-                   help="a DNS name or IP address others dial the node by (repeatable; default: --node)")
+                   help="a DNS name or IP address others dial the peer by (repeatable; default: --peer)")
     c.set_defaults(fn=cmd_certs)
     return p
 
@@ -171,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logs.configure(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
     if args.fn in (cmd_drill, cmd_demo, cmd_bench):
-        # SIGTERM unwinds like Ctrl-C, so the servers and nodes these started are stopped by PID.
+        # SIGTERM unwinds like Ctrl-C, so the servers and peers these started are stopped by PID.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     return args.fn(args)
 

@@ -16,19 +16,22 @@ from pathlib import Path
 from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, _address,
                                  _grpc_security, _load_flow, _spark_conf, _table)
 
-STATUS_COLUMNS = ["node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
+STATUS_COLUMNS = ["peer_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
                   "delivered", "failed", "unclaimed", "backpressure", "redis", "grpc_address"]
 # The nodes `twinflow status` last found in Redis, asked over gRPC when Redis does not answer.
 NODES_SEEN = Path(".twinflow") / "nodes-{flow}.json"
 
 
 def cmd_run(args) -> int:
+    if not args.peer_id:  # not argparse's required=: --node-id, its old name, may give it
+        print("twinflow run: the following arguments are required: --peer-id", file=sys.stderr)
+        return 2
     # The node's only fork is Spark's JVM launch, an immediate exec: gRPC's
     # fork handlers have nothing to protect there and can break it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from twinflow.cluster.connect import ServiceUnavailable
     from twinflow.cluster.peer import Peer
-    from twinflow.cluster.peer_config import NodeConfig
+    from twinflow.cluster.peer_config import PeerConfig
     from twinflow.cluster.real_parts import RealParts
     from twinflow.cluster.on_cluster import StartRefused
     from twinflow.grpc_security import SecurityConfigError
@@ -37,8 +40,8 @@ def cmd_run(args) -> int:
     from twinflow.secrets import SecretError
 
     graph = _load_flow(args.flow)
-    cfg = NodeConfig(
-        node_id=args.node_id,
+    cfg = PeerConfig(
+        peer_id=args.peer_id,
         redis_url=_address(args.redis, "TWINFLOW_REDIS", "redis"),
         zk_hosts=_address(args.zk, "TWINFLOW_ZK", "zk"),
         listen=args.listen,
@@ -113,7 +116,7 @@ def cmd_status(args) -> int:
         rows = []
         for shard in stores:  # a sharded flow: a row per node and shard
             for row in shard.read_statuses(deadline_s=3.0):
-                row["uplink_lag"] = shard.uplink_lag(row["node_id"])  # live lag, not the one cached
+                row["uplink_lag"] = shard.uplink_lag(row["peer_id"])  # live lag, not the one cached
                 rows.append(row)
         seen.parent.mkdir(parents=True, exist_ok=True)
         seen.write_text(json.dumps(sorted({r["grpc_address"] for r in rows if r.get("grpc_address")})))
@@ -121,13 +124,13 @@ def cmd_status(args) -> int:
         # Redis is down: ask the nodes themselves (they report it, and whether they read).
         print(f"twinflow: Redis at {redact_url(_address(args.redis, 'TWINFLOW_REDIS', 'redis'))} did not answer: "
               f"{redact_text(str(exc))}", file=sys.stderr)
-        rows = _statuses_over_grpc(args.node or (json.loads(seen.read_text()) if seen.exists() else []),
+        rows = _statuses_over_grpc(args.peer or (json.loads(seen.read_text()) if seen.exists() else []),
                                    _grpc_security(args, graph))
         if not rows:
-            print("twinflow: no node answered over gRPC either (pass --node HOST:PORT)", file=sys.stderr)
+            print("twinflow: no peer answered over gRPC either (pass --peer HOST:PORT)", file=sys.stderr)
             return EXIT_UNAVAILABLE
     if args.json:
-        print(json.dumps({"flow": graph.name, "nodes": rows}))
+        print(json.dumps({"flow": graph.name, "peers": rows, "nodes": rows}))  # "nodes": the old name, one release
         return 0
     if not rows:
         print(f"flow {graph.name}: no live nodes")
@@ -138,12 +141,12 @@ def cmd_status(args) -> int:
 
 
 def _statuses_over_grpc(addresses: list[str], security) -> list[dict]:
-    from twinflow.client import node_status
+    from twinflow.client import peer_status
 
     rows = []
     for address in addresses:
         try:
-            rows.append(node_status(address, timeout_s=3.0, security=security))
+            rows.append(peer_status(address, timeout_s=3.0, security=security))
         except Exception as exc:  # a node that is gone: say so, ask the next
             print(f"twinflow: node at {address} did not answer: {exc}", file=sys.stderr)
     return rows

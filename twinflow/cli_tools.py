@@ -228,7 +228,10 @@ def cmd_bench(args) -> int:
 def cmd_certs(args) -> int:
     from twinflow.certs import make_certs
 
-    made = make_certs(args.dir, args.node, args.name or [args.node])
+    if not args.peer:  # not argparse's required=: --node, its old name, may give it
+        print("twinflow certs: the following arguments are required: --peer", file=sys.stderr)
+        return 2
+    made = make_certs(args.dir, args.peer, args.name or [args.peer])
     for path in made:
         print(path)
     print(f"twinflow: {len(made)} files made in {args.dir}; name them in the flow file's security section "

@@ -45,7 +45,7 @@ address at once, and pauses only once every address failed in a row.
 ...     written.extend(bodies)
 ...     return [f"1700000000000-{len(written) - len(bodies) + i}" for i in range(len(bodies))]
 >>> server, port = create_server("127.0.0.1:0", ingest=IngestServicer("orders", uplink),
-...     admin=AdminServicer(status=lambda: {"flow": "orders", "node_id": "a", "role": "master"},
+...     admin=AdminServicer(status=lambda: {"flow": "orders", "peer_id": "a", "role": "master"},
 ...                         handover=lambda timeout_s: {"ok": True, "new_master": "b"}))
 >>> with Client(f"127.0.0.1:{port}", "orders") as client:
 ...     client.publish([{"id": "o1", "type": "order"}, b'{"id": "p1", "type": "payment"}'], batch_size=1)
@@ -75,8 +75,8 @@ from typing import Callable, Iterable
 import grpc
 
 from twinflow._escalation_client import Ack, EscalationClient
-from twinflow._grpc_calls import (_batches, _encode, _handover, _publish_once, _status, node_status, publish,
-                                  request_handover)
+from twinflow._grpc_calls import (_batches, _encode, _handover, _publish_once, _status, node_status, peer_status,
+                                  publish, request_handover)
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
 from twinflow.runtime.waiting import Backoff
 
@@ -86,6 +86,7 @@ __all__ = [
     "EscalationClient",
     "PublishError",
     "node_status",
+    "peer_status",
     "publish",
     "request_handover",
 ]
@@ -262,7 +263,7 @@ class Client:
         """The NodeStatus of the node at ``address`` as a dict with every field.
 
         Without ``address``: of the first of the client's nodes that answers,
-        starting with the one publishes go to (its ``node_id`` and
+        starting with the one publishes go to (its ``peer_id`` and
         ``grpc_address`` say which). Raises ``grpc.RpcError`` (the last
         node's) when none answers.
         """

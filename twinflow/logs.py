@@ -1,14 +1,14 @@
-"""The node's log: one line per event an operator acts on, as text or as JSON lines.
+"""A peer's log: one line per event an operator acts on, as text or as JSON lines.
 
 ``configure(level, fmt)`` sets up the process's log on stderr (``twinflow
 --log-format text|json``). An event that matters to an operator (a
 promotion, a demotion, a fenced write, an outage and its end) is logged
 through :func:`event`, which names it (``promoted``, ``redis_down``, ...)
-and carries the flow, the node and the epoch it happened at, passed by the
-caller: a sharded node runs one flow per shard in one process, so no
-process-wide context could tell them apart.
+and carries the flow, the peer (the ``twinflow run`` process) and the epoch
+it happened at, passed by the caller: a sharded flow's peer runs one member
+per shard in one process, so no process-wide context could tell them apart.
 
-Text keeps the usual shape and adds the flow, node and epoch when the
+Text keeps the usual shape and adds the flow, peer and epoch when the
 record has them; JSON writes one object per line with every field:
 
 >>> import io, json, logging
@@ -19,9 +19,9 @@ record has them; JSON writes one object per line with every field:
 >>> example.addHandler(handler)
 >>> example.propagate = False
 >>> event(example, logging.WARNING, "rolled_back", "%d messages rolled back", 3,
-...       flow="orders", node="a", epoch=7, count=3)
+...       flow="orders", peer="a", epoch=7, count=3)
 >>> line = json.loads(out.getvalue())
->>> line["event"], line["flow"], line["node"], line["epoch"], line["count"], line["msg"]
+>>> line["event"], line["flow"], line["peer"], line["epoch"], line["count"], line["msg"]
 ('rolled_back', 'orders', 'a', 7, 3, '3 messages rolled back')
 
 A formatter never raises: a record whose arguments do not fit its message
@@ -39,7 +39,7 @@ from typing import Any, TextIO
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
-CONTEXT = ("flow", "node", "epoch")  # what an operator filters a node's log by
+CONTEXT = ("flow", "peer", "epoch")  # what an operator filters a peer's log by
 NOISY = ("kazoo", "py4j", "urllib3")  # chatty at INFO about things the node logs itself, if they matter
 
 # Attributes every LogRecord has: anything else on a record came in through ``extra``.
@@ -47,8 +47,8 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 
 
 def event(logger: logging.Logger, level: int, name: str, msg: str, /, *args: Any, flow: str | None = None,
-          node: str | None = None, epoch: int | None = None, exc_info: Any = None, **fields: Any) -> None:
-    """Log the operator event ``name`` (a short stable name) with its flow, node, epoch and fields.
+          peer: str | None = None, epoch: int | None = None, exc_info: Any = None, **fields: Any) -> None:
+    """Log the operator event ``name`` (a short stable name) with its flow, peer, epoch and fields.
 
     ``msg % args`` is the human sentence; ``fields`` are what a program reads
     (``count``, ``reason``, ``seconds``). A field named like a LogRecord
@@ -57,7 +57,7 @@ def event(logger: logging.Logger, level: int, name: str, msg: str, /, *args: Any
     if not logger.isEnabledFor(level):
         return
     extra = {"event": name}
-    for key, value in (("flow", flow), ("node", node), ("epoch", epoch), *fields.items()):
+    for key, value in (("flow", flow), ("peer", peer), ("epoch", epoch), *fields.items()):
         if value is not None:
             extra[key + "_" if key in _STANDARD else key] = value
     logger.log(level, msg, *args, exc_info=exc_info, extra=extra)
@@ -83,7 +83,7 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
 
 
 class TextFormatter(logging.Formatter):
-    """``<asctime> <LEVEL> <logger>: <message>`` then `` flow=… node=… epoch=…`` when known."""
+    """``<asctime> <LEVEL> <logger>: <message>`` then `` flow=… peer=… epoch=…`` when known."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)

@@ -119,7 +119,7 @@ class Checker:
                         if self._expired_again(member, now):
                             continue
                         problems.append(f"{member} left the flow {self.left[member]} times "
-                                        f"(again via {stream}, node {e.node}, epoch {e.epoch})")
+                                        f"(again via {stream}, peer {e.peer}, epoch {e.epoch})")
                     if member in failed_ids:
                         problems.append(f"{member} left the flow and by the failure path")
                 problems.extend(self.tally.judge_writer(e))

@@ -51,9 +51,9 @@ class EscalationNet:
 
 
 class SimSender:
-    def __init__(self, net: EscalationNet, node_id: str, epoch: Callable[[], int],
+    def __init__(self, net: EscalationNet, peer_id: str, epoch: Callable[[], int],
                  targets: Callable[[], dict[str, str]]):
-        self.net, self.node_id, self.epoch, self.targets = net, node_id, epoch, targets
+        self.net, self.peer_id, self.epoch, self.targets = net, peer_id, epoch, targets
         self.stopped = False
 
     def send(self, claims: list[tuple[str, str, str]]) -> None:
@@ -65,7 +65,7 @@ class SimSender:
         except Exception:  # ZooKeeper cannot say who the members are: the real sender keeps its targets
             pass
         for target in sorted(getattr(self, "_last", {})):
-            self.net.put(InFlight(self.node_id, target, epoch, list(claims)))
+            self.net.put(InFlight(self.peer_id, target, epoch, list(claims)))
 
     def flush(self, timeout_s: float) -> bool:
         return True

@@ -28,7 +28,7 @@ from .zookeeper_model import SimLeadership, SimZkClient
 if TYPE_CHECKING:
     from ...cluster.member import FlowMember
     from ...cluster.peer import Peer
-    from .world import SimNode
+    from .world import SimPeer
 
 
 class _NoServer:
@@ -47,7 +47,7 @@ class SimStream:
 
     isActive = True
 
-    def __init__(self, sim: "SimNode", node: "FlowMember", start: dict):
+    def __init__(self, sim: "SimPeer", node: "FlowMember", start: dict):
         self.sim, self.node = sim, node
         if sim.disk.get("offset") is None:
             sim.disk["offset"] = start["id"]
@@ -74,7 +74,7 @@ class SimStream:
         # (read_id, read_n), which the master's trim must not cut past while this node is live.
         n = self.sim.disk.setdefault("n", 0)
         try:
-            node.store.r.hset(node.keys.read(node.cfg.node_id),
+            node.store.r.hset(node.keys.read(node.cfg.peer_id),
                               mapping={"read_n": n, "read_id": self.sim.disk["offset"] or "0-0"})
         except redis.ConnectionError:
             return "read failed (Redis)"
@@ -111,7 +111,7 @@ class SimParts:
     """A simulated peer's parts and its one member's; ``connected`` says whether this
     incarnation is heard from by ZooKeeper."""
 
-    def __init__(self, sim: "SimNode", connected: Callable[[], bool]):
+    def __init__(self, sim: "SimPeer", connected: Callable[[], bool]):
         self.sim = sim
         self.world = sim.world
         self.connected = connected
@@ -136,14 +136,14 @@ class SimParts:
     def store(self, member: "FlowMember") -> FlowStore:
         client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits, self.world.replica,
                           self.world.cached_at)
-        return FlowStore(client, member.keys, member.cfg.node_id, id_ttl=member.spec.message.id_ttl,
+        return FlowStore(client, member.keys, member.cfg.peer_id, id_ttl=member.spec.message.id_ttl,
                          sleep=self.world.wait, monotonic=self.world.clock.now)
 
     def sender(self, member: "FlowMember") -> SimSender:
-        return SimSender(self.world.net, member.cfg.node_id, lambda: member.epoch, member.escalation_targets)
+        return SimSender(self.world.net, member.cfg.peer_id, lambda: member.epoch, member.escalation_targets)
 
     def leadership(self, member: "FlowMember") -> SimLeadership:
-        return SimLeadership(self.world.zk, member.cfg.node_id, member.cfg.node_id, member.on_promoted,
+        return SimLeadership(self.world.zk, member.cfg.peer_id, member.cfg.peer_id, member.on_promoted,
                              member.on_demoted, member.may_contend, self.connected, self.world.say)
 
     def start_timers(self, member: "FlowMember") -> None:

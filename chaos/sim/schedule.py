@@ -18,7 +18,7 @@ from typing import Callable
 from ...testing.messages import order_or_payment
 from ...cluster.on_cluster import flow_keys
 from . import hostile
-from .world import Killed, SimNode, World
+from .world import Killed, SimPeer, World
 
 MAX_FAULTS = 5
 
@@ -44,15 +44,15 @@ class Schedule:
         w, out = self.world, []
         if len(self.sent) < self.messages:
             out.append((3, "publish", self.publish))
-        for sim in w.nodes.values():
-            n = sim.node_id
+        for sim in w.peers.values():
+            n = sim.peer_id
             if sim.running() and sim.stream is not None and not sim.stream.held:
                 out.append((4, f"read {n}", lambda sim=sim: sim.stream.step()))
             if sim.running() and sim.ahead is not None and sim.ahead.pending is not None:
                 out.append((4, f"batch {n}", lambda sim=sim: sim.ahead.run()))
-            if sim.running() and sim.node is not None:
+            if sim.running() and sim.member is not None:
                 out.append((2, f"timers {n}", lambda sim=sim: self.timers(sim)))
-                if sim.node.leadership is not None and sim.node.leadership.pending():
+                if sim.member.leadership is not None and sim.member.leadership.pending():
                     out.append((3, f"zookeeper {n}", lambda sim=sim: self.react(sim)))
             if not sim.alive:
                 out.append((2, f"restart {n}", lambda sim=sim: w.start(sim, keep_disk=self.rng.random() < 0.8)))
@@ -78,8 +78,8 @@ class Schedule:
                 break
         return f"{name}: {act()}"
 
-    def ready(self, node_id: str) -> bool:
-        return self.world.nodes[node_id].running()
+    def ready(self, peer_id: str) -> bool:
+        return self.world.peers[peer_id].running()
 
     # -- actions ----------------------------------------------------------
     def publish(self) -> str:
@@ -124,27 +124,27 @@ class Schedule:
         self.world.replica.catch_up()
         return f"the replica caught up ({n} writes)"
 
-    def while_writing(self, sim: SimNode, when: str) -> str | None:
+    def while_writing(self, sim: SimPeer, when: str) -> str | None:
         """Something that happens while ``sim``'s COMMIT is in flight (``World.interleave``)."""
         w, rng = self.world, self.rng
-        others = [o for o in w.nodes.values() if o is not sim and o.running() and o.node is not None
-                  and o.node_id not in w.busy]
+        others = [o for o in w.peers.values() if o is not sim and o.running() and o.member is not None
+                  and o.peer_id not in w.busy]
         options: list[tuple[str, Callable[[], str]]] = [
             ("time", lambda: self.advance(rng.uniform(0.01, 1.5 * self.timeout))),
         ]
         if len(self.sent) < self.messages:
             options.append(("publish", self.publish))
-        node = sim.node
+        node = sim.member
         if node is not None and node.leadership is not None and node.leadership.is_master \
                 and node.leadership.pending():
             options.append(("zookeeper (the writer)", lambda: self._react_writer(sim)))
         if node is not None:
             options.append(("timers (the writer)", lambda: self.timers(sim)))
         for o in others:
-            if o.node.leadership is not None and o.node.leadership.pending():
-                options.append((f"zookeeper {o.node_id}", lambda o=o: self.react(o)))
+            if o.member.leadership is not None and o.member.leadership.pending():
+                options.append((f"zookeeper {o.peer_id}", lambda o=o: self.react(o)))
             if o.stream is not None and not o.stream.held:
-                options.append((f"read {o.node_id}", lambda o=o: o.stream.step()))
+                options.append((f"read {o.peer_id}", lambda o=o: o.stream.step()))
         if w.replica is not None:
             options.append(("redis failover", self.failover))
         if rng.random() < 0.05:
@@ -153,25 +153,25 @@ class Schedule:
         try:
             return f"{name}: {act()}"
         except Killed as exc:
-            if exc.node_id == sim.node_id:
+            if exc.peer_id == sim.peer_id:
                 raise
             return f"{name}: {exc}"  # another writer, killed inside what happened here
 
     def _failure_positions(self) -> set[str]:
         return {f[b"position"].decode() for _, f in self.world.redis.xrange(self.keys.failure) if b"position" in f}
 
-    def _react_writer(self, sim: SimNode) -> str:
+    def _react_writer(self, sim: SimPeer) -> str:
         # Its kazoo threads run while its batch thread waits for Redis (as master it can only
         # notice, lose its session or finish a step-down: nothing that waits for the batch lock).
-        sim.node.leadership.react()
-        return f"role {sim.node.role}"
+        sim.member.leadership.react()
+        return f"role {sim.member.role}"
 
-    def _kill_writer(self, sim: SimNode, when: str) -> str:
+    def _kill_writer(self, sim: SimPeer, when: str) -> str:
         ahead = sim.ahead is not None and sim.ahead.running
         self.killed_ahead += ahead
         self.world.kill(sim)
         self.faults += 1
-        raise Killed(sim.node_id, f"{sim.node_id} killed with its COMMIT in flight ({when} Redis)"
+        raise Killed(sim.peer_id, f"{sim.peer_id} killed with its COMMIT in flight ({when} Redis)"
                      + (" with a batch running ahead of its checkpoint" if ahead else ""))
 
     def failover(self) -> str:
@@ -183,21 +183,21 @@ class Schedule:
         self.counts["failover_lost_writes"] += lost
         return f"Redis failed over to its replica, losing {lost} unreplicated writes"
 
-    def timers(self, sim: SimNode) -> str:
-        wait = sim.node.timer_round()
+    def timers(self, sim: SimPeer) -> str:
+        wait = sim.member.timer_round()
         return f"next round in {wait:.3f} s" if wait is not None else "stopped"
 
-    def react(self, sim: SimNode) -> str:
+    def react(self, sim: SimPeer) -> str:
         # A promotion waits for the node's batch lock, which a batch running ahead holds
         # until it ends: that batch runs first (a real one finishes on its own thread).
         ran = sim.ahead.run()
-        if sim.node is None:  # the batch's failure (or a kill while its COMMIT was in flight) ended the process
+        if sim.member is None:  # the batch's failure (or a kill while its COMMIT was in flight) ended the process
             return f"its batch first: {ran}; the process is gone"
         before = self.world.zk.epoch
-        sim.node.leadership.react()
+        sim.member.leadership.react()
         if self.world.zk.epoch != before:
             self.promotions += 1
-        return f"role {sim.node.role}, epoch {sim.node.epoch}"
+        return f"role {sim.member.role}, epoch {sim.member.epoch}"
 
     def deliver(self) -> str:
         w = self.world
@@ -209,7 +209,7 @@ class Schedule:
             return f"{batch.source}->{batch.target} epoch {batch.epoch}: {len(batch.claims)} claims dropped"
         if roll < 0.2:
             w.net.put(batch)  # it arrives again later
-        target = w.nodes[batch.target].node
+        target = w.peers[batch.target].member
         try:
             # As the node's EscalationServicer does: admitted from the master, then claimed.
             why = target.admit_escalation(batch.source, batch.epoch)
@@ -227,13 +227,13 @@ class Schedule:
 
     def fault(self) -> str:
         w, rng = self.world, self.rng
-        alive = [s for s in w.nodes.values() if s.alive]
+        alive = [s for s in w.peers.values() if s.alive]
         if not alive:
             return "none (every node is down)"
         # The master more often than not: its faults are the ones that test failover and fencing.
         masters = [s for s in alive if s.node is not None and s.node.role == "master"]
         sim = rng.choice(masters if masters and rng.random() < 0.6 else alive)
-        n, kind = sim.node_id, rng.choice(["kill", "pause", "zookeeper", "redis-down", "redis-replies",
+        n, kind = sim.peer_id, rng.choice(["kill", "pause", "zookeeper", "redis-down", "redis-replies",
                                            "escalation"] + (["redis-failover"] if w.replica is not None else [])
                                           + (["executor"] if w.dims.sharded else []))
         self.faults += 1
@@ -269,7 +269,7 @@ class Schedule:
         """End every fault and start every dead node again (with its disk)."""
         w = self.world
         w.heal_due(everything=True)
-        for sim in w.nodes.values():
+        for sim in w.peers.values():
             sim.paused_until = float("-inf")
             if not sim.alive:
-                self.say(f"restart {sim.node_id}: {w.start(sim)}")
+                self.say(f"restart {sim.peer_id}: {w.start(sim)}")

@@ -44,7 +44,7 @@ from .stepped_threads import SimWrites
 from .redis_model import SimRedis
 
 if TYPE_CHECKING:
-    from .world import SimNode
+    from .world import SimPeer
 
 SHARD = 0
 _pids = itertools.count(1000)
@@ -53,20 +53,20 @@ _pids = itertools.count(1000)
 class Executor:
     """One executor process of a node: its ``shard_task`` contexts (the kept flows) and its pid."""
 
-    def __init__(self, sim: "SimNode"):
+    def __init__(self, sim: "SimPeer"):
         self.sim = sim
         self.pid = next(_pids)
         self.contexts: dict[tuple, Any] = {}
 
     def context(self, plan: shard_task.ShardPlan) -> Any:
         # The key shard_task._context files it under.
-        key = (hashlib.sha256(plan.flow_text.encode()).hexdigest(), plan.redis_url, plan.node_id)
+        key = (hashlib.sha256(plan.flow_text.encode()).hexdigest(), plan.redis_url, plan.peer_id)
         if key not in self.contexts:
             world = self.sim.world
             ctx = shard_task._Context(plan)
             graph = shard_graph(ctx.graph, SHARD)
             client = SimRedis(world.redis_server, self.sim.redis_link, world.commits, world.replica, world.cached_at)
-            store = FlowStore(client, flow_keys(graph), plan.node_id, id_ttl=graph.cluster.message.id_ttl,
+            store = FlowStore(client, flow_keys(graph), plan.peer_id, id_ttl=graph.cluster.message.id_ttl,
                               sleep=world.wait, monotonic=world.clock.now)
             ctx.stores[SHARD] = (graph, store)
             self.contexts[key] = ctx
@@ -92,26 +92,26 @@ class Executor:
         return r
 
 
-def executors(sim: "SimNode") -> list[Executor]:
+def executors(sim: "SimPeer") -> list[Executor]:
     if not sim.executors:
         sim.executors = [Executor(sim), Executor(sim)]
     return sim.executors
 
 
-def plan_for(sim: "SimNode") -> shard_task.ShardPlan:
+def plan_for(sim: "SimPeer") -> shard_task.ShardPlan:
     """What the driver ships with the batch (caller holds the shard's batch lock), as
     ``ShardReading.on_frame`` builds it."""
-    node, world = sim.node, sim.world
+    node, world = sim.member, sim.world
     return shard_task.ShardPlan(
         flow_text=world.full_graph.text, flow_source=world.full_graph.source, redis_url="sim://redis",
-        node_id=node.cfg.node_id, now=world.clock.now(), connect_deadline_s=1.0,
+        peer_id=node.cfg.peer_id, now=world.clock.now(), connect_deadline_s=1.0,
         roles={SHARD: node.executor_role()}, generations={SHARD: node.driver_steps})
 
 
-def run_on_executors(sim: "SimNode", batch_id: int, rows: list[tuple]) -> str:
+def run_on_executors(sim: "SimPeer", batch_id: int, rows: list[tuple]) -> str:
     """One micro-batch of the shard, as a sharded node runs it; says what happened (for the trace)."""
     from ...runtime.positions import WARMUP_POSITION
-    node, world, rng = sim.node, sim.world, sim.world.rng
+    node, world, rng = sim.member, sim.world, sim.world.rng
     real = [r for r in rows if r[0] != WARMUP_POSITION]
     node.batch_lock.acquire()
     try:
@@ -175,5 +175,5 @@ def run_zombie(world) -> str:
     try:
         r = ex.run(plan, rows)
     except Exception as exc:
-        return f"lost attempt of {plan.node_id} failed ({type(exc).__name__}: {exc})"
-    return f"lost attempt of {plan.node_id} ran as {r.role} at epoch {r.epoch}: {r.delivered} delivered"
+        return f"lost attempt of {plan.peer_id} failed ({type(exc).__name__}: {exc})"
+    return f"lost attempt of {plan.peer_id} ran as {r.role} at epoch {r.epoch}: {r.delivered} delivered"

@@ -166,8 +166,8 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
     world.interleave_hook = schedule.while_writing
     checker = Checker(world, schedule.published, schedule.hostiles, schedule.good,
                       world.graph.cluster.message.id_ttl)
-    for sim in world.nodes.values():
-        world.say(f"start {sim.node_id}: {world.start(sim)}")
+    for sim in world.peers.values():
+        world.say(f"start {sim.peer_id}: {world.start(sim)}")
     try:
         for i in range(steps):
             if not _step(world, schedule, checker, result, i, faults=True):

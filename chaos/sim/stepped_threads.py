@@ -11,7 +11,7 @@ from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from .world import SimNode
+    from .world import SimPeer
 
 
 class _Pending(Future):
@@ -57,7 +57,7 @@ class SimWrites(Executor):
     the other node promotes, a shard task's other attempt runs, Redis fails over, the writer is
     killed. The order is the seed's; no thread runs."""
 
-    def __init__(self, sim: "SimNode"):
+    def __init__(self, sim: "SimPeer"):
         self.sim = sim
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
@@ -78,11 +78,11 @@ class SimWrites(Executor):
 
 
 class AheadBatch(Executor):
-    """A node's batch thread, stepped by the schedule (``cluster.node``, "Batches run
+    """A node's batch thread, stepped by the schedule (``cluster.batch_intake``, "Batches run
     ahead"): the batch runs at its own step, so the process can be killed after Spark
     committed it and before it ran, the window a real master has."""
 
-    def __init__(self, sim: "SimNode | None" = None) -> None:
+    def __init__(self, sim: "SimPeer | None" = None) -> None:
         self.pending: _Pending | None = None
         self.sim = sim
         self.running = False  # the batch is running now (a kill inside it lands ahead of the checkpoint)

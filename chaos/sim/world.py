@@ -1,7 +1,7 @@
 """One simulated cluster: the virtual clock, the server models, the nodes and their faults.
 
 A :class:`World` holds one Redis model, one ZooKeeper model, the escalation
-links and two :class:`SimNode` slots. A slot outlives the processes that
+links and two :class:`SimPeer` slots. A slot outlives the processes that
 run in it: killing a node drops its peer (no clean-up, as SIGKILL) and
 restarting starts a new peer with the same ID, with its disk (the
 checkpoint and state directory) or with a new one.
@@ -27,7 +27,7 @@ import fakeredis
 from ...cluster.member import FlowMember
 from ...cluster.peer import Peer
 
-from ...cluster.peer_config import NodeConfig
+from ...cluster.peer_config import PeerConfig
 from ...runtime.clock import FakeClock
 from ...runtime.flowgraph import FlowGraph
 from .escalation_model import EscalationNet
@@ -63,9 +63,9 @@ class Killed(BaseException):
     """The process whose thread this is was killed (SIGKILL) while its write was in flight: the
     thread goes no further (a BaseException, so that the node code's handlers let it through)."""
 
-    def __init__(self, node_id: str, text: str):
+    def __init__(self, peer_id: str, text: str):
         super().__init__(text)
-        self.node_id = node_id
+        self.peer_id = peer_id
 
 
 class SimulationStuck(BaseException):
@@ -81,12 +81,12 @@ class Fault:
 
 
 @dataclass
-class SimNode:
+class SimPeer:
     world: "World"
-    node_id: str
+    peer_id: str
     redis_link: RedisLink = field(default_factory=RedisLink)
     disk: dict = field(default_factory=dict)    # offset (the checkpoint), state_dir
-    node: FlowMember | None = None
+    member: FlowMember | None = None  # the running peer's one member (None while down)
     stream: SimStream | None = None
     gen: int = 0                                # incarnations started so far
     alive: bool = False
@@ -120,13 +120,13 @@ class World:
         self.redis = SimRedis(self.redis_server, RedisLink(), replica=self.replica)  # the producer's and checker's
         self.busy: set[str] = set()    # nodes with a write held in flight (see interleave)
         self.interleaved = 0
-        self.interleave_hook: Callable[[SimNode, str], str | None] | None = None  # set by the schedule
+        self.interleave_hook: Callable[[SimPeer, str], str | None] | None = None  # set by the schedule
         self.zombies: list = []         # shard task attempts declared lost that have not run yet
         self.stops: list[str] = []      # batches that failed with an error other than Redis being away
         self.erased_failures: set[str] = set()  # uplink positions whose failure record a failover erased
         self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)
         self.net = EscalationNet()
-        self.nodes = {n: SimNode(self, n) for n in ("a", "b")}
+        self.peers = {n: SimPeer(self, n) for n in ("a", "b")}
         self.faults: list[Fault] = []
         self._say = say
         self._waits = 0
@@ -149,7 +149,7 @@ class World:
             raise SimulationStuck(f"a call waited {MAX_WAITS_PER_STEP} times in one step")
         self.advance(max(seconds, 0.001))
 
-    def hold(self, sim: SimNode, seconds: float) -> None:
+    def hold(self, sim: SimPeer, seconds: float) -> None:
         """A held batch's wait: time passes up to the next fault's end (at most 0.5 s), which
         is when what it waits for (a ZooKeeper connection) can change. Meanwhile the node's
         ZooKeeper threads run, as in the real process: they notice the connection and a
@@ -157,8 +157,8 @@ class World:
         ends = [f.until for f in self.faults]
         step = min([0.5] + [max(0.0, t - self.clock.now()) for t in ends])
         self.wait(max(seconds, step))
-        if sim.node is not None and sim.node.leadership is not None:
-            sim.node.leadership.notice_connection()
+        if sim.member is not None and sim.member.leadership is not None:
+            sim.member.leadership.notice_connection()
 
     def begin_step(self) -> None:
         self._waits = 0
@@ -194,21 +194,21 @@ class World:
         return out
 
     # -- processes --------------------------------------------------------
-    def start(self, sim: SimNode, keep_disk: bool = True) -> str:
+    def start(self, sim: SimPeer, keep_disk: bool = True) -> str:
         if not keep_disk or "state_dir" not in sim.disk:
-            sim.disk = {"state_dir": str(self.workdir / f"{sim.node_id}-{next(self._dirs)}")}
+            sim.disk = {"state_dir": str(self.workdir / f"{sim.peer_id}-{next(self._dirs)}")}
         sim.gen += 1
         gen = sim.gen
         sim.alive, sim.paused_until, sim.zk_cut = True, float("-inf"), False
         sim.redis_link.fault = None
-        cfg = NodeConfig(sim.node_id, "sim://redis", "sim://zookeeper", state_dir=sim.disk["state_dir"],
+        cfg = PeerConfig(sim.peer_id, "sim://redis", "sim://zookeeper", state_dir=sim.disk["state_dir"],
                          start_from="processed", trim_interval_s=self.dims.trim_interval_s)
         parts = SimParts(sim, lambda: sim.zk_connected(gen))
         # One member even for the sharded kind: its graph is the one shard simulated (sharding.py).
         member = FlowMember(self.graph, cfg, clock=self.clock, parts=parts, monotonic=self.clock.now,
                             pause=lambda seconds: self.hold(sim, seconds))
         peer = Peer(self.graph, cfg, parts=parts, members=[member])
-        sim.node, sim.stream = peer.member, None
+        sim.member, sim.stream = peer.member, None
         try:
             peer.start()
         except Exception as exc:
@@ -217,13 +217,13 @@ class World:
         sim.stream = peer.reading
         return "started" + ("" if keep_disk else " on a new state directory")
 
-    def kill(self, sim: SimNode) -> None:
+    def kill(self, sim: SimPeer) -> None:
         sim.alive = False
-        sim.node, sim.stream, sim.ahead = None, None, None  # a batch running ahead dies with it
+        sim.member, sim.stream, sim.ahead = None, None, None  # a batch running ahead dies with it
         sim.executors = []  # its executors go with it (attempts declared lost may still run)
-        self.net.drop_to(sim.node_id)
+        self.net.drop_to(sim.peer_id)
 
-    def batch_failed(self, sim: SimNode, exc: BaseException) -> None:
+    def batch_failed(self, sim: SimPeer, exc: BaseException) -> None:
         """A batch raised: Spark fails the query (or, for a batch that ran ahead, the node stops),
         so the process exits. Redis being away is a fault's doing; anything else means the flow
         stops on it (every retry, catch-up and promotion would read the same entries again)."""
@@ -232,22 +232,22 @@ class World:
 
         if isinstance(exc, (RedisUnavailable, NodeStopping)):
             return
-        self.stops.append(f"{sim.node_id}'s batch failed ({type(exc).__name__}: {exc}): the flow stops")
+        self.stops.append(f"{sim.peer_id}'s batch failed ({type(exc).__name__}: {exc}): the flow stops")
         if sim.alive:
             self.kill(sim)
-            self.say(f"{sim.node_id} exits: its batch failed ({type(exc).__name__})")
+            self.say(f"{sim.peer_id} exits: its batch failed ({type(exc).__name__})")
 
     # -- writes in flight ---------------------------------------------------
-    def interleave(self, sim: SimNode, when: str) -> None:
+    def interleave(self, sim: SimPeer, when: str) -> None:
         """While ``sim``'s COMMIT is held in flight (``when``: "before" it reaches Redis or
         "after", its reply on the way back), let something else happen, as the seed says."""
-        if self.interleave_hook is None or sim.node_id in self.busy or self.rng.random() >= self.dims.interleave:
+        if self.interleave_hook is None or sim.peer_id in self.busy or self.rng.random() >= self.dims.interleave:
             return
-        self.busy.add(sim.node_id)
+        self.busy.add(sim.peer_id)
         try:
             did = self.interleave_hook(sim, when)
         finally:
-            self.busy.discard(sim.node_id)
+            self.busy.discard(sim.peer_id)
         if did:
             self.interleaved += 1
-            self.say(f"  while {sim.node_id}'s COMMIT is in flight ({when}): {did}")
+            self.say(f"  while {sim.peer_id}'s COMMIT is in flight ({when}): {did}")

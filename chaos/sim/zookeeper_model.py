@@ -40,7 +40,7 @@ _MembersUnknown = getattr(_membership, "MembersUnknown", None)
 @dataclass
 class Session:
     sid: int
-    node_id: str
+    peer_id: str
     heard: Callable[[], bool]     # whether the client is heard from now
     last_heard: float
     expired: bool = False
@@ -56,14 +56,14 @@ class ZkModel:
         self.now = now
         self.session_timeout = session_timeout
         self.sessions: dict[int, Session] = {}
-        self.members: dict[str, tuple[str, int]] = {}    # node_id -> (address, session)
-        self.queue: list[tuple[str, int]] = []             # (node_id, session), lock holder first
+        self.members: dict[str, tuple[str, int]] = {}    # peer_id -> (address, session)
+        self.queue: list[tuple[str, int]] = []             # (peer_id, session), lock holder first
         self.epoch = 0
         self.epoch_owner: str | None = None  # the node that wrote the epoch znode last
         self._sids = itertools.count(1)
 
-    def open_session(self, node_id: str, heard: Callable[[], bool]) -> Session:
-        s = Session(next(self._sids), node_id, heard, self.now())
+    def open_session(self, peer_id: str, heard: Callable[[], bool]) -> Session:
+        s = Session(next(self._sids), peer_id, heard, self.now())
         self.sessions[s.sid] = s
         return s
 
@@ -96,10 +96,10 @@ class ZkModel:
         s = self.sessions.get(sid)
         return s is not None and not s.expired
 
-    def next_epoch(self, node_id: str = "") -> int:
-        """Write the epoch znode as ``node_id``: its version is the new epoch."""
+    def next_epoch(self, peer_id: str = "") -> int:
+        """Write the epoch znode as ``peer_id``: its version is the new epoch."""
         self.epoch += 1
-        self.epoch_owner = node_id or None
+        self.epoch_owner = peer_id or None
         return self.epoch
 
     def leader(self) -> str | None:
@@ -123,11 +123,11 @@ class SimZkClient:
 
 
 class SimLeadership:
-    def __init__(self, model: ZkModel, node_id: str, address: str, on_promoted: Callable[[int], None],
+    def __init__(self, model: ZkModel, peer_id: str, address: str, on_promoted: Callable[[int], None],
                  on_demoted: Callable[[str], None], may_contend: Callable[[], bool],
                  connected: Callable[[], bool], say: Callable[[str], None]):
         self.model = model
-        self.node_id = node_id
+        self.peer_id = peer_id
         self.address = address
         self._on_promoted = on_promoted
         self._on_demoted = on_demoted
@@ -145,7 +145,7 @@ class SimLeadership:
 
     # -- Leadership's interface -------------------------------------------
     def start(self) -> None:
-        self.session = self.model.open_session(self.node_id, self._connected)
+        self.session = self.model.open_session(self.peer_id, self._connected)
         self._register()
 
     @property
@@ -168,7 +168,7 @@ class SimLeadership:
     def members(self) -> dict[str, str]:
         if not self._connected():  # the real call fails while the connection is down
             if _MembersUnknown is not None:
-                raise _MembersUnknown(f"simulated: {self.node_id} cannot reach ZooKeeper")
+                raise _MembersUnknown(f"simulated: {self.peer_id} cannot reach ZooKeeper")
             return {}
         return {n: addr for n, (addr, _) in self.model.members.items()}
 
@@ -198,10 +198,10 @@ class SimLeadership:
         s = self.session
         if s is None or s.expired or self._demote is not None:
             return True
-        queued = any(q == (self.node_id, s.sid) for q in self.model.queue)
+        queued = any(q == (self.peer_id, s.sid) for q in self.model.queue)
         if not queued:
             return not self._master and self._gate()
-        return self.model.queue[0] == (self.node_id, s.sid) and not self._master
+        return self.model.queue[0] == (self.peer_id, s.sid) and not self._master
 
     def react(self) -> None:
         """One pass of the election loop: notice a lost session, finish a step-down,
@@ -216,22 +216,22 @@ class SimLeadership:
         if s is None or s.expired:
             if self._master:
                 self._end_role("session lost")
-            self.session = self.model.open_session(self.node_id, self._connected)
+            self.session = self.model.open_session(self.peer_id, self._connected)
             self._register()
             return
         if self._demote is not None:
             self._end_role(self._demote)
             return
-        me = (self.node_id, s.sid)
+        me = (self.peer_id, s.sid)
         if me not in self.model.queue:
             if not self._master and self._gate():
                 self.model.queue.append(me)
-                self._say(f"{self.node_id} queues for the election")
+                self._say(f"{self.peer_id} queues for the election")
             return
         if self.model.queue[0] == me and not self._master:
-            epoch = self.model.next_epoch(self.node_id)
+            epoch = self.model.next_epoch(self.peer_id)
             self.epoch, self._master, self._demote = epoch, True, None
-            self._say(f"{self.node_id} promoted, epoch {epoch}")
+            self._say(f"{self.peer_id} promoted, epoch {epoch}")
             try:
                 self._on_promoted(epoch)
             except Exception as exc:
@@ -253,8 +253,8 @@ class SimLeadership:
         self._master, self._demote = False, None
         s = self.session
         if s is not None:  # release the lock (a lost session already did)
-            self.model.queue = [q for q in self.model.queue if q != (self.node_id, s.sid)]
-        self._say(f"{self.node_id} demoted ({reason}), epoch {self.epoch}")
+            self.model.queue = [q for q in self.model.queue if q != (self.peer_id, s.sid)]
+        self._say(f"{self.peer_id} demoted ({reason}), epoch {self.epoch}")
         self._on_demoted(reason)
 
     def _gate(self) -> bool:
@@ -264,4 +264,4 @@ class SimLeadership:
             return False
 
     def _register(self) -> None:
-        self.model.members[self.node_id] = (self.address, self.session.sid)
+        self.model.members[self.peer_id] = (self.address, self.session.sid)

@@ -63,11 +63,11 @@ class FlowKeys:
         return self.prefix + "trimmed"
 
     @property
-    def nodes(self) -> str:
-        return self.prefix + "nodes"
+    def peers(self) -> str:
+        return self.prefix + "nodes"  # "nodes" and "node:": the names keys had before peers had theirs
 
-    def node(self, node_id: str) -> str:
-        return self.prefix + "node:" + node_id
+    def peer(self, peer_id: str) -> str:
+        return self.prefix + "node:" + peer_id
 
     def state(self, node: str) -> str:
         """The hash of a flow node's state entries (key -> JSON)."""
@@ -81,6 +81,6 @@ class FlowKeys:
         """The marker of one committed master step (see scripts.COMMIT)."""
         return self.prefix + "step:" + token
 
-    def read(self, node_id: str) -> str:
-        """Where a node's uplink reader records how far it has read (read_n, read_id)."""
-        return self.prefix + "read:" + node_id
+    def read(self, peer_id: str) -> str:
+        """Where a peer's uplink reader records how far it has read (read_n, read_id)."""
+        return self.prefix + "read:" + peer_id

@@ -67,7 +67,7 @@ class FlowStore(RedisCalls, UplinkAccess):
         self,
         client: redis.Redis,
         keys: FlowKeys,
-        node_id: str,
+        peer_id: str,
         *,
         id_ttl: int = 7 * 86400,
         sleep: Callable[[float], None] = time.sleep,
@@ -77,7 +77,7 @@ class FlowStore(RedisCalls, UplinkAccess):
         self.keys = keys
         self.call_deadline_s = call_deadline_s
         self._relocating = threading.Lock()  # one thread at a time looks for the flow's primary
-        self.node_id = node_id
+        self.peer_id = peer_id
         self.id_ttl = id_ttl
         self._sleep = sleep
         self._monotonic = monotonic
@@ -168,7 +168,7 @@ class FlowStore(RedisCalls, UplinkAccess):
         if step.empty():
             return
         # One token per step: a retry after a lost reply finds the step applied (scripts.COMMIT).
-        keys, args = step.script_call(epoch, self.keys, self.id_ttl, f"{self.node_id}-{uuid.uuid4().hex}",
+        keys, args = step.script_call(epoch, self.keys, self.id_ttl, f"{self.peer_id}-{uuid.uuid4().hex}",
                                       guess)
 
         def write():
@@ -241,7 +241,7 @@ class FlowStore(RedisCalls, UplinkAccess):
             if messages:
                 pipe.mget([self.keys.id_prefix + m.id for m in messages])
             if handled_upto:
-                self._scripts["record_handled"](keys=[self.keys.read(self.node_id)], args=[handled_upto], client=pipe)
+                self._scripts["record_handled"](keys=[self.keys.read(self.peer_id)], args=[handled_upto], client=pipe)
             return pipe.execute()
 
         out = self._call("processed", read, deadline_s)
@@ -255,18 +255,18 @@ class FlowStore(RedisCalls, UplinkAccess):
     def record_handled(self, position: str, deadline_s: float | None = None) -> None:
         """Record that this node has handled the uplink up to ``position`` (see :meth:`processed`)."""
         self._call("record handled", lambda: self._scripts["record_handled"](
-            keys=[self.keys.read(self.node_id)], args=[position]), deadline_s)
+            keys=[self.keys.read(self.peer_id)], args=[position]), deadline_s)
 
-    def handled_position(self, node_id: str | None = None) -> str | None:
-        """How far ``node_id`` (default: this node) has handled the uplink in any role, or None."""
-        return self._read_field(node_id, "handled_id")
+    def handled_position(self, peer_id: str | None = None) -> str | None:
+        """How far ``peer_id`` (default: this node) has handled the uplink in any role, or None."""
+        return self._read_field(peer_id, "handled_id")
 
-    def read_position(self, node_id: str | None = None) -> str | None:
-        """The last uplink entry ``node_id``'s reader recorded as read and processed, or None."""
-        return self._read_field(node_id, "read_id")
+    def read_position(self, peer_id: str | None = None) -> str | None:
+        """The last uplink entry ``peer_id``'s reader recorded as read and processed, or None."""
+        return self._read_field(peer_id, "read_id")
 
-    def _read_field(self, node_id: str | None, name: str) -> str | None:
-        raw = self._call(name, lambda: self.r.hget(self.keys.read(node_id or self.node_id), name))
+    def _read_field(self, peer_id: str | None, name: str) -> str | None:
+        raw = self._call(name, lambda: self.r.hget(self.keys.read(peer_id or self.peer_id), name))
         return raw.decode() if isinstance(raw, bytes) else raw
 
     # -- outlinks ---------------------------------------------------------
@@ -286,7 +286,7 @@ class FlowStore(RedisCalls, UplinkAccess):
         if not failures:
             return 0
         keys = [self.keys.failure, self.keys.processed]
-        args: list = [self.id_ttl, self.node_id, max_entries]
+        args: list = [self.id_ttl, self.peer_id, max_entries]
         for pos, reason, body, size in failures:
             body = body or b""
             keys.append(self.keys.failed_prefix + pos)
@@ -306,7 +306,7 @@ class FlowStore(RedisCalls, UplinkAccess):
             pipe = self.r.pipeline(transaction=False)
             for m in messages:
                 pipe.xadd(self.keys.unclaimed, {"id": m.id, "position": m.position, "outlink": outlink,
-                                                "node": self.node_id}, maxlen=cap, approximate=True)
+                                                "node": self.peer_id}, maxlen=cap, approximate=True)
             pipe.execute()
 
         self._call("surface_unclaimed", write)
@@ -314,11 +314,11 @@ class FlowStore(RedisCalls, UplinkAccess):
     # -- node status ------------------------------------------------------
     def write_status(self, status: dict, ttl_s: int = 10) -> None:
         """One attempt, no retry (the next status replaces it): raises when Redis does not answer."""
-        key = self.keys.node(self.node_id)
+        key = self.keys.peer(self.peer_id)
 
         def write():
             pipe = self.r.pipeline(transaction=False)
-            pipe.sadd(self.keys.nodes, self.node_id)
+            pipe.sadd(self.keys.peers, self.peer_id)
             pipe.hset(key, mapping={k: str(v) for k, v in status.items()})
             pipe.expire(key, ttl_s)
             pipe.execute()
@@ -326,16 +326,18 @@ class FlowStore(RedisCalls, UplinkAccess):
         self._call("write_status", write, deadline_s=0)
 
     def read_statuses(self, deadline_s: float | None = None) -> list[dict]:
-        """The live status of every node of the flow (stale nodes drop out by TTL)."""
+        """The live status of every peer of the flow (stale peers drop out by TTL)."""
 
         def read():
             out = []
-            for raw in sorted(self.r.smembers(self.keys.nodes)):
+            for raw in sorted(self.r.smembers(self.keys.peers)):
                 nid = raw.decode() if isinstance(raw, bytes) else raw
-                h = self.r.hgetall(self.keys.node(nid))
+                h = self.r.hgetall(self.keys.peer(nid))
                 if not h:
                     continue
-                out.append({k.decode(): v.decode() for k, v in h.items()})
+                row = {k.decode(): v.decode() for k, v in h.items()}
+                row.setdefault("peer_id", row.get("node_id", nid))  # written by a peer from before peer_id
+                out.append(row)
             return out
 
         return self._call("read_statuses", read, deadline_s)

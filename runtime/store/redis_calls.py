@@ -44,7 +44,7 @@ DEFAULT_CALL_DEADLINE_S = 300.0  # a call's deadline when its caller gives none 
 
 class RedisCalls:
     """The retrying calls of a :class:`~.flow_store.FlowStore`, whose ``__init__`` sets what
-    they use (the client ``r``, ``keys``, ``node_id``, the clock, the locks and the outage
+    they use (the client ``r``, ``keys``, ``peer_id``, the clock, the locks and the outage
     record)."""
 
     def _use(self, client: redis.Redis) -> None:
@@ -123,7 +123,7 @@ class RedisCalls:
             self.failing_since = self._monotonic()
             self.outages += 1
         event(log, logging.WARNING, "redis_down", "Redis stopped answering (%s during %s)", exc, what,
-              flow=self.keys.flow, node=self.node_id, epoch=self.epoch_seen or None, during=what, error=str(exc))
+              flow=self.keys.flow, peer=self.peer_id, epoch=self.epoch_seen or None, during=what, error=str(exc))
 
     def _came_back(self) -> None:
         with self._outage:
@@ -131,7 +131,7 @@ class RedisCalls:
         if since is not None:
             down = self._monotonic() - since
             event(log, logging.INFO, "redis_back", "Redis answers again after %.1f s", down,
-                  flow=self.keys.flow, node=self.node_id, epoch=self.epoch_seen or None, seconds=round(down, 3))
+                  flow=self.keys.flow, peer=self.peer_id, epoch=self.epoch_seen or None, seconds=round(down, 3))
 
     def health(self) -> str:
         """"ok", or "down <s>s" while calls to Redis fail (what ``twinflow status`` shows)."""
@@ -153,7 +153,7 @@ class RedisCalls:
     def _await_replicas(self, replicas: int, wait_ms: int, deadline_s: float | None) -> None:
         """Wait until ``replicas`` replicas have everything written so far, or RedisUnavailable."""
         began = self._monotonic()
-        sync_key = self.keys.prefix + "sync:" + self.node_id
+        sync_key = self.keys.prefix + "sync:" + self.peer_id
 
         def confirm():
             # A write on this connection moves its offset past the delivery

@@ -101,8 +101,8 @@ class UplinkAccess:
         entries = self._call("read uplink", lambda: self.r.xrange(self.keys.uplink, low, "+", count=1))
         return entries[0][0].decode() if entries else None
 
-    def uplink_lag(self, node_id: str) -> int:
-        """Uplink entries ``node_id`` has not read yet (entries-added minus what it read).
+    def uplink_lag(self, peer_id: str) -> int:
+        """Uplink entries ``peer_id`` has not read yet (entries-added minus what it read).
 
         One attempt, no retry: status must answer (or fail) at once when Redis is down.
         """
@@ -110,5 +110,5 @@ class UplinkAccess:
             added = int(self.r.xinfo_stream(self.keys.uplink).get("entries-added", 0))
         except redis.ResponseError:  # no stream yet
             added = 0
-        got = self.r.hget(self.keys.read(node_id), "read_n")
+        got = self.r.hget(self.keys.read(peer_id), "read_n")
         return max(0, added - int(got or 0))

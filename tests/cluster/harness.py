@@ -38,9 +38,9 @@ def claim_pair(batch_size: int = 2000, bake_time: float = 5.0, max_pending: int 
 
 def cluster_on(services, workdir: Path, flow: str, text: str | None = None, **settings) -> LocalCluster:
     """A started :class:`LocalCluster` of ``flow`` in ``workdir`` on ``services`` (the session's, or
-    any object with ``redis_url`` and ``zk_hosts``), no node running yet (``cluster.node(id)``
+    any object with ``redis_url`` and ``zk_hosts``), no node running yet (``cluster.peer(id)``
     starts one); its flow file ``text`` or the claim pair with ``settings``."""
-    return LocalCluster(str(workdir), flow=flow, text=text or claim_pair(**settings), nodes=(),
+    return LocalCluster(str(workdir), flow=flow, text=text or claim_pair(**settings), peers=(),
                         services=services).start()
 
 

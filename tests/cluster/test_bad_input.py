@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cluster
 def cluster(tmp_path_factory, services):
     c = cluster_on(services, tmp_path_factory.mktemp("bad-input"), "t" + uuid.uuid4().hex[:10],
              text=open(graph().source).read())
-    c.node("a")
+    c.peer("a")
     c.wait_status("a", role="master")
     yield c
     c.stop()

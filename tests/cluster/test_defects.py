@@ -19,13 +19,13 @@ from kazoo.client import KazooClient
 from tests.cluster.harness import ElectionBlocker
 from tests.conftest import wait_until
 from twinflow.chaos.fault_link import FaultLink
-from twinflow.cluster.grpc_server import node_status
+from twinflow.cluster.grpc_server import peer_status
 
 pytestmark = pytest.mark.cluster
 
 
-def election_ctime_s(zk_hosts: str, flow: str, node_id: str) -> float | None:
-    """When ``node_id`` joined the flow's election (ZooKeeper's creation time of its znode);
+def election_ctime_s(zk_hosts: str, flow: str, peer_id: str) -> float | None:
+    """When ``peer_id`` joined the flow's election (ZooKeeper's creation time of its znode);
     None while it has not."""
     zk = KazooClient(hosts=zk_hosts)
     zk.start(timeout=10)
@@ -33,7 +33,7 @@ def election_ctime_s(zk_hosts: str, flow: str, node_id: str) -> float | None:
         path = f"/twinflow/{flow}/election"
         for child in zk.get_children(path):
             data, stat = zk.get(f"{path}/{child}")
-            if data.decode() == node_id:
+            if data.decode() == peer_id:
                 return stat.ctime / 1000
         return None
     finally:
@@ -45,15 +45,15 @@ def election_ctime_s(zk_hosts: str, flow: str, node_id: str) -> float | None:
 def test_bad_messages_go_to_the_failure_stream_and_both_nodes_keep_running(cluster, services):
     """1: a 5,000-digit number or deep nesting used to kill both nodes on every restart.
     11: a node joins the election only once its stream is warm."""
-    cluster.node("a")
-    cluster.node("b")
+    cluster.peer("a")
+    cluster.peer("b")
     cluster.wait_status("a", streaming=1)
     cluster.wait_status("b", streaming=1)
-    for node_id in ("a", "b"):  # joined the election after the warm-up batch
-        since = float(cluster.wait_status(node_id, streaming=1)["streaming_since"])
+    for peer_id in ("a", "b"):  # joined the election after the warm-up batch
+        since = float(cluster.wait_status(peer_id, streaming=1)["streaming_since"])
         # A node queues once its gate sees it streaming (polled every 0.1 s): wait for it.
-        joined = wait_until(lambda: election_ctime_s(services.zk_hosts, cluster.flow, node_id), 10,
-                            what=f"{node_id} in the election")
+        joined = wait_until(lambda: election_ctime_s(services.zk_hosts, cluster.flow, peer_id), 10,
+                            what=f"{peer_id} in the election")
         assert joined >= since - 0.05
 
     cluster.publish_numbered(20)
@@ -76,34 +76,34 @@ def test_bad_messages_go_to_the_failure_stream_and_both_nodes_keep_running(clust
     got = failures()
     for position, reason in bad.items():
         assert reason in got[position], (position, got[position])
-    assert all(cluster.nodes[n].alive() for n in ("a", "b"))
+    assert all(cluster.peers[n].alive() for n in ("a", "b"))
 
 
 @pytest.mark.flow(bake_time=30.0)
 def test_a_restarted_worker_loses_nothing_it_had_baked(cluster, services):
     """2: the worker restarts (its bake is gone, its offset past the messages), then the
     lagging master dies: the promoted worker must still deliver what only it had read."""
-    cluster.node("a")
+    cluster.peer("a")
     cluster.wait_status("a", role="master", streaming=1)
     blocker = ElectionBlocker(services.zk_hosts, cluster.flow)  # queued next: b is not promoted early
     try:
-        cluster.node("b")
+        cluster.peer("b")
         cluster.wait_status("b", role="worker", streaming=1)
         cluster.publish_numbered(20, "p")
         cluster.wait_delivered()
 
-        os.killpg(cluster.nodes["a"].pid, signal.SIGSTOP)  # the master lags: it delivers nothing more
+        os.killpg(cluster.peers["a"].pid, signal.SIGSTOP)  # the master lags: it delivers nothing more
         last = cluster.publish_numbered(30, "q")[-1]
         wait_until(lambda: cluster.read_upto("b") == last, 30, what="b to read and bake the new messages")
-        cluster.nodes["b"].kill()                          # b forgets its bake
+        cluster.peers["b"].kill()                          # b forgets its bake
         wait_until(lambda: blocker.holding.is_set(), 10, what="a's session to expire")
-        cluster.nodes["a"].kill()                          # the master dies before delivering q*
+        cluster.peers["a"].kill()                          # the master dies before delivering q*
 
-        cluster.node("b")                                  # b restarts past q* ...
+        cluster.peer("b")                                  # b restarts past q* ...
         cluster.wait_status("b", streaming=1)
         blocker.release()                               # ... and is promoted
         cluster.wait_status("b", role="master")
-        cluster.node("a")                                  # a comes back as worker and bakes q* again
+        cluster.peer("a")                                  # a comes back as worker and bakes q* again
         cluster.wait_status("a", role="worker", streaming=1)
         cluster.publish_numbered(10, "r")                           # b's claims must not release q* unprocessed
         report = cluster.wait_delivered()
@@ -118,7 +118,7 @@ def test_a_stopping_master_does_not_commit_the_batch_it_holds(cluster):
     zk_host, zk_port = cluster.services.zk_hosts.split(":")
     proxy = FaultLink((zk_host, int(zk_port))).start()
     try:
-        a = cluster.node("a", zk=proxy.address)
+        a = cluster.peer("a", zk=proxy.address)
         cluster.wait_status("a", role="master", streaming=1)
         cluster.publish_numbered(10)
         cluster.wait_delivered()
@@ -130,7 +130,7 @@ def test_a_stopping_master_does_not_commit_the_batch_it_holds(cluster):
         assert len(cluster.sink_ids()) == 10
     finally:
         proxy.stop()
-    cluster.node("a")                                      # back, straight to ZooKeeper
+    cluster.peer("a")                                      # back, straight to ZooKeeper
     report = cluster.wait_delivered()
     assert report.exactly_once, report
 
@@ -138,7 +138,7 @@ def test_a_stopping_master_does_not_commit_the_batch_it_holds(cluster):
 def test_a_new_state_dir_neither_rereads_silently_nor_double_feeds(cluster):
     """4: a node with a wiped state dir used to re-read the uplink and deliver again every
     message whose ID had expired from the ID cache."""
-    a = cluster.node("a")
+    a = cluster.peer("a")
     cluster.wait_status("a", role="master", streaming=1)
     cluster.publish_numbered(10)
     cluster.wait_delivered()
@@ -146,11 +146,11 @@ def test_a_new_state_dir_neither_rereads_silently_nor_double_feeds(cluster):
     (cluster.workdir / "state").rename(cluster.workdir / "state.old")          # a new machine, say
     cluster.redis.delete(*[cluster.key(f"id:{i}") for i in cluster.sent])             # as if id_ttl passed
 
-    refused = cluster.node("a")
+    refused = cluster.peer("a")
     assert refused.proc.wait(timeout=60) == 4
     assert "--start-from" in refused.log_tail()
 
-    cluster.node("a", extra=["--start-from", "beginning"])
+    cluster.peer("a", extra=["--start-from", "beginning"])
     cluster.wait_status("a", role="master", streaming=1)
     cluster.publish_numbered(5)
     report = cluster.wait_delivered()
@@ -162,22 +162,22 @@ def test_a_new_state_dir_neither_rereads_silently_nor_double_feeds(cluster):
 def test_an_error_during_promotion_loses_nothing_and_the_election_goes_on(cluster):
     """5: Redis refusing writes (OOM) during promotion used to drop the rolled-back
     messages and kill the election thread, leaving no master."""
-    cluster.node("a")
+    cluster.peer("a")
     cluster.wait_status("a", role="master", streaming=1)
-    cluster.node("b")
+    cluster.peer("b")
     cluster.wait_status("b", role="worker", streaming=1)
     cluster.publish_numbered(10, "p")
     cluster.wait_delivered()
-    os.killpg(cluster.nodes["a"].pid, signal.SIGSTOP)
+    os.killpg(cluster.peers["a"].pid, signal.SIGSTOP)
     last = cluster.publish_numbered(20, "q")[-1]
     wait_until(lambda: cluster.read_upto("b") == last, 30, what="b to bake the new messages")
     epoch = cluster.zk_epoch()
     cluster.redis.config_set("maxmemory", 1)                   # every write is refused: OOM
     try:
-        cluster.nodes["a"].kill()
+        cluster.peers["a"].kill()
         # b is promoted, fails to take over, and is promoted again: the election survived.
         wait_until(lambda: cluster.zk_epoch() >= epoch + 2, 30, what="a second promotion attempt")
-        assert cluster.nodes["b"].alive()
+        assert cluster.peers["b"].alive()
     finally:
         cluster.redis.config_set("maxmemory", 0)
     report = cluster.wait_delivered()
@@ -190,7 +190,7 @@ def test_a_worker_at_max_pending_stops_reading_and_drops_nothing(cluster, servic
     blocker = ElectionBlocker(services.zk_hosts, cluster.flow)  # master that never claims
     try:
         wait_until(lambda: blocker.holding.is_set(), 10, what="the blocker to hold the role")
-        cluster.node("a")
+        cluster.peer("a")
         cluster.wait_status("a", role="worker", streaming=1)
         cluster.publish_numbered(100)
         # Held long enough for what it read to bake fully; it read nothing more meanwhile.
@@ -210,10 +210,10 @@ def test_a_master_cut_off_from_redis_hands_over(cluster):
     host, port = cluster.services.redis_url.split("//")[1].split("/")[0].split(":")
     proxy = FaultLink((host, int(port))).start()
     try:
-        cluster.node("a", redis_url=f"redis://{proxy.address}/0")
+        cluster.peer("a", redis_url=f"redis://{proxy.address}/0")
         cluster.wait_status("a", role="master", streaming=1)
         a_address = cluster.status("a")["grpc_address"]
-        cluster.node("b")
+        cluster.peer("b")
         cluster.wait_status("b", role="worker", streaming=1)
         cluster.publish_numbered(20)
         cluster.wait_delivered()
@@ -221,7 +221,7 @@ def test_a_master_cut_off_from_redis_hands_over(cluster):
         proxy.cut()
         cluster.publish_numbered(30)
         t0 = time.monotonic()
-        assert node_status(a_address, timeout_s=5)["node_id"] == "a"  # answers while Redis hangs
+        assert peer_status(a_address, timeout_s=5)["peer_id"] == "a"  # answers while Redis hangs
         assert time.monotonic() - t0 < 5
         cluster.wait_status("b", role="master", timeout_s=30)
         cluster.wait_delivered(timeout_s=60)

@@ -13,7 +13,7 @@ import pytest
 from twinflow.testing.checker import check_sink, failover_seconds, read_sink
 from twinflow.testing.producers import IngestPublisher
 from twinflow.testing.local_cluster import LocalCluster
-from twinflow.cluster.grpc_server import node_status, publish, request_handover
+from twinflow.cluster.grpc_server import peer_status, publish, request_handover
 from tests.conftest import wait_until
 from tests.integration.test_metrics import scrape, value
 
@@ -26,10 +26,10 @@ BAD = [b"{not json", json.dumps({"seq": 1}).encode(), json.dumps({"id": "no-key"
 
 @pytest.fixture
 def cluster(tmp_path, services, flow_name):
-    c = LocalCluster(str(tmp_path), flow=flow_name, services=services).start(nodes=False)
-    for n in c.nodes.values():  # a free port each, found in the node's log (metrics_address)
+    c = LocalCluster(str(tmp_path), flow=flow_name, services=services).start(peers=False)
+    for n in c.peers.values():  # a free port each, found in the node's log (metrics_address)
         n.extra_args += ["--metrics-listen", "127.0.0.1:0"]
-    c.start_nodes()
+    c.start_peers()
     try:
         c.wait_ready(timeout_s=150)
         yield c
@@ -40,11 +40,11 @@ def cluster(tmp_path, services, flow_name):
         c.stop()
 
 
-def metrics_address(cluster, node_id) -> str:
+def metrics_address(cluster, peer_id) -> str:
     """Where the node serves its metrics, as its log says at start."""
     found = re.search(r"Prometheus metrics on http://([0-9.]+:[0-9]+)/metrics",
-                      Path(cluster.nodes[node_id].log_path).read_text(errors="replace"))
-    assert found, f"{node_id} logged no metrics address"
+                      Path(cluster.peers[peer_id].log_path).read_text(errors="replace"))
+    assert found, f"{peer_id} logged no metrics address"
     return found.group(1)
 
 
@@ -62,7 +62,7 @@ def test_sigkill_of_master_mid_stream_delivers_every_message_exactly_once(cluste
     pub = IngestPublisher(cluster, MESSAGES, RATE)
     pub.start()
     wait_until(lambda: len(pub.ids) >= MESSAGES * 0.4, 30, what="40% published")
-    cluster.nodes[old_master].kill()
+    cluster.peers[old_master].kill()
     killed_at = time.time()
     positions = publish(cluster.live_address(avoid=old_master), cluster.flow, BAD)
     pub.join(timeout=60)
@@ -91,12 +91,12 @@ def test_sigkill_of_master_mid_stream_delivers_every_message_exactly_once(cluste
 
 def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     first, epoch1 = cluster.master_epoch()
-    second = next(n for n in cluster.nodes if n != first)
+    second = next(n for n in cluster.peers if n != first)
     metrics = {n: metrics_address(cluster, n) for n in (first, second)}
-    who = {n: {"flow": cluster.flow, "node": n} for n in (first, second)}
+    who = {n: {"flow": cluster.flow, "peer": n} for n in (first, second)}
 
-    def metric(node_id, name, **labels):
-        return value(scrape(metrics[node_id]), name, **labels, **who[node_id])
+    def metric(peer_id, name, **labels):
+        return value(scrape(metrics[peer_id]), name, **labels, **who[peer_id])
 
     # Role and epoch, as each node serves them (the worker learns the epoch from Redis's fence).
     assert metric(first, "twinflow_is_master") == 1 and metric(first, "twinflow_epoch") == epoch1
@@ -112,7 +112,7 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     print(f"handover by RPC: {result['seconds'] * 1000:.0f} ms")
     wait_until(lambda: (m := cluster.master_epoch()) is not None and m[0] == second, 5, what="second as master")
     assert cluster.master_epoch()[1] > epoch1
-    st = node_status(cluster.statuses()[first]["grpc_address"])
+    st = peer_status(cluster.statuses()[first]["grpc_address"])
     assert st["role"] == "worker"  # the old master stays, as a worker
     assert metric(second, "twinflow_is_master") == 1 and metric(second, "twinflow_epoch") > epoch1
     wait_until(lambda: metric(first, "twinflow_is_master") == 0, 5, what="first's metrics to show the handover")
@@ -120,7 +120,7 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
 
     # 2. SIGTERM of the new master at 70%: it hands back, then exits cleanly.
     wait_until(lambda: len(pub.ids) >= MESSAGES * 0.7, 30, what="70% published")
-    assert cluster.nodes[second].terminate(deadline_s=30) == 0
+    assert cluster.peers[second].terminate(deadline_s=30) == 0
     wait_until(lambda: (m := cluster.master_epoch()) is not None and m[0] == first, 10, what="first as master again")
 
     pub.join(timeout=60)

@@ -51,9 +51,9 @@ def joined(cluster: LocalCluster) -> list[str]:
 def test_hostile_values_leave_by_the_failure_stream_once_and_a_failover_goes_on(tmp_path, services):
     cluster = cluster_on(services, tmp_path, "t" + uuid.uuid4().hex[:10], text=CHAINED.read_text())
     try:
-        cluster.node("a")
+        cluster.peer("a")
         cluster.wait_status("a", role="master", streaming=1)
-        cluster.node("b")
+        cluster.peer("b")
         cluster.wait_status("b", role="worker", streaming=1)
 
         # Good pairs around the hostile messages, then the master dies with more to come.
@@ -66,7 +66,7 @@ def test_hostile_values_leave_by_the_failure_stream_once_and_a_failover_goes_on(
         expected = {f"{o['id']}+{p['id']}" for o, p in zip(before[::2], before[1::2])
                     if o["id"].startswith("o") and p["id"].startswith("p")}
         wait_until(lambda: expected <= set(joined(cluster)), 60, what="the first pairs joined")
-        cluster.nodes["a"].kill()
+        cluster.peers["a"].kill()
         cluster.wait_status("b", role="master", timeout_s=60)
         cluster.publish(after)
         cluster.publish_raw(HOSTILE[0].encode())  # the same value again, after the failover
@@ -81,7 +81,7 @@ def test_hostile_values_leave_by_the_failure_stream_once_and_a_failover_goes_on(
         assert set(hostile) <= set(failures), "a hostile message without its failure record"
         assert all("not valid Unicode" in failures[p] for p in hostile), [failures[p] for p in hostile]
         assert len([p for p in failures if p in hostile]) == len(hostile)  # once each (keyed by position)
-        assert cluster.nodes["b"].alive()
+        assert cluster.peers["b"].alive()
         assert not any("\\ud800" in json.dumps(i) for i in sink)
     finally:
         cluster.stop()

@@ -15,7 +15,7 @@ import redis
 
 from twinflow.testing.checker import check_sink, read_sink
 from twinflow.testing.local_cluster import CLAIM_PAIR, LocalCluster
-from twinflow.cluster.grpc_server import node_status
+from twinflow.cluster.grpc_server import peer_status
 from twinflow.runtime.positions import position_order
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore
@@ -35,7 +35,7 @@ def publish(store: FlowStore, first: int, n: int) -> list[str]:
 def status_cli(flow_path, redis_url: str, nodes: list[str]) -> subprocess.CompletedProcess:
     args = [sys.executable, "-m", "twinflow.cli", "status", str(flow_path), "--redis", redis_url, "--json"]
     for address in nodes:
-        args += ["--node", address]
+        args += ["--peer", address]
     return subprocess.run(args, capture_output=True, text=True, timeout=60)
 
 
@@ -43,10 +43,10 @@ def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow
     # retention 0: the master trims the uplink as soon as it is safe (every 10 s)
     text = CLAIM_PAIR.format(name=flow_name, bake_time=5.0).replace("{stream: uplink}", "{stream: uplink, retention: 0}")
     assert "retention: 0" in text
-    cluster = LocalCluster(str(tmp_path), flow=flow_name, text=text).start(nodes=False)
+    cluster = LocalCluster(str(tmp_path), flow=flow_name, text=text).start(peers=False)
     store = FlowStore(cluster.redis, FlowKeys(flow_name), "test")
     try:
-        cluster.start_nodes()
+        cluster.start_peers()
         cluster.wait_ready(timeout_s=150)
         statuses = cluster.statuses()
         addresses = [s["grpc_address"] for s in statuses.values()]
@@ -56,17 +56,17 @@ def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow
 
         # Each node says Redis is down, over gRPC (its status in Redis cannot be written).
         def all_report_down():
-            return all(node_status(a)["redis"].startswith("down") for a in addresses)
+            return all(peer_status(a)["redis"].startswith("down") for a in addresses)
         wait_until(all_report_down, 30, what="both nodes reporting Redis down")
         out = status_cli(cluster.flow_path, cluster.services.redis_url, addresses)
         assert out.returncode == 0, out.stderr
         assert "did not answer" in out.stderr
-        rows = json.loads(out.stdout)["nodes"]
-        assert sorted(r["node_id"] for r in rows) == sorted(statuses)
+        rows = json.loads(out.stdout)["peers"]
+        assert sorted(r["peer_id"] for r in rows) == sorted(statuses)
         assert all(r["redis"].startswith("down") for r in rows)
 
         cluster.services.start_redis_again()
-        wait_until(lambda: all(node_status(a)["redis"] == "ok" for a in addresses), 60,
+        wait_until(lambda: all(peer_status(a)["redis"] == "ok" for a in addresses), 60,
                    what="both nodes reporting Redis back")
         sent += publish(store, 4000, 2000)
         wait_until(lambda: len({e.id for e in read_sink(cluster.redis, cluster.sink_key)}) >= len(sent), 120,
@@ -74,15 +74,15 @@ def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow
         report = check_sink(read_sink(cluster.redis, cluster.sink_key), sent)
         assert report.lost == 0 and report.duplicated == 0, report
         out = status_cli(cluster.flow_path, cluster.services.redis_url, [])
-        assert out.returncode == 0 and all(r["redis"] == "ok" for r in json.loads(out.stdout)["nodes"])
+        assert out.returncode == 0 and all(r["redis"] == "ok" for r in json.loads(out.stdout)["peers"])
 
         # Bounded uplink: the master trims what both nodes read and the flow processed.
         wait_until(lambda: store.trimmed_before() is not None, 30, what="the master trimming the uplink")
         kept = store.trimmed_before()
         assert cluster.redis.xlen(store.keys.uplink) < len(sent)
         assert cluster.redis.xrange(store.keys.uplink, "-", "(" + kept) == []  # all before it gone
-        for node_id in statuses:  # never past where a live node read
-            assert position_order(store.read_position(node_id)) >= position_order(kept)
+        for peer_id in statuses:  # never past where a live node read
+            assert position_order(store.read_position(peer_id)) >= position_order(kept)
         assert position_order(store.processed_mark()) >= position_order(kept)
     except BaseException:
         print(cluster.logs())
@@ -104,7 +104,7 @@ def test_a_node_away_longer_than_the_retention_refuses_to_resume(tmp_path, servi
     start = tmp_path / "state" / flow_name / "node-a" / "start.json"
     start.parent.mkdir(parents=True)
     start.write_text(json.dumps({"id": "0-0", "n": 0}))  # node-a has run here before
-    run = [sys.executable, "-m", "twinflow.cli", "run", str(flow_path), "--node-id", "node-a",
+    run = [sys.executable, "-m", "twinflow.cli", "run", str(flow_path), "--peer-id", "node-a",
            "--redis", services.redis_url, "--zk", services.zk_hosts, "--state-dir", str(tmp_path / "state")]
     out = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert out.returncode == 4, out.stderr[-2000:]  # EXIT_REFUSED, before Spark starts

@@ -32,9 +32,9 @@ def payment(i: int) -> dict:
 
 @pytest.mark.flow(text=CHAINED.replace("timeout: 10 ", "timeout: 12 "))
 def test_a_new_master_completes_the_old_masters_joins_and_fires_its_time_outs(cluster):
-    cluster.node("a")
+    cluster.peer("a")
     cluster.wait_status("a", role="master")
-    cluster.node("b")
+    cluster.peer("b")
     cluster.wait_status("b", role="worker", streaming=1)
 
     # Ten orders: ten AND groups half complete, each with a pending time-out, all in Redis.
@@ -45,7 +45,7 @@ def test_a_new_master_completes_the_old_masters_joins_and_fires_its_time_outs(cl
            ((k.decode(), json.loads(v)) for k, v in cluster.redis.hgetall(state).items())}
     assert cluster.redis.hlen(cluster.key("state:guard")) == 10  # the history of the ten orders
 
-    os.killpg(cluster.nodes["a"].pid, signal.SIGKILL)
+    os.killpg(cluster.peers["a"].pid, signal.SIGKILL)
     cluster.wait_status("b", role="master", timeout_s=30)
 
     # The payments of orders 0-4 complete the old master's groups on the new one; a
@@ -70,7 +70,7 @@ def test_a_new_master_completes_the_old_masters_joins_and_fires_its_time_outs(cl
     assert cluster.redis.hlen(state) == 0  # nothing left pending
 
     # Nothing lost, nothing twice: every output once, and the old master, back as a worker, adds nothing.
-    cluster.node("a")
+    cluster.peer("a")
     cluster.wait_status("a", role="worker", streaming=1)
     cluster.publish([order(20), payment(20)])
     wait_until(lambda: len(cluster.stream("sink")) == 6, 30, what="the pair published after the restart")

@@ -51,14 +51,14 @@ def test_the_chained_flow_on_a_redis_cluster_fails_over_and_loses_nothing(cluste
         cluster.publish(docs)
         sent.extend(dict.fromkeys(d["id"] for d in docs))
 
-    cluster.node("a", redis_url=cluster.other_url)
+    cluster.peer("a", redis_url=cluster.other_url)
     cluster.wait_status("a", role="master")
-    cluster.node("b", redis_url=cluster.other_url)
+    cluster.peer("b", redis_url=cluster.other_url)
     cluster.wait_status("b", role="worker", streaming=1)
     publish(0, 400)
     wait_until(lambda: len(read_outputs(cluster.redis, streams).get("deliver.done", [])) >= 50, 30,
                what="the first joined pairs")
-    os.killpg(cluster.nodes["a"].pid, signal.SIGKILL)
+    os.killpg(cluster.peers["a"].pid, signal.SIGKILL)
     cluster.wait_status("b", role="master", timeout_s=30)
     publish(400, 400)
 
@@ -69,7 +69,7 @@ def test_the_chained_flow_on_a_redis_cluster_fails_over_and_loses_nothing(cluste
     assert result.duplicated == 0, result
     outputs = read_outputs(cluster.redis, streams)
     # Joined on both masters, and the lone orders' time-outs fired too.
-    assert {e.node for e in outputs["deliver.done"]} == {"a", "b"}
+    assert {e.peer for e in outputs["deliver.done"]} == {"a", "b"}
     assert outputs.get("match.expired") and outputs.get("guard.duplicate")
 
     # The slot owner crashes; its replica takes the slot over (issue 18, item 4).
@@ -88,4 +88,4 @@ def test_the_chained_flow_on_a_redis_cluster_fails_over_and_loses_nothing(cluste
         print(cluster.logs())
         raise
     assert result.duplicated == 0 and result.unexpected == 0, result
-    assert cluster.nodes["b"].alive(), cluster.logs()
+    assert cluster.peers["b"].alive(), cluster.logs()

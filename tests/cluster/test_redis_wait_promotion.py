@@ -79,7 +79,7 @@ def test_a_promotion_whose_epoch_no_replica_confirmed_is_not_taken(primary_and_r
     cluster = cluster_on(on_primary, tmp_path, flow_name, text=FLOW.format(name=flow_name))
     try:
         os.kill(replica.pid, signal.SIGSTOP)
-        node = cluster.node("a")
+        node = cluster.peer("a")
         log = tmp_path / "a.log"
         # The node streams and is elected, but each promotion fails: its epoch was not confirmed.
         wait_until(lambda: log.read_text(errors="replace").count("promotion failed") >= 2, 90,

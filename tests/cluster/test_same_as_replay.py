@@ -39,9 +39,9 @@ def test_a_cluster_with_a_master_kill_sends_out_what_replay_does(cluster):
     want = replay_outputs(docs)
     total = sum(len(v) for v in want.values())
 
-    cluster.node("a")
+    cluster.peer("a")
     cluster.wait_status("a", role="master")
-    cluster.node("b")
+    cluster.peer("b")
     cluster.wait_status("b", role="worker", streaming=1)
 
     half = len(docs) // 2
@@ -52,7 +52,7 @@ def test_a_cluster_with_a_master_kill_sends_out_what_replay_does(cluster):
     pending = {node: cluster.redis.hlen(cluster.key(f"state:{node}")) for node in ("match", "monitor", "reorder")}
     assert all(pending.values()), f"the kill must find pending state in every holding node: {pending}"
 
-    os.killpg(cluster.nodes["a"].pid, signal.SIGKILL)
+    os.killpg(cluster.peers["a"].pid, signal.SIGKILL)
     cluster.wait_status("b", role="master", timeout_s=30)
     cluster.publish(docs[half:])
 

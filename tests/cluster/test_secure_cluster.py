@@ -64,8 +64,8 @@ def secured(tmp_path, services, flow_name, monkeypatch):
                             zk_hosts=services.zk_hosts)
     cluster = cluster_on(local, tmp_path, flow_name, text=FLOW)
     try:
-        for node_id in ("a", "b"):
-            cluster.node(node_id, redis_url=redis_server.url)  # no password on the command line
+        for peer_id in ("a", "b"):
+            cluster.peer(peer_id, redis_url=redis_server.url)  # no password on the command line
         yield cluster, tmp_path
     finally:
         cluster.stop()
@@ -99,7 +99,7 @@ def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
         Client(address[master], flow_name, no_cert, retry_unavailable=False).publish(docs[:1], deadline_s=3)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
-    cluster.nodes[master].kill()
+    cluster.peers[master].kill()
     with Client(address[worker], flow_name, ingest) as client:
         client.publish(docs[1000:], deadline_s=60)  # the survivor takes the rest
     report = cluster.wait_delivered(timeout_s=90)
@@ -107,8 +107,8 @@ def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
     cluster.wait_status(worker, timeout_s=10, role="master")  # its status hash is rewritten every 0.33-0.5 s
 
     done = subprocess.run([sys.executable, "-m", "twinflow.cli", "status", str(cluster.flow_path), "--json",
-                           "--redis", cluster.nodes[worker].redis_url], capture_output=True, text=True, timeout=60)
+                           "--redis", cluster.peers[worker].redis_url], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    rows = {r["node_id"]: r for r in json.loads(done.stdout)["nodes"]}
+    rows = {r["peer_id"]: r for r in json.loads(done.stdout)["peers"]}
     assert rows[worker]["role"] == "master"
     assert "redis-pw-of-the-test" not in done.stdout + done.stderr + cluster.logs()

@@ -43,12 +43,12 @@ def sharded_text() -> str:
                         f'uplink: {{stream: uplink, batch_size: 2000, shards: {SHARDS}, shard_key: "{{order_id}}"}}')
 
 
-def wait_run_on_executors(cluster: LocalCluster, node_id: str) -> None:
-    """Every shard's last batch on ``node_id`` ran in a process other than the node's (an executor)."""
+def wait_run_on_executors(cluster: LocalCluster, peer_id: str) -> None:
+    """Every shard's last batch on ``peer_id`` ran in a process other than the node's (an executor)."""
     def ok():
-        rows = cluster.shard_statuses(node_id)
+        rows = cluster.shard_statuses(peer_id)
         return all(int(r.get("task_pid") or 0) not in (0, int(r["pid"])) for r in rows)
-    wait_until(ok, 10, interval_s=0.1, what=f"{node_id}'s status naming the executor that ran each shard")
+    wait_until(ok, 10, interval_s=0.1, what=f"{peer_id}'s status naming the executor that ran each shard")
 
 
 def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, services, flow_name, spark_cluster):
@@ -63,20 +63,20 @@ def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, se
         sent.extend(dict.fromkeys(d["id"] for d in docs))
 
     try:
-        cluster.node("a", extra=on_cluster)
+        cluster.peer("a", extra=on_cluster)
         cluster.wait_shards("a", "master")
-        cluster.node("b", extra=on_cluster + ["--metrics-listen", "127.0.0.1:0"])
+        cluster.peer("b", extra=on_cluster + ["--metrics-listen", "127.0.0.1:0"])
         cluster.wait_shards("b", "worker")
         publish(0, 400)
         wait_until(lambda: len(cluster.outputs().get("deliver.done", [])) >= 50, 60, what="the first joined pairs")
         wait_run_on_executors(cluster, "a")
         # a stops (SIGSTOP, then SIGKILL) with messages b has read and baked but a never processed:
         # b's promotion rolls them back, in each shard, and runs them.
-        cluster.nodes["a"].pause()
+        cluster.peers["a"].pause()
         publish(400, 400)
         wait_until(lambda: all(int(r.get("baked") or 0) > 0 for r in cluster.shard_statuses("b")), 30,
                    interval_s=0.05, what="b baking messages of both shards that a did not process")
-        os.killpg(cluster.nodes["a"].pid, signal.SIGKILL)
+        os.killpg(cluster.peers["a"].pid, signal.SIGKILL)
         b = cluster.wait_shards("b", "master", timeout_s=60)
         wait_until(lambda: all(int(r.get("rolled_back") or 0) > 0 for r in cluster.shard_statuses("b")), 30,
                    what="b's catch-up delivering, in each shard, what it had baked")
@@ -97,30 +97,30 @@ def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, se
         assert result.duplicated == 0, result
         outputs = cluster.outputs()
         # Joined on both masters, in both shards, and the lone orders' time-outs fired too.
-        assert {e.node for e in outputs["deliver.done"]} == {"a", "b"}
+        assert {e.peer for e in outputs["deliver.done"]} == {"a", "b"}
         assert all(redis.Redis.from_url(services.redis_url).xlen(k.sink) > 0 for k in cluster.shard_keys)
         assert outputs.get("match.expired") and outputs.get("guard.duplicate")
         wait_run_on_executors(cluster, "b")
         # `twinflow status` shows a row per node and shard (a's until its status expires): b master of both.
         out = subprocess.run([sys.executable, "-m", "twinflow.cli", "status", str(cluster.flow_path), "--redis",
                               services.redis_url, "--json"], capture_output=True, text=True, timeout=60)
-        rows = json.loads(out.stdout)["nodes"]
-        assert sorted((r["flow"], r["role"]) for r in rows if r["node_id"] == "b") == [
+        rows = json.loads(out.stdout)["peers"]
+        assert sorted((r["flow"], r["role"]) for r in rows if r["peer_id"] == "b") == [
             (k.flow, "master") for k in cluster.shard_keys], out.stderr
 
         # b's one metrics endpoint serves every shard under the shard's flow name, with what the
         # executors committed for it; its micro-batches under the flow's own name.
-        log = open(cluster.nodes["b"].log_path, errors="replace").read()
+        log = open(cluster.peers["b"].log_path, errors="replace").read()
         address = re.search(r"Prometheus metrics on http://([0-9.]+:[0-9]+)/metrics", log).group(1)
         samples = scrape(address)
 
         def per_shard(name, **labels):
             return {ls["flow"]: v for n, ls, v in samples
-                    if n == name and ls["node"] == "b" and all(ls.get(k) == w for k, w in labels.items())}
+                    if n == name and ls["peer"] == "b" and all(ls.get(k) == w for k, w in labels.items())}
         assert per_shard("twinflow_is_master") == {k.flow: 1 for k in cluster.shard_keys}
         assert all(v > 0 for v in per_shard("twinflow_uplink_read_total").values())
         joined = sum(per_shard("twinflow_outlink_messages_total", outlink="deliver.done").values())
-        assert 0 < joined <= sum(e.node == "b" for e in outputs["deliver.done"])
+        assert 0 < joined <= sum(e.peer == "b" for e in outputs["deliver.done"])
         assert per_shard("twinflow_batch_duration_seconds_count", role="shards")[cluster.flow] > 0
     finally:
         cluster.stop()

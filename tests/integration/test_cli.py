@@ -46,14 +46,14 @@ def test_bad_flow_file_is_refused_before_anything_starts(tmp_path):
     text = Path(EXAMPLE).read_text().replace("bake_time: 5.0", "bake_time: -3")
     bad.write_text(text)
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "bake_time: -3" in t)
-    r = twinflow("run", str(bad), "--node-id", "a", "--redis", "redis://127.0.0.1:1/0", "--zk", "127.0.0.1:1")
+    r = twinflow("run", str(bad), "--peer-id", "a", "--redis", "redis://127.0.0.1:1/0", "--zk", "127.0.0.1:1")
     assert r.returncode == 2
     assert f"{bad}:{line}: nodes.claims.bake_time: must be seconds in (0, 86400] (got -3)" in r.stderr
 
 
 def test_node_waits_for_redis_then_names_it(tmp_path):
     port = free_port()
-    r = twinflow("run", EXAMPLE, "--node-id", "a", "--redis", f"redis://127.0.0.1:{port}/0",
+    r = twinflow("run", EXAMPLE, "--peer-id", "a", "--redis", f"redis://127.0.0.1:{port}/0",
                  "--zk", "127.0.0.1:1", "--connect-timeout", "1.5", "--state-dir", str(tmp_path))
     assert r.returncode == 3
     assert f"waiting for Redis at redis://127.0.0.1:{port}/0" in r.stderr
@@ -62,7 +62,7 @@ def test_node_waits_for_redis_then_names_it(tmp_path):
 
 def test_node_waits_for_zookeeper_then_names_it(tmp_path, redis_url):
     port = free_port()
-    r = twinflow("run", EXAMPLE, "--node-id", "a", "--redis", redis_url, "--zk", f"127.0.0.1:{port},127.0.0.1:1",
+    r = twinflow("run", EXAMPLE, "--peer-id", "a", "--redis", redis_url, "--zk", f"127.0.0.1:{port},127.0.0.1:1",
                  "--connect-timeout", "2", "--state-dir", str(tmp_path))
     assert r.returncode == 3
     assert f"ZooKeeper at 127.0.0.1:{port},127.0.0.1:1 did not answer within" in r.stderr
@@ -74,15 +74,15 @@ def test_status_reads_every_live_node(redis_url, tmp_path):
     import redis
 
     store = FlowStore(redis.Redis.from_url(redis_url), FlowKeys("clistatus"), "n1")
-    store.write_status({"node_id": "n1", "role": "master", "epoch": 4, "baked": 0, "claimed": 0,
+    store.write_status({"peer_id": "n1", "role": "master", "epoch": 4, "baked": 0, "claimed": 0,
                         "rolled_back": 2, "delivered": 10, "failed": 1, "unclaimed": 0, "grpc_address": "h:1"})
     store.publish([b"{}"] * 3)
     r = twinflow("status", str(flow), "--redis", redis_url, "--json")
     assert r.returncode == 0, r.stderr
-    (node,) = json.loads(r.stdout)["nodes"]
+    (node,) = json.loads(r.stdout)["peers"]
     assert node["role"] == "master" and node["epoch"] == "4" and node["uplink_lag"] == 3
     table = twinflow("status", str(flow), "--redis", redis_url)
-    assert table.stdout.splitlines()[0].split()[:4] == ["node_id", "role", "epoch", "uplink_lag"]
+    assert table.stdout.splitlines()[0].split()[:4] == ["peer_id", "role", "epoch", "uplink_lag"]
     assert table.stdout.splitlines()[2].split()[:4] == ["n1", "master", "4", "3"]
 
 

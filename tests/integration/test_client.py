@@ -12,7 +12,7 @@ import grpc
 import pytest
 import trustme
 
-from twinflow.client import Ack, Client, EscalationClient, PublishError, node_status, publish, request_handover
+from twinflow.client import Ack, Client, EscalationClient, PublishError, peer_status, publish, request_handover
 from twinflow.cluster.escalation import EscalationServicer, StaleEpoch
 from twinflow.cluster.grpc_server import PUBLISH_ANSWER_MARGIN_S, AdminServicer, IngestServicer, create_server
 from twinflow.grpc_security import GrpcSecurity, TlsFiles
@@ -255,13 +255,13 @@ def test_the_deadline_covers_every_batch(servers, clock):
 def test_a_publish_fails_over_to_the_next_address_at_once(servers, clock):
     uplink = Uplink()
     _, live = servers.start(ingest=IngestServicer(FLOW, uplink),
-                            admin=AdminServicer(lambda: {"node_id": "b", "role": "master"}, lambda t: {}))
+                            admin=AdminServicer(lambda: {"peer_id": "b", "role": "master"}, lambda t: {}))
     dead = servers.dead_address()
 
     with make_client([dead, live], clock) as client:
         assert client.publish([b'{"id": "m1"}', b'{"id": "m2"}'], batch_size=1) == [
             "1700000000000-0", "1700000000000-1"]
-        assert client.status()["node_id"] == "b"  # the first node that answers
+        assert client.status()["peer_id"] == "b"  # the first node that answers
 
     assert clock.sleeps == []
     assert uplink.batches == [[b'{"id": "m1"}'], [b'{"id": "m2"}']]
@@ -283,12 +283,12 @@ def test_with_every_address_down_it_pauses_once_per_round(servers, clock):
 
 
 class Node:
-    def __init__(self, node_id: str, role: str):
-        self.node_id, self.role = node_id, role
+    def __init__(self, peer_id: str, role: str):
+        self.peer_id, self.role = peer_id, role
         self.handovers: list[float] = []
 
     def status(self) -> dict:
-        return {"flow": FLOW, "node_id": self.node_id, "role": self.role, "epoch": 7}
+        return {"flow": FLOW, "peer_id": self.peer_id, "role": self.role, "epoch": 7}
 
     def handover(self, timeout_s: float) -> dict:
         self.handovers.append(timeout_s)
@@ -304,7 +304,7 @@ def test_status_statuses_and_handover(servers, clock):
     dead = servers.dead_address()
 
     with make_client([worker_address, master_address, dead], clock) as client:
-        assert client.status()["node_id"] == "a"
+        assert client.status()["peer_id"] == "a"
         assert client.status(master_address)["role"] == "master"
         statuses = client.statuses(timeout_s=2.0)
         # The handover goes to the node whose status says master, not to the first address.
@@ -329,7 +329,7 @@ def test_the_one_call_functions_still_work(servers):
     _, address = servers.start(ingest=IngestServicer(FLOW, uplink), admin=AdminServicer(node.status, node.handover))
 
     assert publish(address, FLOW, [b'{"id": "m1"}']) == ["1700000000000-0"]
-    assert node_status(address)["node_id"] == "a"
+    assert peer_status(address)["peer_id"] == "a"
     assert request_handover(address, timeout_s=1.5)["ok"] is True
     assert node.handovers == [1.5]
 
@@ -363,8 +363,8 @@ def test_tls_with_the_right_token_works_and_wrong_tokens_are_refused(servers, cl
 
     with make_client(address, clock, security=GrpcSecurity(tls=tls, tokens=TOKENS)) as client:
         assert client.publish([b'{"id": "m1"}']) == ["1700000000000-0"]
-        assert client.status()["node_id"] == "a"
-    assert node_status(address, security=GrpcSecurity(tls=tls, tokens={"admin": "admin-token"}))["role"] == "master"
+        assert client.status()["peer_id"] == "a"
+    assert peer_status(address, security=GrpcSecurity(tls=tls, tokens={"admin": "admin-token"}))["role"] == "master"
 
     wrong = GrpcSecurity(tls=tls, tokens={"ingest": "not-the-token"})
     with make_client(address, clock, security=wrong) as client, pytest.raises(PublishError) as refused:

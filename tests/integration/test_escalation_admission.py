@@ -21,7 +21,7 @@ from tests.conftest import wait_until
 from twinflow.client import EscalationClient
 from twinflow.cluster.connect import connect_zookeeper
 from twinflow.cluster.peer import Peer
-from twinflow.cluster.peer_config import NodeConfig
+from twinflow.cluster.peer_config import PeerConfig
 from twinflow.cluster.real_parts import RealParts
 from twinflow.runtime.flowgraph import parse_graph
 
@@ -82,7 +82,7 @@ def forge(address, flow, from_node, epoch, claims):
 @pytest.fixture
 def worker(redis_url, zk_hosts, flow_name, tmp_path):
     graph = parse_graph(FLOW.format(name=flow_name))
-    peer = Peer.for_flow(graph, NodeConfig(node_id="w", redis_url=redis_url, zk_hosts=zk_hosts,
+    peer = Peer.for_flow(graph, PeerConfig(peer_id="w", redis_url=redis_url, zk_hosts=zk_hosts,
                                            state_dir=str(tmp_path)), parts=NoSpark())
     peer.start()
     zk = connect_zookeeper(zk_hosts, 10.0)

@@ -27,7 +27,7 @@ def deliver(store: FlowStore, epoch: int, messages: list[Message], **commit) -> 
     Returns, per message, whether it was run (delivered) now."""
     done = store.processed(messages)
     fresh = [m for m, d in zip(messages, done) if not d]
-    flow = MasterFlow(DELIVER.fresh(), store.keys, store.node_id)
+    flow = MasterFlow(DELIVER.fresh(), store.keys, store.peer_id)
     store.commit(epoch, flow.run(fresh, 0.0, epoch, mark=messages[-1].position), **commit)
     return [not d for d in done]
 

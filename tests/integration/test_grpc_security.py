@@ -270,7 +270,7 @@ def test_twinflow_run_refuses_a_public_bind_without_tls_before_starting(tmp_path
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "twinflow.cli", "run", "examples/cluster.yaml", "--node-id", "x",
+    argv = [sys.executable, "-m", "twinflow.cli", "run", "examples/cluster.yaml", "--peer-id", "x",
             "--redis", "redis://127.0.0.1:1/0", "--zk", "127.0.0.1:1", "--listen", "0.0.0.0:0",
             "--state-dir", str(tmp_path)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -290,11 +290,12 @@ def test_twinflow_certs_makes_what_a_mutual_tls_pair_needs(tmp_path):
     import subprocess
     import sys
 
-    for node in ("node-a", "node-b"):
-        done = subprocess.run([sys.executable, "-m", "twinflow.cli", "certs", str(tmp_path), "--node", node,
+    for node, flag in (("node-a", "--peer"), ("node-b", "--node")):  # --node: the old name, still taken
+        done = subprocess.run([sys.executable, "-m", "twinflow.cli", "certs", str(tmp_path), flag, node,
                                "--name", "127.0.0.1", "--name", "localhost"], capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 0, done.stderr
+        assert ("--node is deprecated, use --peer" in done.stderr) == (flag == "--node")
     assert stat.S_IMODE(os.stat(tmp_path / "node-a-key.pem").st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "admin.token").st_mode) == 0o600
     refs = {s: f"file:{tmp_path / f'{s}.token'}" for s in ("ingest", "escalation", "admin")}

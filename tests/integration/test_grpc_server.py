@@ -24,7 +24,7 @@ from twinflow.cluster.grpc_server import (
     BindError,
     IngestServicer,
     create_server,
-    node_status,
+    peer_status,
     publish,
     request_handover,
 )
@@ -62,7 +62,7 @@ class FakeNode:
         self.handovers: list[float] = []
 
     def status(self) -> dict:
-        return {"flow": FLOW, "node_id": "node-a", "role": "master", "epoch": 7, "delivered": 42, "not_a_field": 1}
+        return {"flow": FLOW, "peer_id": "node-a", "role": "master", "epoch": 7, "delivered": 42, "not_a_field": 1}
 
     def handover(self, timeout_s: float) -> dict:
         self.handovers.append(timeout_s)
@@ -135,7 +135,7 @@ def test_publish_gives_the_uplink_the_rpc_remaining_time_less_a_margin_capped(no
 def test_status_round_trip_fills_defaults(node):
     address, _, _ = node
 
-    status = node_status(address)
+    status = peer_status(address)
 
     assert status["role"] == "master" and status["epoch"] == 7 and status["delivered"] == 42
     assert status["baked"] == 0 and status["grpc_address"] == ""
@@ -241,7 +241,7 @@ def test_hung_publishes_starve_neither_escalation_nor_admin():
         assert sender.flush(5.0), sender.stats()
         assert claimed == [("m1", "1700000000000", "1700000000000-0")]
 
-        assert node_status(address, timeout_s=2.0)["role"] == "master"
+        assert peer_status(address, timeout_s=2.0)["role"] == "master"
 
         began = time.monotonic()
         with pytest.raises(grpc.RpcError) as refused:
@@ -293,7 +293,7 @@ def test_admin_and_escalation_limits_refuse_the_call_beyond_them_at_once():
         handover = clients.submit(request_handover, address, 2.0)
         assert entered.wait(5.0), "the handover never reached the node"
         with pytest.raises(grpc.RpcError) as refused:
-            node_status(address)
+            peer_status(address)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert refused.value.details() == "1 admin calls in progress; retry"
 
@@ -310,7 +310,7 @@ def test_admin_and_escalation_limits_refuse_the_call_beyond_them_at_once():
     try:
         # Finished calls and closed streams give their slots back.
         assert handover.result()["ok"] is True
-        assert node_status(address)["role"] == "master"
+        assert peer_status(address)["role"] == "master"
         acks = wait_until(lambda: _try(_escalate_once, address), 5.0, what="the stream's slot given back")
         assert [(a.seq, a.accepted, a.claimed) for a in acks] == [(1, True, 1)]
     finally:

@@ -133,10 +133,10 @@ def test_suspended_connection_stops_writes_until_reconnected(zk_hosts, flow_name
         zk.stop()
 
 
-def _member(zk, flow_name, node_id):
+def _member(zk, flow_name, peer_id):
     """(address, ephemeral owner, czxid) of a member znode, or None when it does not exist."""
     try:
-        data, stat = zk.get(f"/twinflow/{flow_name}/members/{node_id}")
+        data, stat = zk.get(f"/twinflow/{flow_name}/members/{peer_id}")
     except Exception:
         return None
     return json.loads(data)["address"], stat.ephemeralOwner, stat.czxid

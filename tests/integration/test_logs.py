@@ -75,11 +75,11 @@ def test_promotion_rollback_fencing_and_demotion_each_log_one_line(json_log, red
         a.on_promoted(1)  # its catch-up delivers the three the flow had not processed: a rollback
 
         [promoted] = json_log("promoted")
-        assert (promoted["flow"], promoted["node"], promoted["epoch"], promoted["rolled_back"]) == \
+        assert (promoted["flow"], promoted["peer"], promoted["epoch"], promoted["rolled_back"]) == \
             (flow_name, "a", 1, 3)
-        assert promoted["logger"] == "twinflow.node" and promoted["level"] == "INFO"
+        assert promoted["logger"] == "twinflow.peer" and promoted["level"] == "INFO"
         [rolled] = json_log("rolled_back")
-        assert (rolled["flow"], rolled["node"], rolled["epoch"], rolled["count"]) == (flow_name, "a", 1, 3)
+        assert (rolled["flow"], rolled["peer"], rolled["epoch"], rolled["count"]) == (flow_name, "a", 1, 3)
 
         # b takes epoch 2 while a still believes it is master: a's next write is refused.
         b.parts.leader.is_master = True
@@ -87,12 +87,12 @@ def test_promotion_rollback_fencing_and_demotion_each_log_one_line(json_log, red
         late = order(r, up, 3)
         a.on_batch(1, rows(r, up, late))
         [fenced] = json_log("fenced")
-        assert (fenced["flow"], fenced["node"], fenced["epoch"], fenced["newest"]) == (flow_name, "a", 1, 2)
+        assert (fenced["flow"], fenced["peer"], fenced["epoch"], fenced["newest"]) == (flow_name, "a", 1, 2)
         assert fenced["level"] == "ERROR" and a.parts.leader.steps_down == ["fenced"]
         a.on_demoted("fenced")  # what the election calls once the node stepped down
         [demoted] = json_log("demoted")
-        assert (demoted["node"], demoted["epoch"], demoted["reason"]) == ("a", 1, "fenced")
-        assert [p["node"] for p in json_log("promoted")] == ["a", "b"]  # b's too: one line per promotion
+        assert (demoted["peer"], demoted["epoch"], demoted["reason"]) == ("a", 1, "fenced")
+        assert [p["peer"] for p in json_log("promoted")] == ["a", "b"]  # b's too: one line per promotion
     finally:
         a.parts.peer.stop()
         b.parts.peer.stop()
@@ -117,12 +117,12 @@ def test_a_redis_outage_logs_its_start_once_and_its_end_with_its_length(json_log
         os.kill(server.pid, signal.SIGSTOP)  # connected but silent: each call times out
         assert not any(store.ping() for _ in range(3))
         [down] = json_log("redis_down")  # three failed calls, one outage
-        assert (down["flow"], down["node"], down["epoch"], down["level"]) == (flow_name, "node-a", 5, "WARNING")
+        assert (down["flow"], down["peer"], down["epoch"], down["level"]) == (flow_name, "node-a", 5, "WARNING")
         assert json_log("redis_back") == []
         os.kill(server.pid, signal.SIGCONT)
         wait_until(store.ping, 10, what="Redis to answer again")
         [back] = json_log("redis_back")
-        assert (back["flow"], back["node"], back["epoch"]) == (flow_name, "node-a", 5)
+        assert (back["flow"], back["peer"], back["epoch"]) == (flow_name, "node-a", 5)
         assert back["seconds"] >= 0.4  # at least the three 0.2 s time-outs minus the first's start
         assert store.health() == "ok"
     finally:
@@ -145,9 +145,9 @@ def test_a_lost_zookeeper_session_logs_the_loss_and_the_new_session(json_log, zk
         ghost.close()
         wait_until(lambda: json_log("zk_reconnected"), 10, what="a new session")
         [lost] = json_log("zk_session_lost")
-        assert (lost["flow"], lost["node"], lost["epoch"], lost["master"]) == (flow_name, "n1", epoch, True)
+        assert (lost["flow"], lost["peer"], lost["epoch"], lost["master"]) == (flow_name, "n1", epoch, True)
         [back] = json_log("zk_reconnected")
-        assert back["flow"] == flow_name and back["node"] == "n1" and back["new_session"] is True
+        assert back["flow"] == flow_name and back["peer"] == "n1" and back["new_session"] is True
     finally:
         me.stop()
         zk.stop()
@@ -156,7 +156,7 @@ def test_a_lost_zookeeper_session_logs_the_loss_and_the_new_session(json_log, zk
 def test_the_command_writes_json_lines_to_stderr(tmp_path):
     port = free_port()  # nothing listens: the node waits for Redis, says so, then gives up with exit code 3
     r = subprocess.run([sys.executable, "-m", "twinflow.cli", "--log-format", "json", "run", EXAMPLE,
-                        "--node-id", "a", "--redis", f"redis://127.0.0.1:{port}/0", "--zk", "127.0.0.1:1",
+                        "--peer-id", "a", "--redis", f"redis://127.0.0.1:{port}/0", "--zk", "127.0.0.1:1",
                         "--connect-timeout", "1", "--state-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 3, r.stderr

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import wait_until
 from tests.integration.test_escalation_admission import NoSpark
 from twinflow.cluster.peer import Peer
-from twinflow.cluster.peer_config import NodeConfig
+from twinflow.cluster.peer_config import PeerConfig
 from twinflow.cluster.on_cluster import StartRefused
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
@@ -66,17 +66,17 @@ def pair(redis_url, zk_hosts, flow_name, tmp_path):
     clock = FakeClock(1000.0)
     nodes, peers = {}, []
     try:
-        for node_id in ("a", "b"):
-            cfg = NodeConfig(node_id=node_id, redis_url=redis_url, zk_hosts=zk_hosts,
-                             state_dir=str(tmp_path / node_id), metrics_listen="127.0.0.1:0")
+        for peer_id in ("a", "b"):
+            cfg = PeerConfig(peer_id=peer_id, redis_url=redis_url, zk_hosts=zk_hosts,
+                             state_dir=str(tmp_path / peer_id), metrics_listen="127.0.0.1:0")
             peer = Peer.for_flow(graph, cfg, clock=clock, parts=NoSpark())
             peers.append(peer)
             peer.start()
-            nodes[node_id] = n = peer.member
+            nodes[peer_id] = n = peer.member
             # The warm-up batch would set this; only then does the node queue for the election,
             # so a, warm first, is the master.
             n.streaming = True
-            if node_id == "a":
+            if peer_id == "a":
                 wait_until(lambda: n.role == "master", 10.0, what="a to be master")
         # The master escalates to the nodes it knew when a step committed: wait until b is one.
         wait_until(lambda: nodes["a"].sender.stats()["targets"].get("b", {}).get("connected"), 10.0,
@@ -91,7 +91,7 @@ def test_a_scrape_shows_what_each_node_did(pair, flow_name):
     peer_a, peer_b, clock = pair
     a, b = peer_a.member, peer_b.member
     A, B = peer_a.metrics.address, peer_b.metrics.address
-    who_a, who_b = {"flow": flow_name, "node": "a"}, {"flow": flow_name, "node": "b"}
+    who_a, who_b = {"flow": flow_name, "peer": "a"}, {"flow": flow_name, "peer": "b"}
 
     before = scrape(A)
     assert value(before, "twinflow_is_master", **who_a) == 1
@@ -195,7 +195,7 @@ def test_a_metrics_address_that_cannot_be_bound_refuses_the_start(redis_url, flo
         taken.listen()
         port = taken.getsockname()[1]
         for listen, why in ((f"127.0.0.1:{port}", "in use"), ("127.0.0.1:http", "not HOST:PORT")):
-            cfg = NodeConfig(node_id="a", redis_url=redis_url, zk_hosts="unused", state_dir=str(tmp_path),
+            cfg = PeerConfig(peer_id="a", redis_url=redis_url, zk_hosts="unused", state_dir=str(tmp_path),
                              metrics_listen=listen)
             peer = Peer.for_flow(graph, cfg, parts=NoSpark())
             with pytest.raises(StartRefused, match=f"cannot serve metrics on {listen}: .*{why}"):

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from twinflow.cluster.peer import Peer
-from twinflow.cluster.peer_config import NodeConfig
+from twinflow.cluster.peer_config import PeerConfig
 from twinflow.cluster.real_parts import RealParts
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
@@ -92,7 +92,7 @@ class SimulatedParts(RealParts):
         self.redis_url, self.leader = redis_url, Leadership()
 
     def store(self, node):
-        return FlowStore(redis.Redis.from_url(self.redis_url), node.keys, node.cfg.node_id)
+        return FlowStore(redis.Redis.from_url(self.redis_url), node.keys, node.cfg.peer_id)
 
     def zookeeper(self, peer):
         return Stub()
@@ -124,8 +124,8 @@ class AheadParts(SimulatedParts):
         return ThreadPoolExecutor(max_workers=1)
 
 
-def node(graph, node_id, redis_url, clock, tmp_path, parts=SimulatedParts):
-    cfg = NodeConfig(node_id=node_id, redis_url=redis_url, zk_hosts="unused", state_dir=str(tmp_path / node_id),
+def node(graph, peer_id, redis_url, clock, tmp_path, parts=SimulatedParts):
+    cfg = PeerConfig(peer_id=peer_id, redis_url=redis_url, zk_hosts="unused", state_dir=str(tmp_path / peer_id),
                      start_from="processed")
     peer = Peer.for_flow(graph, cfg, clock=clock, parts=parts(redis_url))
     peer.start()

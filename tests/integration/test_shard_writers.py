@@ -74,7 +74,7 @@ def _publish(r: redis.Redis, uplink: str, docs: list[dict]) -> list[tuple]:
 
 
 def _plan(text: str, redis_url: str, now: float) -> ShardPlan:
-    return ShardPlan(flow_text=text, flow_source="test", redis_url=redis_url, node_id="a", now=now,
+    return ShardPlan(flow_text=text, flow_source="test", redis_url=redis_url, peer_id="a", now=now,
                      connect_deadline_s=10.0, roles={0: ("master", 1)})
 
 

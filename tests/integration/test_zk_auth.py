@@ -68,11 +68,11 @@ def closing():
                 thing.close()
 
 
-def start_node(zk_hosts, flow, node_id, closing):
+def start_node(zk_hosts, flow, peer_id, closing):
     """A node's ZooKeeper side, as `twinflow run` builds it: connect_zookeeper, then a Leadership."""
     zk = connect_zookeeper(zk_hosts, 10, session_timeout_s=2.0)
     closing(zk)
-    me = Leadership(zk, flow, node_id, f"127.0.0.1:{free_port()}", lambda epoch: None, lambda reason: None)
+    me = Leadership(zk, flow, peer_id, f"127.0.0.1:{free_port()}", lambda epoch: None, lambda reason: None)
     closing(me)
     me.start()
     return me

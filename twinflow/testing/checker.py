@@ -8,7 +8,7 @@ What leaves a flow is read from its output streams as :class:`SinkEntry` rows
 - ``duplicated``: leavings of a message beyond its first (through any outlink);
 - ``stale_writes``: entries written at an epoch older than one that already wrote
   (one writer per epoch, a fenced master writes nothing more);
-- ``two_writers``: entries of an epoch that another node already wrote at.
+- ``two_writers``: entries of an epoch that another peer already wrote at.
 
 Against the IDs that were sent, :meth:`Tally.report` adds ``lost`` (sent, never left)
 and ``unexpected`` (left, never sent). :func:`check` reads a whole run at once (entries
@@ -40,7 +40,7 @@ from typing import Iterable
 class SinkEntry:
     id: str
     epoch: int
-    node: str
+    peer: str                         # the peer that wrote it (the entry's "node" field, its old name)
     written_ms: int
     at: float | None = None  # the flow's time of the decision (a time-out's due time)
 
@@ -56,7 +56,7 @@ class SinkReport:
     duplicated_ids: list[str] = field(default_factory=list)
     unexpected_ids: list[str] = field(default_factory=list)
     stale_writes: int = 0             # entries of an epoch older than one that had written
-    two_writers: int = 0              # entries of an epoch another node had written at
+    two_writers: int = 0              # entries of an epoch another peer had written at
     out_of_order: int = 0             # resequence outputs out of sequence (check() only)
     rto_s: float | None = None        # the longest recovery after a fault (check() only)
 
@@ -76,7 +76,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.left: Counter = Counter()     # message ID -> times it left
-        self.writer: dict[int, str] = {}   # epoch -> the first node that wrote at it
+        self.writer: dict[int, str] = {}   # epoch -> the first peer that wrote at it
         self.newest = 0                    # the newest epoch that wrote
         self.stale = 0
         self.split = 0
@@ -93,13 +93,13 @@ class Tally:
     def judge_writer(self, entry: SinkEntry) -> list[str]:
         """One writer per epoch and nothing stale: the problems this entry shows (and counts)."""
         problems = []
-        first = self.writer.setdefault(entry.epoch, entry.node)
-        if first != entry.node:
+        first = self.writer.setdefault(entry.epoch, entry.peer)
+        if first != entry.peer:
             self.split += 1
-            problems.append(f"two writers at epoch {entry.epoch}: {first} and {entry.node}")
+            problems.append(f"two writers at epoch {entry.epoch}: {first} and {entry.peer}")
         if entry.epoch < self.newest:
             self.stale += 1
-            problems.append(f"stale write: {entry.node} wrote {entry.id} at epoch {entry.epoch} after epoch "
+            problems.append(f"stale write: {entry.peer} wrote {entry.id} at epoch {entry.epoch} after epoch "
                             f"{self.newest} had written")
         self.newest = max(self.newest, entry.epoch)
         return problems

@@ -38,10 +38,10 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
     chained = flow == "chained"
     if chained and not CHAINED.exists():
         raise RuntimeError(f"the demo runs from a source checkout ({CHAINED} is missing)")
-    cluster = LocalCluster(workdir, text=CHAINED.read_text() if chained else None).start(nodes=False)
+    cluster = LocalCluster(workdir, text=CHAINED.read_text() if chained else None).start(peers=False)
     say(f"redis {cluster.services.redis_url}  zookeeper {cluster.services.zk_hosts}")
     try:
-        cluster.start_nodes()
+        cluster.start_peers()
         say("starting two nodes (Spark takes 10-20 s to start)...")
         t0 = time.monotonic()
         cluster.wait_ready()
@@ -57,14 +57,14 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
             if pub.error:
                 raise RuntimeError(f"publishing failed: {pub.error}")
             if killed_at is None and len(pub.ids) >= messages * kill_at:
-                cluster.nodes[old_master].kill()
+                cluster.peers[old_master].kill()
                 killed_at = time.time()
-                say(f"SIGKILL {old_master} (pid {cluster.nodes[old_master].pid}) after {len(pub.ids)} messages")
+                say(f"SIGKILL {old_master} (pid {cluster.peers[old_master].pid}) after {len(pub.ids)} messages")
             left = check_outputs(cluster.outputs(), pub.ids).delivered  # sent messages out of the flow
             if time.monotonic() - last_report >= 1.0:
                 last_report = time.monotonic()
                 roles = ", ".join(f"{n}={s['role']}" for n, s in sorted(cluster.statuses().items())
-                                  if cluster.nodes[n].alive())
+                                  if cluster.peers[n].alive())
                 say(f"  sent {len(pub.ids):>6}  out of the flow {left:>6}  [{roles}]")
             if not pub.is_alive() and killed_at is not None and left >= len(pub.ids):
                 break

@@ -155,7 +155,7 @@ def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
     """The two-node cluster on the chained flow (``text``: another flow file of orders and payments)."""
     workdir = tempfile.mkdtemp(prefix="twinflow-bench-flow-")
     name = "benchflow"
-    cluster = LocalCluster(workdir, flow=name, services=services, text=text or CHAINED.read_text()).start(nodes=False)
+    cluster = LocalCluster(workdir, flow=name, services=services, text=text or CHAINED.read_text()).start(peers=False)
     store = FlowStore(cluster.redis, FlowKeys(name), "bench")
     pub = UplinkPublisher(cluster.redis, store.keys.uplink, order_or_payment)
 
@@ -164,7 +164,7 @@ def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
         return mark is not None and position_order(mark) >= position_order(position)
 
     try:
-        cluster.start_nodes()
+        cluster.start_peers()
         cluster.wait_ready()
         t0 = time.monotonic()
         pub.publish(load.messages)

@@ -1,10 +1,10 @@
-"""One local cluster: N ``twinflow run`` nodes of one flow on real servers, for the tests, the
+"""One local cluster: N ``twinflow run`` peers of one flow on real servers, for the tests, the
 demo, the benches and the drills; with ``proxied`` every link goes through the fault proxy.
 
 :meth:`LocalCluster.start` starts a real Redis and ZooKeeper (``LocalServices``,
 or the caller's ``services``, which it then leaves running), and, unless
-``nodes=False``, the node processes. Nodes are named ``node-a``, ``node-b``, ...
-(``nodes=3``) or as given (``nodes=("a", "b")``).
+``peers=False``, the peer processes. Peers are named ``peer-a``, ``peer-b``, ...
+(``peers=3``) or as given (``peers=("a", "b")``).
 
 With ``proxied=True`` the Toxiproxy-compatible fault proxy (``twinflow proxy``,
 its own process) sits on every link, each link with a proxy of its own, so a
@@ -13,21 +13,21 @@ drill can fault exactly one:
 ==================  ============================================
 proxy               link
 ==================  ============================================
-``redis-<node>``    that node to Redis
-``zk-<node>``       that node to ZooKeeper (``zk-<node>-<i>`` to
+``redis-<peer>``    that peer to Redis
+``zk-<peer>``       that peer to ZooKeeper (``zk-<peer>-<i>`` to
                     member i of an ensemble)
-``grpc-<node>``     escalations (and handovers) into that node
+``grpc-<peer>``     escalations (and handovers) into that peer
 ``producer``        the producer to the uplink
 ==================  ============================================
 
-Each node then listens for gRPC on a port picked here and advertises its
+Each peer then listens for gRPC on a port picked here and advertises its
 proxy's address, so the master's escalations to the worker pass through
 ``grpc-<worker>``.
 
-With ``redis_mode="sentinel"`` the nodes are given a ``redis+sentinel://``
+With ``redis_mode="sentinel"`` the peers are given a ``redis+sentinel://``
 URL (a primary, two replicas and three Sentinels,
 :class:`~twinflow.testing.redis_ha.LocalSentinel`), with ``"cluster"`` the URL
-of the node that owns the flow's slot on a three-primary Redis Cluster with a
+of the Redis node that owns the flow's slot on a three-primary Redis Cluster with a
 replica each (:class:`~twinflow.testing.redis_ha.LocalRedisCluster`): no proxy
 sits on their Redis links, so that a failover is theirs to follow. The
 producer and the checker then follow the primary too (``redis_slot.relocate``);
@@ -36,12 +36,12 @@ with ``wait_replicas`` the producer's XADDs wait for that many replicas
 
 With ``zk_members=3`` the cluster runs on a three-server ZooKeeper
 ensemble (:class:`~twinflow.testing.zk_ensemble.LocalZkEnsemble`) and each
-node's connect string names all three members (each through its own proxy).
+peer's connect string names all three members (each through its own proxy).
 
-A test starts its nodes one by one (``nodes=()``, then :meth:`LocalCluster.node`, each with
+A test starts its peers one by one (``peers=()``, then :meth:`LocalCluster.peer`, each with
 its own arguments, Redis URL or ZooKeeper address) and waits on their statuses
 (:meth:`~LocalCluster.wait_status`). On a sharded flow (``uplink.shards``) each shard runs under
-a flow name of its own: ``shard_keys`` are its keys, :meth:`~LocalCluster.shard_statuses` a node's
+a flow name of its own: ``shard_keys`` are its keys, :meth:`~LocalCluster.shard_statuses` a peer's
 status in each, :meth:`~LocalCluster.outputs` merges what left every shard, and
 :meth:`~LocalCluster.check` judges one writer per epoch shard by shard. Publishing
 (:class:`~twinflow.testing.producers.Producing`) routes each document to its shard's uplink.
@@ -70,7 +70,7 @@ from ..runtime.shards import ShardRouter, shard_graph
 from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.waiting import wait_for
 from .checker import SinkReport, Tally, check, in_time_order, read_outputs, read_sequences
-from .processes import NodeProcess
+from .processes import PeerProcess
 from .producers import Producing
 from .redis_ha import LocalRedisCluster, LocalSentinel
 from .servers import free_port
@@ -83,7 +83,7 @@ flow: {name}
 uplink: {{stream: uplink}}
 message: {{id: id, id_ttl: 86400}}
 input: deliver
-nodes:
+peers:
   deliver: {{type: action, sink: {{stream: sink}}}}
   sort: {{type: sort, pairs_with: deliver, key: seq, key_type: int, bake_time: {bake_time}, unclaimed_outlink: done}}
 cluster: {{session_timeout: 2.0}}
@@ -92,12 +92,12 @@ cluster: {{session_timeout: 2.0}}
 
 class LocalCluster(Producing):
     def __init__(self, workdir: str | None = None, flow: str = "demo", text: str | None = None,
-                 nodes: int | Sequence[str] = 2, services: LocalServices | None = None, bake_time: float = 5.0,
+                 peers: int | Sequence[str] = 2, services: LocalServices | None = None, bake_time: float = 5.0,
                  proxied: bool = False, zk_members: int = 1, redis_mode: str = "single", wait_replicas: int = 0,
-                 node_args: Sequence[str] = ()):
+                 peer_args: Sequence[str] = ()):
         """``text``: the flow file to run (its ``flow:`` is replaced by ``flow``); default the claim pair.
-        ``nodes=()``: no node until :meth:`node` starts one. ``services``: the caller's, or any object
-        with ``redis_url`` and ``zk_hosts``. ``node_args``: more ``twinflow run`` arguments for every node."""
+        ``peers=()``: no peer until :meth:`peer` starts one. ``services``: the caller's, or any object
+        with ``redis_url`` and ``zk_hosts``. ``peer_args``: more ``twinflow run`` arguments for every peer."""
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="twinflow-cluster-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.flow = flow
@@ -112,8 +112,8 @@ class LocalCluster(Producing):
         spec = self.graph.cluster
         self.router = ShardRouter(spec.shards, spec.shard_key)
         self.shard_keys = [flow_keys(shard_graph(self.graph, k)) for k in range(spec.shards)]
-        self.node_ids = ([f"node-{chr(ord('a') + i)}" for i in range(nodes)] if isinstance(nodes, int)
-                         else list(nodes))
+        self.peer_ids = ([f"peer-{chr(ord('a') + i)}" for i in range(peers)] if isinstance(peers, int)
+                         else list(peers))
         self.services = services
         self.owns_services = services is None
         self.proxied = proxied
@@ -122,22 +122,22 @@ class LocalCluster(Producing):
         self.proxy_proc: subprocess.Popen | None = None
         self.toxiproxy = None
         self.proxies: dict = {}
-        self.nodes: dict[str, NodeProcess] = {}
-        self._templates: dict[str, NodeProcess] = {}  # node() starts a copy, its own settings
+        self.peers: dict[str, PeerProcess] = {}
+        self._templates: dict[str, PeerProcess] = {}  # peer() starts a copy, its own settings
         self.redis: redis.Redis | None = None    # direct, for the checker
         self.producer: redis.Redis | None = None  # through the producer's proxy when proxied
         self.redis_mode = redis_mode              # single, sentinel or cluster (see module)
         self.wait_replicas = wait_replicas        # the producer's WAIT (HA modes)
         self.ha: LocalSentinel | LocalRedisCluster | None = None
-        self.redis_url = ""                       # what the nodes are given
-        self.node_args = list(node_args)
+        self.redis_url = ""                       # what the peers are given
+        self.peer_args = list(peer_args)
         self.sent: list[str] = []                 # the IDs publish_numbered sent
         self._seq = 0
 
     # -- life cycle -------------------------------------------------------
-    def start(self, nodes: bool = True) -> "LocalCluster":
-        """Start the servers (and the fault proxy), and the node processes unless ``nodes`` is False
-        (:meth:`start_nodes` starts them later)."""
+    def start(self, peers: bool = True) -> "LocalCluster":
+        """Start the servers (and the fault proxy), and the peer processes unless ``peers`` is False
+        (:meth:`start_peers` starts them later)."""
         try:
             single = self.redis_mode == "single"
             if self.owns_services:
@@ -153,54 +153,54 @@ class LocalCluster(Producing):
                 self._start_ha()
             if self.proxied:
                 self._start_proxy()
-            for node_id in self.node_ids:
-                self.nodes[node_id] = self._node(node_id, single)
+            for peer_id in self.peer_ids:
+                self.peers[peer_id] = self._peer(peer_id, single)
             if single and self.proxied:
                 producer = self._proxy("producer", f"127.0.0.1:{self.services.redis.port}")
                 self.producer = redis.Redis.from_url(f"redis://{producer.listen}/0", socket_timeout=10)
-            if nodes:
-                self.start_nodes()
+            if peers:
+                self.start_peers()
             return self
         except BaseException:
             self.stop()
             raise
 
-    def _node(self, node_id: str, single: bool) -> NodeProcess:
-        """The node's process (not started), its links through their proxies when proxied."""
+    def _peer(self, peer_id: str, single: bool) -> PeerProcess:
+        """The peer's process (not started), its links through their proxies when proxied."""
         zk_members = [f"127.0.0.1:{m.port}" for m in self.ensemble.servers] if self.ensemble else []
         node_redis, zk, extra = self.redis_url, self.zk_hosts, []
         if self.proxied:
             if single:
-                node_redis = f"redis://{self._proxy(f'redis-{node_id}', f'127.0.0.1:{self.services.redis.port}').listen}/0"
+                node_redis = f"redis://{self._proxy(f'redis-{peer_id}', f'127.0.0.1:{self.services.redis.port}').listen}/0"
             if self.ensemble is None:
-                zk = self._proxy(f"zk-{node_id}", self.services.zk_hosts).listen
+                zk = self._proxy(f"zk-{peer_id}", self.services.zk_hosts).listen
             else:
-                zk = ",".join(self._proxy(f"zk-{node_id}-{i + 1}", member).listen
+                zk = ",".join(self._proxy(f"zk-{peer_id}-{i + 1}", member).listen
                               for i, member in enumerate(zk_members))
             grpc_port = free_port()
-            grpc = self._proxy(f"grpc-{node_id}", f"127.0.0.1:{grpc_port}")
+            grpc = self._proxy(f"grpc-{peer_id}", f"127.0.0.1:{grpc_port}")
             extra = ["--listen", f"127.0.0.1:{grpc_port}", "--advertise", grpc.listen]
-        return NodeProcess(node_id, str(self.flow_path), node_redis, zk, str(self.workdir / "state"),
-                           str(self.workdir / f"{node_id}.log"), extra_args=extra + self.node_args)
+        return PeerProcess(peer_id, str(self.flow_path), node_redis, zk, str(self.workdir / "state"),
+                           str(self.workdir / f"{peer_id}.log"), extra_args=extra + self.peer_args)
 
-    def start_nodes(self) -> None:
-        for node in self.nodes.values():
-            node.start()
+    def start_peers(self) -> None:
+        for peer in self.peers.values():
+            peer.start()
 
-    def node(self, node_id: str, *, redis_url: str | None = None, zk: str | None = None,
-             extra: Sequence[str] = ()) -> NodeProcess:
-        """Start a new ``twinflow run`` process for ``node_id`` (a new node, or one that stopped: its
+    def peer(self, peer_id: str, *, redis_url: str | None = None, zk: str | None = None,
+             extra: Sequence[str] = ()) -> PeerProcess:
+        """Start a new ``twinflow run`` process for ``peer_id`` (a new peer, or one that stopped: its
         state dir and log are kept), given ``redis_url`` or ``zk`` in place of the cluster's and
         ``extra`` arguments more."""
-        if node_id not in self._templates:
-            self._templates[node_id] = self.nodes.get(node_id) or self._node(node_id, self.redis_mode == "single")
-        base = self._templates[node_id]
-        if node_id not in self.node_ids:
-            self.node_ids.append(node_id)
-        self.nodes[node_id] = dataclasses.replace(
+        if peer_id not in self._templates:
+            self._templates[peer_id] = self.peers.get(peer_id) or self._peer(peer_id, self.redis_mode == "single")
+        base = self._templates[peer_id]
+        if peer_id not in self.peer_ids:
+            self.peer_ids.append(peer_id)
+        self.peers[peer_id] = dataclasses.replace(
             base, redis_url=redis_url or base.redis_url, zk_hosts=zk or base.zk_hosts,
             extra_args=[*base.extra_args, *extra], proc=None).start()
-        return self.nodes[node_id]
+        return self.peers[peer_id]
 
     def _start_ha(self) -> None:
         """A Sentinel group or a Redis Cluster with replicas; the checker's and producer's clients."""
@@ -210,7 +210,7 @@ class LocalCluster(Producing):
         elif self.redis_mode == "cluster":
             self.ha = LocalRedisCluster.start(str(self.workdir / "redis-cluster"), n=3, replicas=1,
                                               node_timeout_ms=1000)
-            # The node that owns the flow's slot: the one the drill kills (the URL's node dies).
+            # The Redis node that owns the flow's slot: the one the drill kills (the URL's Redis node dies).
             self.redis_url = self.ha.urls[self.ha.owner(self.keys.uplink)]
         else:
             raise ValueError(f"unknown redis_mode {self.redis_mode!r} (single, sentinel, cluster)")
@@ -265,11 +265,11 @@ class LocalCluster(Producing):
         return self.proxies[name]
 
     def stop(self) -> None:
-        """Stop the nodes (SIGTERM: a graceful handover), the proxy and the servers this cluster started."""
-        for node in self.nodes.values():
-            if node.proc is not None and node.alive():
-                node.cont()
-                node.terminate(deadline_s=15)
+        """Stop the peers (SIGTERM: a graceful handover), the proxy and the servers this cluster started."""
+        for peer in self.peers.values():
+            if peer.proc is not None and peer.alive():
+                peer.cont()
+                peer.terminate(deadline_s=15)
         if self.proxy_proc is not None:
             self.proxy_proc.terminate()
             try:
@@ -292,49 +292,49 @@ class LocalCluster(Producing):
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- looking ----------------------------------------------------------
-    def status(self, node_id: str) -> dict:
-        """The node's status hash in Redis ({} when it has none)."""
+    def status(self, peer_id: str) -> dict:
+        """The peer's status hash in Redis ({} when it has none)."""
         if self.ha is not None:
-            raw = self._on_ha("redis", lambda r: r.hgetall(self.keys.node(node_id)))
+            raw = self._on_ha("redis", lambda r: r.hgetall(self.keys.peer(peer_id)))
         else:
-            raw = self.redis.hgetall(self.keys.node(node_id))
+            raw = self.redis.hgetall(self.keys.peer(peer_id))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def master(self) -> str | None:
-        for node_id, node in self.nodes.items():
-            if node.alive() and self.status(node_id).get("role") == "master":
-                return node_id
+        for peer_id, peer in self.peers.items():
+            if peer.alive() and self.status(peer_id).get("role") == "master":
+                return peer_id
         return None
 
-    def other(self, node_id: str) -> str:
-        return next(n for n in self.node_ids if n != node_id)
+    def other(self, peer_id: str) -> str:
+        return next(n for n in self.peer_ids if n != peer_id)
 
     def statuses(self) -> dict[str, dict]:
-        """Each node's status hash, for the nodes that have one."""
-        return {n: st for n in self.nodes if (st := self.status(n))}
+        """Each peer's status hash, for the peers that have one."""
+        return {n: st for n in self.peers if (st := self.status(n))}
 
     def master_epoch(self) -> tuple[str, int] | None:
         """The live master and its epoch, or None."""
-        for node_id, st in self.statuses().items():
-            if st.get("role") == "master" and self.nodes[node_id].alive():
-                return node_id, int(st["epoch"])
+        for peer_id, st in self.statuses().items():
+            if st.get("role") == "master" and self.peers[peer_id].alive():
+                return peer_id, int(st["epoch"])
         return None
 
     def live_address(self, avoid: str | None = None) -> str | None:
-        """The gRPC address of a live node (other than ``avoid``), for publishing through Ingest."""
+        """The gRPC address of a live peer (other than ``avoid``), for publishing through Ingest."""
         st = self.statuses()
-        for node_id, p in self.nodes.items():
-            if p.alive() and node_id != avoid and node_id in st:
-                return st[node_id]["grpc_address"]
+        for peer_id, p in self.peers.items():
+            if p.alive() and peer_id != avoid and peer_id in st:
+                return st[peer_id]["grpc_address"]
         return None
 
     def sink_count(self) -> int:
         return self.redis.xlen(self.sink_key)
 
     def wait_ready(self, timeout_s: float = 120) -> str:
-        """Until one node is master and every live node streams; returns the master."""
+        """Until one peer is master and every live peer streams; returns the master."""
         def ready():
-            live = [n for n, p in self.nodes.items() if p.alive()]
+            live = [n for n, p in self.peers.items() if p.alive()]
             if any(self.status(n).get("streaming") != "1" for n in live):
                 return None
             return self.master()
@@ -343,32 +343,32 @@ class LocalCluster(Producing):
             raise RuntimeError("the cluster did not become ready:\n" + self.logs())
         return master
 
-    def wait_status(self, node_id: str, timeout_s: float = 90, **want) -> dict:
-        """Until ``node_id``'s status has each ``want`` (``role="master", streaming=1``); returns it.
-        Fails at once should the node's process exit."""
+    def wait_status(self, peer_id: str, timeout_s: float = 90, **want) -> dict:
+        """Until ``peer_id``'s status has each ``want`` (``role="master", streaming=1``); returns it.
+        Fails at once should the peer's process exit."""
         def ok():
-            if not self.nodes[node_id].alive():
-                raise RuntimeError(f"{node_id} exited:\n{self.logs(60)}")
-            st = self.status(node_id)
+            if not self.peers[peer_id].alive():
+                raise RuntimeError(f"{peer_id} exited:\n{self.logs(60)}")
+            st = self.status(peer_id)
             return st if st and all(st.get(k) == str(v) for k, v in want.items()) else None
         st = wait_for(ok, timeout_s, 0.1)
         if not st:
-            raise RuntimeError(f"{node_id} not {want} within {timeout_s:.0f} s:\n{self.logs(60)}")
+            raise RuntimeError(f"{peer_id} not {want} within {timeout_s:.0f} s:\n{self.logs(60)}")
         return st
 
-    def wait_role(self, node_id: str, role: str, timeout_s: float = 60) -> None:
-        if not wait_for(lambda: self.status(node_id).get("role") == role, timeout_s, 0.1):
-            raise RuntimeError(f"{node_id} did not become {role} within {timeout_s:.0f} s:\n{self.logs()}")
+    def wait_role(self, peer_id: str, role: str, timeout_s: float = 60) -> None:
+        if not wait_for(lambda: self.status(peer_id).get("role") == role, timeout_s, 0.1):
+            raise RuntimeError(f"{peer_id} did not become {role} within {timeout_s:.0f} s:\n{self.logs()}")
 
-    def restart(self, node_id: str, timeout_s: float = 120) -> None:
-        """Start a stopped node again and wait until this new process streams (the status a
+    def restart(self, peer_id: str, timeout_s: float = 120) -> None:
+        """Start a stopped peer again and wait until this new process streams (the status a
         killed process left in Redis lives on for a few seconds: the PID tells them apart)."""
-        node = self.nodes[node_id]
-        node.start()
-        pid = str(node.pid)
-        if not wait_for(lambda: self.status(node_id).get("pid") == pid and self.status(node_id).get("streaming") == "1",
+        peer = self.peers[peer_id]
+        peer.start()
+        pid = str(peer.pid)
+        if not wait_for(lambda: self.status(peer_id).get("pid") == pid and self.status(peer_id).get("streaming") == "1",
                         timeout_s, 0.2):
-            raise RuntimeError(f"{node_id} did not stream again within {timeout_s:.0f} s:\n{self.logs()}")
+            raise RuntimeError(f"{peer_id} did not stream again within {timeout_s:.0f} s:\n{self.logs()}")
 
     def key(self, suffix: str) -> str:
         """The flow's Redis key ``suffix`` (``"uplink"``, ``"state:match"``, ...)."""
@@ -380,9 +380,9 @@ class LocalCluster(Producing):
                  {k.decode(): v.decode() for k, v in f.items() if k != b"data"})
                 for eid, f in self.redis.xrange(self.key(suffix))]
 
-    def read_upto(self, node_id: str) -> str | None:
-        """The last uplink position whose batch ``node_id`` processed and Spark committed."""
-        raw = self.redis.hget(self.keys.read(node_id), "read_id")
+    def read_upto(self, peer_id: str) -> str | None:
+        """The last uplink position whose batch ``peer_id`` processed and Spark committed."""
+        raw = self.redis.hget(self.keys.read(peer_id), "read_id")
         return raw.decode() if raw else None
 
     def zk_epoch(self) -> int:
@@ -399,7 +399,7 @@ class LocalCluster(Producing):
             zk.close()
 
     def outputs(self) -> dict:
-        """What left through each outlink so far ("node.outlink" -> entries), of every shard."""
+        """What left through each outlink so far ("peer.outlink" -> entries), of every shard."""
         out: dict = {}
         for shard in self.shard_outputs():
             for name, entries in shard.items():
@@ -429,32 +429,32 @@ class LocalCluster(Producing):
             report.two_writers = sum(t.split for t in tallies)
         return report
 
-    def shard_statuses(self, node_id: str) -> list[dict]:
-        """The node's status hash in each shard."""
-        return [{k.decode(): v.decode() for k, v in self.redis.hgetall(keys.node(node_id)).items()}
+    def shard_statuses(self, peer_id: str) -> list[dict]:
+        """The peer's status hash in each shard."""
+        return [{k.decode(): v.decode() for k, v in self.redis.hgetall(keys.peer(peer_id)).items()}
                 for keys in self.shard_keys]
 
-    def wait_shards(self, node_id: str, role: str, timeout_s: float = 120) -> list[dict]:
-        """Until ``node_id`` is ``role`` of every shard and streams; returns its statuses."""
+    def wait_shards(self, peer_id: str, role: str, timeout_s: float = 120) -> list[dict]:
+        """Until ``peer_id`` is ``role`` of every shard and streams; returns its statuses."""
         def ok():
-            rows = self.shard_statuses(node_id)
+            rows = self.shard_statuses(peer_id)
             return rows if all(r.get("role") == role and r.get("streaming") == "1" for r in rows) else None
         rows = wait_for(ok, timeout_s, 0.2)
         if not rows:
-            raise RuntimeError(f"{node_id} not {role} of every shard within {timeout_s:.0f} s:\n{self.logs()}")
+            raise RuntimeError(f"{peer_id} not {role} of every shard within {timeout_s:.0f} s:\n{self.logs()}")
         return rows
 
     def describe_shards(self) -> str:
-        """Each shard's uplink, processed mark and node statuses, for a failure message."""
+        """Each shard's uplink, processed mark and peer statuses, for a failure message."""
         r = self.redis
         return "; ".join(
             f"{keys.flow}: uplink {r.xlen(keys.uplink)} last {r.xrevrange(keys.uplink, count=1)}, "
-            f"processed {r.get(keys.processed)}, nodes {[r.hgetall(keys.node(n)) for n in self.node_ids]}, "
-            f"read {[r.hgetall(keys.read(n)) for n in self.node_ids]}"
+            f"processed {r.get(keys.processed)}, peers {[r.hgetall(keys.peer(n)) for n in self.peer_ids]}, "
+            f"read {[r.hgetall(keys.read(n)) for n in self.peer_ids]}"
             for keys in self.shard_keys)
 
     def sequences(self) -> dict:
-        """Each resequence node's outputs as (group, seq), for the checker."""
+        """Each resequence peer's outputs as (group, seq), for the checker."""
         if self.ha is not None:
             return self._on_ha("redis", lambda r: read_sequences(r, self.graph, self.keys))
         return read_sequences(self.redis, self.graph, self.keys)
@@ -477,8 +477,8 @@ class LocalCluster(Producing):
         return self._on_ha("redis", read) if self.ha is not None else read(self.redis)
 
     def logs(self, lines: int = 40) -> str:
-        """The tail of every node's log, and of the servers' this cluster started."""
-        parts = [f"--- {n} ---\n{p.log_tail(lines)}" for n, p in self.nodes.items()]
+        """The tail of every peer's log, and of the servers' this cluster started."""
+        parts = [f"--- {n} ---\n{p.log_tail(lines)}" for n, p in self.peers.items()]
         if self.services is not None and self.owns_services:
             parts.append(self.services.logs())
         return "\n".join(parts)

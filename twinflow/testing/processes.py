@@ -1,7 +1,7 @@
-"""Start, watch and stop ``twinflow run`` node processes (demo, tests, benchmarks).
+"""Start, watch and stop ``twinflow run`` peer processes (demo, tests, benchmarks).
 
-Each node runs in its own process group so that a SIGKILL takes its Spark
-JVM with it. ``stop()`` ends a node by PID: SIGTERM (graceful handover),
+Each peer runs in its own process group so that a SIGKILL takes its Spark
+JVM with it. ``stop()`` ends a peer by PID: SIGTERM (graceful handover),
 then SIGKILL after the deadline.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 
 @dataclass
-class NodeProcess:
-    node_id: str
+class PeerProcess:
+    peer_id: str
     flow_path: str
     redis_url: str
     zk_hosts: str
@@ -26,9 +26,9 @@ class NodeProcess:
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
 
-    def start(self) -> "NodeProcess":
+    def start(self) -> "PeerProcess":
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "twinflow.cli", "run", self.flow_path, "--node-id", self.node_id,
+        argv = [sys.executable, "-m", "twinflow.cli", "run", self.flow_path, "--peer-id", self.peer_id,
                 "--redis", self.redis_url, "--zk", self.zk_hosts, "--state-dir", self.state_dir,
                 *self.extra_args]
         with open(self.log_path, "ab") as log:
@@ -44,7 +44,7 @@ class NodeProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def pause(self) -> None:
-        """SIGSTOP the node's whole process group (its JVM too): it neither runs nor answers."""
+        """SIGSTOP the peer's whole process group (its JVM too): it neither runs nor answers."""
         os.killpg(self.proc.pid, signal.SIGSTOP)
 
     def cont(self) -> None:
@@ -55,7 +55,7 @@ class NodeProcess:
             pass
 
     def kill(self) -> None:
-        """SIGKILL the node and everything in its process group (its JVM)."""
+        """SIGKILL the peer and everything in its process group (its JVM)."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -63,7 +63,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("flow", "node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back", "delivered", "failed", "unclaimed", "grpc_address", "backpressure", "redis", "zookeeper")
+    __slots__ = ("flow", "node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back", "delivered", "failed", "unclaimed", "grpc_address", "backpressure", "redis", "zookeeper", "peer_id")
     FLOW_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class NodeStatus(_message.Message):
     BACKPRESSURE_FIELD_NUMBER: _ClassVar[int]
     REDIS_FIELD_NUMBER: _ClassVar[int]
     ZOOKEEPER_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
     flow: str
     node_id: str
     role: str
@@ -94,7 +95,8 @@ class NodeStatus(_message.Message):
     backpressure: int
     redis: str
     zookeeper: str
-    def __init__(self, flow: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., uplink_lag: _Optional[int] = ..., baked: _Optional[int] = ..., claimed: _Optional[int] = ..., rolled_back: _Optional[int] = ..., delivered: _Optional[int] = ..., failed: _Optional[int] = ..., unclaimed: _Optional[int] = ..., grpc_address: _Optional[str] = ..., backpressure: _Optional[int] = ..., redis: _Optional[str] = ..., zookeeper: _Optional[str] = ...) -> None: ...
+    peer_id: str
+    def __init__(self, flow: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., uplink_lag: _Optional[int] = ..., baked: _Optional[int] = ..., claimed: _Optional[int] = ..., rolled_back: _Optional[int] = ..., delivered: _Optional[int] = ..., failed: _Optional[int] = ..., unclaimed: _Optional[int] = ..., grpc_address: _Optional[str] = ..., backpressure: _Optional[int] = ..., redis: _Optional[str] = ..., zookeeper: _Optional[str] = ..., peer_id: _Optional[str] = ...) -> None: ...
 
 class HandoverRequest(_message.Message):
     __slots__ = ("timeout_s",)
