@@ -1,8 +1,8 @@
 """Burst rate of the pair on the chained flow at different ``uplink.max_batch_size`` caps.
 
-For each cap, a fresh two-node cluster takes two bursts of N messages
+For each cap, a fresh two-peer cluster takes two bursts of N messages
 (default 50,000); prints messages per second (publish to the processed mark
-passing the last) and the CPU seconds each node's process tree and Redis used.
+passing the last) and the CPU seconds each peer's process tree and Redis used.
 
     .venv/bin/python bench/admission.py --caps 2000 20000 50000
 """

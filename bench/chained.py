@@ -1,8 +1,8 @@
-"""The chained flow next to the claim pair alone, on the two-node cluster, in one run.
+"""The chained flow next to the claim pair alone, on the two-peer cluster, in one run.
 
 For each flow (first the claim pair alone, examples/cluster.yaml; then the
 chained flow, examples/cluster-chained.yaml: history -> AND join -> action,
-with the claim pair), on a fresh two-node cluster:
+with the claim pair), on a fresh two-peer cluster:
 
 - burst: N messages (default 50,000) published as fast as Redis pipelines
   go; messages per second until the master's processed mark passes the last;
@@ -12,8 +12,8 @@ with the claim pair), on a fresh two-node cluster:
   join time-out (2 s here) fires under that load;
 - timer lateness: output time minus due time of every time-out (``at`` of
   an expired group), p50 and p99, under the load above and with no load
-  (a few lone orders on an idle node);
-- idle CPU: each node's process tree (Python, JVM, workers) over 20 s idle,
+  (a few lone orders on an idle peer);
+- idle CPU: each peer's process tree (Python, JVM, workers) over 20 s idle,
   as a share of one core.
 
     .venv/bin/python bench/chained.py --messages 50000
@@ -125,7 +125,7 @@ def measure(name: str, text: str, document, args) -> dict:
         lat, late = run.latencies(since)
         record.update(rate=args.rate, p50_ms=pct(lat, 0.5), p99_ms=pct(lat, 0.99), outputs=len(lat),
                       timer_p50_ms_load=pct(late, 0.5), timer_p99_ms_load=pct(late, 0.99), timers_load=len(late))
-        # Idle: nothing published for 20 s, then a few lone orders whose time-outs fire on an idle node.
+        # Idle: nothing published for 20 s, then a few lone orders whose time-outs fire on an idle peer.
         pids = {n: p.pid for n, p in run.cluster.peers.items() if p.alive()}
         before = {n: cpu_ticks(pid) for n, pid in pids.items()}
         t0 = time.monotonic()

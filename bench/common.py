@@ -15,7 +15,7 @@ TICKS = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these
 
 
 def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process descending from it now (the node's Python, JVM, workers)."""
+    """``pid`` and every process descending from it now (the peer's Python, JVM, workers)."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():

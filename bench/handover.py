@@ -1,7 +1,7 @@
-"""Graceful handover time, by Admin RPC, back and forth between two live nodes under load.
+"""Graceful handover time, by Admin RPC, back and forth between two live peers under load.
 
 Each figure is the Handover RPC's own measure: from the request to the moment
-another node holds the master role with a newer epoch (its rollback done).
+another peer holds the master role with a newer epoch (its rollback done).
 Also records the time from the request to the new master's first sink write.
 
     .venv/bin/python bench/handover.py --runs 5

@@ -1,7 +1,7 @@
 """The master's step loop alone: decode and run chained batches against a local Redis, no Spark.
 
 What the master's driver does with a batch (``uplink_rows.decode_rows``, then
-``master_session.MasterSession.run_batch`` with the node's real writer threads and
+``master_session.MasterSession.run_batch`` with the peer's real writer threads and
 COMMIT script), timed per message: decoding, the whole step loop, and the
 part of it spent in the COMMIT call. Figures: docs/performance.md; history: CHANGELOG.md, issue 9.
 

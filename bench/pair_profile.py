@@ -1,10 +1,10 @@
-"""Where the pair's CPU goes in a burst: every process of each node's tree, per burst.
+"""Where the pair's CPU goes in a burst: every process of each peer's tree, per burst.
 
-Starts the two-node cluster on the chained flow (as ``twinflow bench
+Starts the two-peer cluster on the chained flow (as ``twinflow bench
 flow-vs-passthrough`` does), then sends ``--bursts`` bursts of ``--messages``
 and prints, per burst, the wall time until the master's processed mark
 passes the last message and the CPU seconds (user + system, from /proc) of
-each node's Python driver, JVM and reader workers. With ``--py-spy PATH``
+each peer's Python driver, JVM and reader workers. With ``--py-spy PATH``
 the last burst is also sampled with ``py-spy record --gil`` on both drivers
 (raw stacks in ``--out``). Figures: docs/performance.md; history: CHANGELOG.md, issue 9.
 

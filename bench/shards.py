@@ -1,12 +1,12 @@
 """CPU seconds per message with 1 and 2 uplink shards, on a real Spark standalone cluster.
 
-For each shard count, a fresh two-node pair (``twinflow run --spark-master spark://...``, each
-node an application with ``spark.cores.max`` cores of the cluster) runs the chained flow
+For each shard count, a fresh pair of peers (``twinflow run --spark-master spark://...``, each
+peer an application with ``spark.cores.max`` cores of the cluster) runs the chained flow
 (history -> AND join -> action, claim pair) and takes bursts of N messages (default 50,000),
 routed to the shards by ``uplink.shard_key``. Per burst: messages per second (first publish to
 every shard's processed mark passing its last entry) and the CPU seconds per message of
 
-- each node process with everything it started (driver, its JVM and Python workers),
+- each peer process with everything it started (driver, its JVM and Python workers),
 - the Spark worker with its executors (where each shard's batches run),
 - Redis,
 
@@ -55,23 +55,23 @@ def run_shards(spark: StandaloneSpark, shards: int, messages: int, runs: int, co
              "--spark-conf", "spark.executor.memory=1g"]
     cluster = LocalCluster(str(workdir / name), flow=name, text=text, peers=("a", "b"), peer_args=extra).start()
     keys, router, r = cluster.shard_keys, cluster.router, cluster.redis
-    nodes = list(cluster.peers.values())
+    peers = list(cluster.peers.values())
 
-    def status(node: str, k: int) -> dict:
-        return cluster.shard_statuses(node)[k]
+    def status(peer: str, k: int) -> dict:
+        return cluster.shard_statuses(peer)[k]
 
     out = []
     try:
         ready = wait_for(lambda: all(status(n, k).get("streaming") == "1" for n in ("a", "b") for k in range(shards))
                          and all(any(status(n, k).get("role") == "master" for n in ("a", "b")) for k in range(shards)),
                          180, 0.2)
-        assert ready, "nodes not ready in 180 s"
+        assert ready, "peers not ready in 180 s"
         masters = [next(n for n in ("a", "b") if status(n, k).get("role") == "master") for k in range(shards)]
         seq = 0
         for run in range(runs + 1):  # run 0 warms up: each task slot's Python workers start (not counted)
             docs = [order_or_payment(seq + i) for i in range(messages)]
             seq += messages
-            groups = {**{f"node_{p.peer_id}": [p.pid] for p in nodes}, "spark_executors": [spark.worker_pid],
+            groups = {**{f"node_{p.peer_id}": [p.pid] for p in peers}, "spark_executors": [spark.worker_pid],
                       "redis": [cluster.services.redis.pid]}
             before = {g: sum(tree_cpu_s(p) for p in pids) for g, pids in groups.items()}
             t0 = time.monotonic()
@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--cores", type=int, default=2, help="spark.cores.max of each node's application")
+    ap.add_argument("--cores", type=int, default=2, help="spark.cores.max of each peer's application")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="twinflow-bench-shards-"))
     spark = StandaloneSpark.start(str(workdir / "spark"), cores=2 * args.cores, memory="4g")

@@ -1,9 +1,9 @@
-"""Messages per second through the pair, and each node's memory.
+"""Messages per second through the pair, and each peer's memory.
 
-Starts two nodes, then publishes N messages into the uplink as fast as one
+Starts two peers, then publishes N messages into the uplink as fast as one
 Redis pipeline goes, and measures until the master has delivered all of them
 and the worker has claimed all of them. Memory is the resident size of each
-node's whole process tree (Python driver, Spark JVM, PySpark workers).
+peer's whole process tree (Python driver, Spark JVM, PySpark workers).
 
     .venv/bin/python bench/throughput.py --messages 50000
 """

@@ -1,4 +1,4 @@
-"""Chaos drills: a fault on one link or process of a live two-node cluster while a producer
+"""Chaos drills: a fault on one link or process of a live two-peer cluster while a producer
 publishes, then a check of the promises (``twinflow drill NAME``).
 
 Each drill runs on a fresh :class:`~twinflow.testing.local_cluster.LocalCluster`
@@ -13,7 +13,7 @@ the one checker (:mod:`twinflow.testing.checker`) reads every outlink and counts
 - ``duplicated``: leavings beyond the first per message;
 - ``out_of_order``: resequence outputs out of sequence within a group;
 - ``stale_writes``: outputs written by a master after a newer epoch's first
-  write, or at an epoch another node wrote at (one writer per epoch);
+  write, or at an epoch another peer wrote at (one writer per epoch);
 - ``rto_s``: for each fault, the last sink write before it to the first
   after it (the largest, when a drill faults twice).
 
@@ -226,11 +226,11 @@ def redis_restart(d: Drill) -> None:
 
 def kill_during_rollback(d: Drill) -> None:
     """The master killed; the worker killed the moment it takes the new epoch, when it starts
-    delivering what the old master left (its catch-up); the first node, restarted, finishes."""
+    delivering what the old master left (its catch-up); the first peer, restarted, finishes."""
     from ..cluster.connect import connect_zookeeper
 
     a, b = d.master, d.worker
-    # Directly, not through a node's proxy; with the nodes' credentials
+    # Directly, not through a peer's proxy; with the peers' credentials
     # (TWINFLOW_ZK_AUTH), without which a protected flow's epoch cannot be read.
     zk = connect_zookeeper(d.cluster.zk_hosts, 10, session_timeout_s=10.0)
     try:
@@ -262,7 +262,7 @@ def kill_during_rollback(d: Drill) -> None:
 
 def zk_member_restart(d: Drill) -> None:
     """On a three-server ZooKeeper ensemble, the server that leads it killed and started again:
-    the ensemble elects another leader, the nodes' clients move to a live member."""
+    the ensemble elects another leader, the peers' clients move to a live member."""
     ensemble = d.cluster.ensemble
     d.wait_sent(0.4)
     leader = ensemble.leader()
@@ -281,7 +281,7 @@ def zk_member_restart(d: Drill) -> None:
 
 def redis_failover(d: Drill) -> None:
     """Redis with Sentinel (a primary, two replicas, three Sentinels): the primary SIGKILLed under
-    load; the Sentinels promote a replica and the nodes follow it."""
+    load; the Sentinels promote a replica and the peers follow it."""
     ha = d.cluster.ha
     d.wait_sent(0.4)
     old = ha.primary()
@@ -343,7 +343,7 @@ ON_ENSEMBLE = {"zk-member-restart"}
 # The drills that need their own network namespace (kernel faults; twinflow drill makes one).
 IN_NETNS = {"zk-drop-master"}
 # The drills whose recovery time is held to the target: they kill the master and leave a
-# node to take over (kill-during-rollback kills both; its recovery includes a restart).
+# peer to take over (kill-during-rollback kills both; its recovery includes a restart).
 KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-during-rollback", "zk-member-restart",
                               "zk-drop-master", *REDIS_HA}
 

@@ -14,7 +14,7 @@ ever inside a network namespace that the drill created for itself:
   the host's firewall;
 - :func:`netns_command` wraps a command in ``unshare --net`` with the
   namespace's loopback brought up, so a drill can re-run itself there: every
-  server and node it starts binds to that namespace's 127.0.0.1.
+  server and peer it starts binds to that namespace's 127.0.0.1.
 
 Under failure: rules live in one table of their own (``inet twinflow_drill``);
 :meth:`PortDrops.heal` deletes it whole, and the namespace (with its rules)

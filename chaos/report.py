@@ -1,9 +1,9 @@
 """What a drill run looked like: a PNG timeline per drill and a Markdown report linking them.
 
 :func:`timeline` reduces a drill's outputs to what the picture needs: every
-write (when, by which node), the first write of each epoch (a role change:
-that node became master) and the fault windows. :func:`timeline_png` draws
-messages per second per node, a line per role change and a band per fault
+write (when, by which peer), the first write of each epoch (a role change:
+that peer became master) and the fault windows. :func:`timeline_png` draws
+messages per second per peer, a line per role change and a band per fault
 window (matplotlib, no display needed). :func:`write_report` writes one
 PNG per drill and ``report.md`` with the results table, the rerun command
 of every failed drill and the pictures.
@@ -15,20 +15,20 @@ import time
 from collections import Counter
 from pathlib import Path
 
-NODE_COLOURS = {"a": "tab:blue", "b": "tab:orange"}
+PEER_COLOURS = {"a": "tab:blue", "b": "tab:orange"}
 
 
 def timeline(outputs: dict, windows: list[list]) -> dict:
-    """Writes (ms, node), role changes (ms, node, epoch) and windows (start ms, end ms, what)."""
+    """Writes (ms, peer), role changes (ms, peer, epoch) and windows (start ms, end ms, what)."""
     writes = sorted((e.written_ms, e.peer, e.epoch) for entries in outputs.values() for e in entries)
     roles, seen = [], set()
-    for ms, node, epoch in writes:
+    for ms, peer, epoch in writes:
         if epoch not in seen:
             seen.add(epoch)
-            roles.append((ms, node, epoch))
+            roles.append((ms, peer, epoch))
     end = writes[-1][0] if writes else int(time.time() * 1000)
     spans = [(int(s * 1000), int(e * 1000) if e is not None else end, what) for s, e, what in windows]
-    return {"writes": [(ms, node) for ms, node, _ in writes], "roles": roles, "windows": spans}
+    return {"writes": [(ms, peer) for ms, peer, _ in writes], "roles": roles, "windows": spans}
 
 
 def timeline_png(result: dict, path: Path) -> Path:
@@ -42,11 +42,11 @@ def timeline_png(result: dict, path: Path) -> Path:
     starts = [ms for ms, _ in tl["writes"][:1]] + [s for s, _, _ in tl["windows"]]
     t0 = min(starts) if starts else 0
     fig, ax = plt.subplots(figsize=(10, 4), dpi=100)
-    for node in sorted({n for _, n in tl["writes"]}):
-        per_s = Counter(int((ms - t0) / 1000) for ms, n in tl["writes"] if n == node)
+    for peer in sorted({n for _, n in tl["writes"]}):
+        per_s = Counter(int((ms - t0) / 1000) for ms, n in tl["writes"] if n == peer)
         xs = list(range(0, max(per_s) + 2)) if per_s else []
-        ax.step(xs, [per_s.get(x, 0) for x in xs], where="post", label=f"node {node}",
-                color=NODE_COLOURS.get(node))
+        ax.step(xs, [per_s.get(x, 0) for x in xs], where="post", label=f"peer {peer}",
+                color=PEER_COLOURS.get(peer))
     top = ax.get_ylim()[1] or 1
     for s, e, what in tl["windows"]:
         x0, x1 = (s - t0) / 1000, (e - t0) / 1000
@@ -55,11 +55,11 @@ def timeline_png(result: dict, path: Path) -> Path:
         else:
             ax.axvspan(x0, x1, color="red", alpha=0.15)
         ax.text(x0, top * 0.97, what, color="red", fontsize=7, rotation=90, va="top", ha="right")
-    for ms, node, epoch in tl["roles"]:
+    for ms, peer, epoch in tl["roles"]:
         x = (ms - t0) / 1000
-        ax.axvline(x, color=NODE_COLOURS.get(node, "grey"), linestyle="--", linewidth=1)
-        ax.text(x, top * 0.5, f"{node} master, epoch {epoch}", fontsize=7, rotation=90, va="center",
-                color=NODE_COLOURS.get(node, "grey"))
+        ax.axvline(x, color=PEER_COLOURS.get(peer, "grey"), linestyle="--", linewidth=1)
+        ax.text(x, top * 0.5, f"{peer} master, epoch {epoch}", fontsize=7, rotation=90, va="center",
+                color=PEER_COLOURS.get(peer, "grey"))
     verdict = "passed" if result.get("passed") else "FAILED"
     ax.set_title(f"{result['drill']} (seed {result['seed']}, {result['messages']} messages): {verdict}, "
                  f"lost {result['lost']}, duplicated {result['duplicated']}, RTO {result['rto_s']} s", fontsize=9)

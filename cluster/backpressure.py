@@ -1,4 +1,4 @@
-"""Backpressure and pace: how fast a node's reader may plan batches.
+"""Backpressure and pace: how fast a member's reader may plan batches.
 
 Under failure (promise 5): a worker stops reading while another batch could
 take its bake past ``max_pending``; it never drops. A worker plans at most
@@ -15,7 +15,7 @@ log = logging.getLogger("twinflow.peer")
 
 
 class Backpressure:
-    """A node's reader hold and pace (mixed into FlowMember)."""
+    """A member's reader hold and pace (mixed into FlowMember)."""
 
     def _pace(self) -> None:
         """A worker's reader plans at most every ``worker_pace_ms``: its batches only bake, and

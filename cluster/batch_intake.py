@@ -1,10 +1,10 @@
-"""Batches from the uplink into a node: run as master, run ahead, baked as worker.
+"""Batches from the uplink into a member: run as master, run ahead, baked as worker.
 
-Under failure (the node's promise 1): a batch is either processed whole
+Under failure (promise 1, no loss): a batch is either processed whole
 (delivered, baked or sent to the failure stream) or ``on_batch`` raises, so
 Spark does not commit it and reads it again. A master's batch may run ahead
 of Spark only once ``handled_id`` in Redis covers it; if it then fails, the
-next batch raises and the node stops with exit code 1. A batch held while
+next batch raises and the peer stops with exit code 1. A batch held while
 ZooKeeper is suspended waits for the connection or the session's loss; it
 is never dropped.
 """
@@ -28,12 +28,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("twinflow.peer")
 
 
-class NodeStopping(RuntimeError):
-    """A batch reached the node while it stops: raised so that Spark does not commit it."""
+class PeerStopping(RuntimeError):
+    """A batch reached the peer while it stops: raised so that Spark does not commit it."""
 
 
 class BatchIntake:
-    """How a node takes a batch (mixed into FlowMember)."""
+    """How a member takes a batch (mixed into FlowMember)."""
 
     # -- batches from the uplink ------------------------------------------
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
@@ -74,7 +74,7 @@ class BatchIntake:
         try:
             msgs, bad = self._decode(rows)
             self._take_batch(batch_id, msgs, bad, last)
-        except NodeStopping as exc:  # handled_id covers it: a promoted node delivers it
+        except PeerStopping as exc:  # handled_id covers it: a promoted member delivers it
             log.info("%s: %s", self.cfg.peer_id, exc)
         except BaseException as exc:
             self.batch_error = exc
@@ -93,7 +93,7 @@ class BatchIntake:
     def _take_batch(self, batch_id: int, msgs: list[Message], bad: list[tuple], last: str | None) -> None:
         """Record the bad entries, then bake or run the batch (caller holds batch_lock)."""
         if self._stop.is_set():
-            raise NodeStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
+            raise PeerStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
         started, role = time.perf_counter(), self.role  # wall time, also under a simulator's clock
         with self._lock:
             self.read += len(msgs) + len(bad)
@@ -128,7 +128,7 @@ class BatchIntake:
         self.task_pid = r.pid
         self.state_loads += r.state_loads
         if self._stop.is_set():
-            raise NodeStopping(f"batch {batch_id} finished while stopping; it is read again on restart")
+            raise PeerStopping(f"batch {batch_id} finished while stopping; it is read again on restart")
         with self._lock:
             self.failed += r.failed
             self.delivered += r.delivered
@@ -163,7 +163,7 @@ class BatchIntake:
     def _process(self, batch_id: int, msgs: list[Message], last: str) -> None:
         while True:
             if self._stop.is_set():
-                raise NodeStopping(f"batch {batch_id} held while stopping; it is read again on restart")
+                raise PeerStopping(f"batch {batch_id} held while stopping; it is read again on restart")
             with self._lock:
                 role, epoch = self.role, self.epoch
             if role != MASTER:
@@ -202,7 +202,7 @@ class BatchIntake:
                 self.handled_upto = position
 
     def _bake(self, msgs: list[Message], last: str) -> None:
-        """Bake as worker (caller holds batch_lock); records how far this node handled the uplink."""
+        """Bake as worker (caller holds batch_lock); records how far this member handled the uplink."""
         self._offer(*processed_as_worker(self.store, msgs, last), last)
 
     def _offer(self, msgs: list[Message], done: list[bool], last: str) -> None:

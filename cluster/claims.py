@@ -1,6 +1,6 @@
 """A worker's claims: escalations admitted from the master and the bake they release.
 
-Under failure: only the node ZooKeeper names as master, at its epoch, is
+Under failure: only the peer ZooKeeper names as master, at its epoch, is
 admitted; a claim releases a baked message only once Redis proves it
 processed (ID cache or processed mark), so no escalation, forged or buggy,
 releases a message nobody processed; what Redis could not prove bakes on.
@@ -46,15 +46,15 @@ class NoPair:
 
 
 class Claims:
-    """A node's escalation admission and claims (mixed into FlowMember)."""
+    """A member's escalation admission and claims (mixed into FlowMember)."""
 
     # -- escalations from the master --------------------------------------
     def admit_escalation(self, from_node: str, epoch: int) -> str | None:
         """Why a batch from ``from_node`` at ``epoch`` is refused, or None to take it: only the
-        node ZooKeeper names as master (the epoch znode's writer), at that master's epoch."""
+        peer ZooKeeper names as master (the epoch znode's writer), at that master's epoch."""
         why = None
         if self.leadership is None:
-            why = "this node has not joined the flow yet"
+            why = "this peer has not joined the flow yet"
         elif epoch < self.known_epoch:
             why = f"stale epoch {epoch}: epoch {self.known_epoch} exists"
         else:

@@ -1,6 +1,6 @@
 """Connecting to Redis and ZooKeeper, waiting with a deadline when they are down.
 
-A node that starts while Redis or ZooKeeper is down says which server and
+A peer that starts while Redis or ZooKeeper is down says which server and
 which address it is trying, retries with a bounded back-off, and gives up with
 :class:`ServiceUnavailable` when its deadline passes, so that a supervisor sees
 one clear failure instead of a crash loop. ``sleep`` and ``monotonic`` are
@@ -44,7 +44,7 @@ def wait_for_service(
     """Call ``attempt`` until it returns, logging each failure, up to ``deadline_s``."""
 
     def say(exc: BaseException, waited: float, pause: float) -> None:
-        # One line per try (with back-off): at start-up, before the node has a flow or an epoch.
+        # One line per try (with back-off): at start-up, before the peer has a flow or an epoch.
         event(log, logging.WARNING, "service_waiting", "waiting for %s at %s: %s (giving up in %.0f s)", service,
               where, exc, deadline_s - waited, service=service, where=where, error=str(exc),
               seconds_left=round(deadline_s - waited, 1))

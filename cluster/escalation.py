@@ -1,7 +1,7 @@
-"""Escalation: the master tells the other nodes which messages it processed.
+"""Escalation: the master tells the other peers which messages it processed.
 
 :class:`EscalationSender` (on the master) keeps one bidirectional ``Escalate``
-stream open to every target node and sends the processed messages' claims
+stream open to every target peer and sends the processed messages' claims
 (id, key, uplink position) in acknowledged batches. :class:`EscalationServicer`
 (on a worker) hands each batch to the worker's claim logic and acknowledges it.
 
@@ -105,7 +105,7 @@ class EscalationServicer(pb_grpc.EscalationServicer):
     @classmethod
     def for_flows(cls, handlers: dict[str, tuple[Callable[[int, list[Claim]], int],
                                                  Callable[[str, int], str | None] | None]]) -> "EscalationServicer":
-        """One servicer for several flows (a sharded node's shards): flow -> (on_claims, admit)."""
+        """One servicer for several flows (a sharded peer's shards): flow -> (on_claims, admit)."""
         servicer = cls(", ".join(handlers), lambda epoch, claims: 0)
         servicer._handlers = dict(handlers)
         return servicer
@@ -130,7 +130,7 @@ class EscalationServicer(pb_grpc.EscalationServicer):
         claims = [(e.id, e.key, e.position) for e in batch.claims]
         try:
             why = admit(batch.from_node, batch.epoch) if admit is not None else None
-            if why is not None:  # logged by admit, which knows this node and its epoch (escalation_refused)
+            if why is not None:  # logged by admit, which knows this member and its epoch (escalation_refused)
                 return pb.EscalationAck(seq=batch.seq, accepted=False, reason=why)
             claimed = on_claims(batch.epoch, claims)
         except StaleEpoch as exc:
@@ -188,7 +188,7 @@ class _Target:
 
 
 class EscalationSender:
-    """Escalates claims to every target node over acknowledged gRPC streams.
+    """Escalates claims to every target peer over acknowledged gRPC streams.
 
     ``send`` only buffers; one thread per target does the network I/O. See
     the module docstring for what happens when a target fails. Dropping the

@@ -1,8 +1,8 @@
-"""The gRPC server every node runs, its Ingest and Admin services, and small clients.
+"""The gRPC server every peer runs, its Ingest and Admin services, and small clients.
 
 ``create_server`` binds one address, adds whichever servicers it is given
 (Escalation, Ingest, Admin) and starts; the servicers stay thin over plain
-callables, so the node logic behind them is tested without gRPC.
+callables, so the peer logic behind them is tested without gRPC.
 
 Capacity: each service has its own share of the server's threads, so that one
 service in trouble cannot starve the others. At most ``ingest_limit``
@@ -27,7 +27,7 @@ Under failure:
   answer: ``publish(bodies, deadline_s)`` retries while Redis is unreachable
   and raises ``RedisUnavailable`` once the deadline passes. Publish then
   answers ``UNAVAILABLE`` with the reason (also for a built-in
-  ``ConnectionError`` from another uplink, or a store closed because the node
+  ``ConnectionError`` from another uplink, or a store closed because the peer
   is stopping) before the client's own deadline, so a client knows it may
   retry. A publish that fails after writing some entries may have written
   them: Ingest is at-least-once.
@@ -76,7 +76,7 @@ REFUSAL_THREADS = 2
 PUBLISH_ANSWER_MARGIN_S = 0.25
 # The most a Publish waits for the uplink, whatever (or whether) the client's deadline.
 PUBLISH_MAX_WAIT_S = 10.0
-# The largest request a node takes (a Publish batch or an escalation batch); gRPC refuses more.
+# The largest request a peer takes (a Publish batch or an escalation batch); gRPC refuses more.
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 
@@ -103,7 +103,7 @@ def create_server(
     (Status and Handover together) and ``escalation_streams`` Escalate
     streams run at once; one more is answered at once with
     ``RESOURCE_EXHAUSTED``. Every open Escalate stream holds a thread for its
-    whole life, so keep ``escalation_streams`` above the number of nodes that
+    whole life, so keep ``escalation_streams`` above the number of peers that
     escalate here (a refused stream's sender retries with back-off). The
     thread pool has ``ingest_limit + admin_limit + escalation_streams +
     REFUSAL_THREADS`` threads, and gRPC refuses (``RESOURCE_EXHAUSTED``) any
@@ -159,7 +159,7 @@ def create_server(
     if not port:  # older grpcio returned 0 instead of raising
         raise BindError(f"cannot listen on {address}")
     server.start()
-    server.token_check = token_check  # its refusal counts, for the node's metrics (None: no tokens)
+    server.token_check = token_check  # its refusal counts, for the peer's metrics (None: no tokens)
     return server, port
 
 
@@ -242,7 +242,7 @@ class IngestServicer(pb_grpc.IngestServicer):
     def Publish(self, request, context):
         if request.flow != self.flow:
             context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"wrong flow {request.flow!r}: this node serves {self.flow!r}"
+                grpc.StatusCode.INVALID_ARGUMENT, f"wrong flow {request.flow!r}: this peer serves {self.flow!r}"
             )
         if len(request.messages) > self.max_batch:
             context.abort(
@@ -256,7 +256,7 @@ class IngestServicer(pb_grpc.IngestServicer):
         except (RedisUnavailable, ConnectionError) as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"uplink of flow {self.flow!r} unavailable: {exc}")
         except StoreClosed:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"uplink of flow {self.flow!r} closed: the node is stopping")
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"uplink of flow {self.flow!r} closed: the peer is stopping")
         return pb.PublishReply(positions=positions)
 
     def _deadline_s(self, context) -> float:

@@ -1,16 +1,16 @@
-"""The standard gRPC health service of a node: what a load balancer or ``grpc_health_probe`` asks.
+"""The standard gRPC health service of a peer: what a load balancer or ``grpc_health_probe`` asks.
 
-Each of the node's services has its own status, and the empty name (the
+Each of the peer's services has its own status, and the empty name (the
 server as a whole) follows Ingest:
 
 - ``Admin`` is SERVING from the moment the server listens until it stops:
-  status and handover answer while the node warms up or Redis is down;
-- ``Ingest`` and ``Escalation`` (and "") are SERVING only while the node
+  status and handover answer while the peer warms up or Redis is down;
+- ``Ingest`` and ``Escalation`` (and "") are SERVING only while the peer
   streams (its warm-up batch ran and it has not stopped), so a balancer
-  sends publishes only to nodes that are running the flow;
+  sends publishes only to peers that are running the flow;
 - at stop every service turns NOT_SERVING before the server goes away.
 
->>> h = NodeHealth()
+>>> h = PeerHealth()
 >>> h.status("twinflow.wire.Ingest"), h.status("twinflow.wire.Admin")
 ('NOT_SERVING', 'SERVING')
 >>> h.streaming(True); h.status("")
@@ -26,7 +26,7 @@ ADMIN = "twinflow.wire.Admin"
 STREAMING_SERVICES = ("", "twinflow.wire.Ingest", "twinflow.wire.Escalation")
 
 
-class NodeHealth:
+class PeerHealth:
     def __init__(self) -> None:
         self.servicer = HealthServicer()
         self._statuses: dict[str, int] = {}
@@ -38,7 +38,7 @@ class NodeHealth:
             self._set(name, on)
 
     def stopping(self) -> None:
-        """Every service NOT_SERVING (the node is going away); later changes are ignored."""
+        """Every service NOT_SERVING (the peer is going away); later changes are ignored."""
         self.servicer.enter_graceful_shutdown()
         self._statuses = dict.fromkeys(self._statuses, health_pb2.HealthCheckResponse.NOT_SERVING)
 

@@ -2,11 +2,11 @@
 
 Layout under ``/twinflow/<flow>``: ``election`` (kazoo's Election recipe),
 ``epoch`` (its data version is the epoch: every promotion sets it once, so
-epochs grow by one per promotion and never repeat), and ``members/<node>``
-(ephemeral, the node's gRPC address). With ZooKeeper credentials
+epochs grow by one per promotion and never repeat), and ``members/<peer>``
+(ephemeral, the peer's gRPC address). With ZooKeeper credentials
 (``cluster/zk_auth.py``) the flow's znodes carry an ACL for that identity
 only; ``start()`` gives the ACL to ones created without it, and raises
-``ZkAccessDenied`` naming the path when ZooKeeper refuses this node. The
+``ZkAccessDenied`` naming the path when ZooKeeper refuses this peer. The
 member znode and the flow's znodes are kept by :class:`~.membership.Membership`
 (``membership.py``), which :class:`Leadership` is built on.
 
@@ -15,11 +15,11 @@ What happens on each connection state (kazoo ``KazooState``):
 - SUSPENDED: the connection dropped; the session may still be alive. The
   master stops writing (``may_write()`` is False) until it is CONNECTED
   again; it keeps the role, because the session and the lock may survive.
-- LOST: the session expired, so the lock is gone and another node may be
+- LOST: the session expired, so the lock is gone and another peer may be
   master already. ``on_demoted("session lost")`` runs; once a new session is
-  up the node registers again and queues for the election as a worker
+  up the peer registers again and queues for the election as a worker
   (once ``may_contend()`` allows).
-- CONNECTED: writing resumes if the node still holds the lock.
+- CONNECTED: writing resumes if the peer still holds the lock.
 
 A stale master that misses all of this (paused, partitioned) cannot do harm:
 its Redis writes carry its old epoch and are refused (fencing).
@@ -35,14 +35,14 @@ Promises under failure:
 - Election survives, so there is always a master candidate: whatever the
   election loop meets (a ZooKeeper error while queued, an exception from
   ``on_promoted``, ``on_demoted`` or the epoch update), it logs it with the
-  traceback, makes sure the node is demoted (``is_master`` False,
+  traceback, makes sure the peer is demoted (``is_master`` False,
   ``on_demoted`` called once if ``on_promoted`` was), waits about 0.2 s and
   queues again. Only ``stop()`` ends it. A contender node that a failed
-  release left behind in the node's own session is removed before queueing,
+  release left behind in the peer's own session is removed before queueing,
   so it cannot block the queue.
-- Contending only when able: the node queues only while ``may_contend()``
+- Contending only when able: the peer queues only while ``may_contend()``
   returns True (polled about every 0.1 s otherwise; an exception counts as
-  False), so a node joins once it can do the master's work (its stream is
+  False), so a peer joins once it can do the master's work (its stream is
   warm, Redis answers) and re-joins after a step-down only once it can again.
 """
 
@@ -105,7 +105,7 @@ class Leadership(Membership):
         self._failed = False                   # the last round ended in an exception
         self._gate_logged_at = float("-inf")
         self._election = None
-        self._master_seen: tuple[str | None, int] = (None, 0)  # (node, epoch) of the epoch znode
+        self._master_seen: tuple[str | None, int] = (None, 0)  # (peer, epoch) of the epoch znode
         self._master_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=f"election-{peer_id}", daemon=True)
         self._keeper = threading.Thread(target=self._keep_member, name=f"member-{peer_id}", daemon=True)
@@ -130,7 +130,7 @@ class Leadership(Membership):
 
     @property
     def sessions_lost(self) -> int:
-        """ZooKeeper sessions this node lost (LOST) since it started (for the metrics)."""
+        """ZooKeeper sessions this peer lost (LOST) since it started (for the metrics)."""
         return self._losses
 
     @property
@@ -139,15 +139,15 @@ class Leadership(Membership):
         return self._suspended.is_set()
 
     def may_write(self) -> bool:
-        """True while this node is master and its ZooKeeper connection is up."""
+        """True while this peer is master and its ZooKeeper connection is up."""
         return self._master.is_set() and not self._suspended.is_set()
 
     def current_master(self, fresh: bool = False) -> tuple[str | None, int]:
-        """(node ID, epoch) of the master ZooKeeper names: the epoch znode's writer and version.
+        """(peer ID, epoch) of the master ZooKeeper names: the epoch znode's writer and version.
 
         Kept current by a data watch; ``fresh`` reads the znode itself (unless the
         connection is down, when a read would wait for it). A worker admits an
-        escalation batch only from this node at this epoch.
+        escalation batch only from this peer at this epoch.
         """
         if fresh and not self.suspended:
             try:
@@ -166,7 +166,7 @@ class Leadership(Membership):
                 self._master_seen = seen
 
     def leader(self) -> str | None:
-        """The node ID that holds the election now, or None."""
+        """The peer ID that holds the election now, or None."""
         try:
             contenders = self.zk.Election(f"{self.root}/election").contenders()
         except KazooException:
@@ -174,14 +174,14 @@ class Leadership(Membership):
         return contenders[0] if contenders else None
 
     def handover(self, timeout_s: float) -> dict:
-        """Give up the master role so that another node takes it, without a session expiry."""
+        """Give up the master role so that another peer takes it, without a session expiry."""
         if not self.is_master:
-            return {"ok": False, "reason": "this node is not master"}
+            return {"ok": False, "reason": "this peer is not master"}
         if self.suspended:  # a ZooKeeper call would wait for the connection, unbounded
             return {"ok": False, "reason": "ZooKeeper is unreachable: the role ends with the session"}
         others = [c for c in self.zk.Election(f"{self.root}/election").contenders() if c != self.peer_id]
         if not others:
-            return {"ok": False, "reason": "no other node is waiting to take over"}
+            return {"ok": False, "reason": "no other peer is waiting to take over"}
         t0 = time.monotonic()
         self.step_down("handover")
         end = t0 + timeout_s
@@ -190,7 +190,7 @@ class Leadership(Membership):
             if leader and leader != self.peer_id and self._master_epoch_moved():
                 return {"ok": True, "new_master": leader, "seconds": time.monotonic() - t0}
             time.sleep(0.005)
-        return {"ok": False, "reason": f"no other node took over within {timeout_s} s",
+        return {"ok": False, "reason": f"no other peer took over within {timeout_s} s",
                 "seconds": time.monotonic() - t0}
 
     def stop(self) -> None:
@@ -261,7 +261,7 @@ class Leadership(Membership):
             self._member_check.set()
 
     def _event(self, level: int, name: str, msg: str, *args, **fields) -> None:
-        """An operator event (``twinflow.logs``) with the flow, this node and the newest epoch known here."""
+        """An operator event (``twinflow.logs``) with the flow, this peer and the newest epoch known here."""
         event(log, level, name, msg, *args, flow=self.flow, peer=self.peer_id,
               epoch=max(self.epoch, self._master_seen[1]) or None, **fields)
 
@@ -283,7 +283,7 @@ class Leadership(Membership):
             self.step_down("session lost")
         elif self._stopping.is_set():
             self.step_down("stopping")
-        # The node logs the promotion (event "promoted") once it has caught up and holds the role.
+        # The member logs the promotion (event "promoted") once it has caught up and holds the role.
         log.debug("%s promoted to master, epoch %d", self.peer_id, epoch)
         failure = None
         try:
@@ -296,7 +296,7 @@ class Leadership(Membership):
         finally:
             self._master.clear()
             reason = failure or self._demote_reason or "stopped"
-            log.debug("%s demoted (%s), epoch %d", self.peer_id, reason, epoch)  # the node logs "demoted"
+            log.debug("%s demoted (%s), epoch %d", self.peer_id, reason, epoch)  # the member logs "demoted"
             self._on_demoted(reason)
 
     def _contend_now(self) -> bool:
@@ -316,9 +316,9 @@ class Leadership(Membership):
         return open_
 
     def _drop_leftover_contenders(self) -> None:
-        """Delete election nodes of this node in our own session (checked after a failure): a
+        """Delete election nodes of this peer in our own session (checked after a failure): a
         release that failed leaves one, and a new Election would queue behind it, with every
-        other node, for as long as the session lives."""
+        other peer, for as long as the session lives."""
         path = f"{self.root}/election"
         session = self._session_id()
         for child in self.zk.get_children(path):
@@ -348,8 +348,8 @@ class Leadership(Membership):
                 if self._failed:
                     self._drop_leftover_contenders()
                     self._failed = False
-                # After a handover this queues behind the node that was already
-                # waiting (the lock is fair), so that node takes over.
+                # After a handover this queues behind the peer that was already
+                # waiting (the lock is fair), so that peer takes over.
                 self._election = self.zk.Election(f"{self.root}/election", self.peer_id)
                 if self._stopping.is_set():
                     break  # stop() may have missed this election: don't queue
@@ -360,6 +360,6 @@ class Leadership(Membership):
                 if self._stopping.is_set():
                     log.info("election for %s ended while stopping", self.peer_id, exc_info=True)
                     break
-                self._event(logging.ERROR, "election_failed", "election for %s failed; the node queues again",
+                self._event(logging.ERROR, "election_failed", "election for %s failed; the peer queues again",
                             self.peer_id, exc_info=True)
                 self._stopping.wait(RETRY_PAUSE_S)

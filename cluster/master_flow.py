@@ -7,8 +7,8 @@ unlinked outlink, every node state entry that changed, the IDs processed and
 the last uplink position handled, written by one fenced COMMIT script.
 
 Under failure: the nodes in this process are a write-through cache of the
-state in Redis, valid only while this node is master at one epoch and every
-step it ran was committed. When a commit fails or is refused, or the node
+state in Redis, valid only while this peer is master at one epoch and every
+step it ran was committed. When a commit fails or is refused, or the peer
 stops being master, the caller drops this object; the next master step
 starts from :meth:`MasterFlow.load`, which rebuilds every node from Redis.
 So a newly promoted master carries on with exactly the state the old one
@@ -108,7 +108,7 @@ class MasterFlow:
         # (another writer committed) is found at its next step, nothing written.
         # None for a flow not loaded from Redis (its steps are not checked).
         self.version: int | None = None
-        # Where committed steps' outputs are counted per stream (the node's metrics), or None.
+        # Where committed steps' outputs are counted per stream (the peer's metrics), or None.
         self.left: Counter | None = None
 
     @classmethod

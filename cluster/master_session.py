@@ -1,7 +1,7 @@
 """A master's session on one flow at one epoch: batches run in fenced COMMIT steps, and the
 flow's deadlines fired, each returning what it did.
 
-One session for every place a master runs the flow: a node's driver
+One session for every place a master runs the flow: a peer's driver
 (``member.FlowMember``, one session per term, made at promotion), a promoted
 worker's catch-up (the same session), an executor running one uplink shard's
 partition (``shard_task``, a session per task), the failover simulator and

@@ -1,12 +1,12 @@
-"""A node as master: its term's session, what it does with a session's outcome, and stepping down.
+"""A member as master: its term's session, what it does with a session's outcome, and stepping down.
 
 A term begins at promotion with a :class:`~twinflow.cluster.master_session.MasterSession`
-at the new epoch, and ends when the node steps down or is demoted (the session is ended,
+at the new epoch, and ends when the member steps down or is demoted (the session is ended,
 so no step of it is sent after that). The session runs the batches and fires the
 deadlines; this side acts on what it returns: counts, claims to escalate, a refusal.
 
 Under failure (promise 3): a write the fence refuses, or one that cannot reach Redis
-within the write lease, makes the node step down; the session drops its flow on any
+within the write lease, makes the member step down; the session drops its flow on any
 failed step, so the next step is built on the state Redis holds.
 """
 
@@ -24,7 +24,7 @@ log = logging.getLogger("twinflow.peer")
 
 
 class MasterSide:
-    """A node's master term (mixed into FlowMember)."""
+    """A member's master term (mixed into FlowMember)."""
 
     session: MasterSession | None
 
@@ -50,7 +50,7 @@ class MasterSide:
 
     def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
         """Run a batch through the flow as master at ``epoch`` (caller holds batch_lock); None when
-        all of it was committed, else the uncommitted rest, after this node stopped being master."""
+        all of it was committed, else the uncommitted rest, after this member stopped being master."""
         session = self.session
         if session is None or session.epoch != epoch or not session.active:
             return msgs

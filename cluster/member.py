@@ -28,8 +28,8 @@ that holds the concern, and said in its docstring:
 - ``promotion``: fence, catch up, roll back on promotion (1, 2);
 - ``claims``: escalations admitted only from the master; claims proven (1, 3);
 - ``backpressure``: a worker never drops, it stops reading (5);
-- ``node_timers``: deadlines, bake expiry, sweep, trim, status, lease (1, 3, 4);
-- ``start_position``: where a node starts reading, and what it refuses.
+- ``member_timers``: deadlines, bake expiry, sweep, trim, status, lease (1, 3, 4);
+- ``start_position``: where a member starts reading, and what it refuses.
 
 The member lock (``_lock``) guards memory only and is never held across a
 Redis call, so handover and status answer while Redis hangs; ``batch_lock``
@@ -61,7 +61,7 @@ from .master_session import MasterSession
 from .master_side import MasterSide
 from .metrics import LATENESS_BUCKETS, BatchTimings, Timings
 from .parts import MemberParts
-from .node_timers import NodeTimers
+from .member_timers import MemberTimers
 from .on_cluster import cluster_flow, flow_keys
 from .promotion import Promotion
 from .roles import MASTER, STARTING, WORKER
@@ -70,7 +70,7 @@ from .start_position import StartPosition
 log = logging.getLogger("twinflow.peer")
 
 
-class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpressure, NodeTimers):
+class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpressure, MemberTimers):
     """A peer's part in one flow (or one shard of it): one side of an active-active pair (see the module doc)."""
 
     def __init__(self, graph: FlowGraph, config: PeerConfig, *, parts: MemberParts, clock: Clock | None = None,
@@ -98,7 +98,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
         self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
         self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master
-        self.driver_steps = 0     # steps this node committed itself (an executor's kept flow is then stale)
+        self.driver_steps = 0     # steps this member committed itself (an executor's kept flow is then stale)
         self.task_pid = 0         # the process that ran this shard's last batch (a sharded flow's executor)
         self.state_loads = 0      # whole-state loads executors made for this shard's batches
         # A batch never takes the bake past max_pending: the reader takes at
@@ -109,8 +109,8 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self.max_read_size = min(spec.max_batch_size, max(self.read_size, spec.max_pending // 4))
         self.lease_s = spec.write_lease
         self.role = STARTING
-        self.epoch = 0            # this node's epoch while master
-        self.known_epoch = 0      # the newest epoch this node has seen anywhere
+        self.epoch = 0            # this member's epoch while master
+        self.known_epoch = 0      # the newest epoch this member has seen anywhere
         self.delivered = 0
         self.skipped = 0          # already processed when the master got them
         self.failed = 0
@@ -119,7 +119,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self.escalations_refused = 0  # batches not from the master at its epoch (admit_escalation)
         # For the metrics (cluster/metrics.py), counted per batch or step, never per message:
         self.escalations_taken = 0  # escalation batches admitted (on_claims)
-        self.read = 0             # uplink entries this node read (the warm-up row is none)
+        self.read = 0             # uplink entries this member read (the warm-up row is none)
         self.fenced = 0           # writes as master the fence refused (each a step-down)
         self.left: Counter = Counter()  # stream -> messages committed master steps sent there
         self.batch_timings = BatchTimings((MASTER, WORKER))  # batch durations by role
@@ -127,7 +127,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self.held = False         # backpressure: the reader plans no batch
         self._paced_ms: int | None = None  # the reader's pace as last set
         self.holding = False      # a master batch waits for ZooKeeper to come back
-        self.handled_upto: str | None = None  # the last uplink position this node handled
+        self.handled_upto: str | None = None  # the last uplink position this member handled
         self.streaming = False
         self.streaming_since = 0.0
         self._lock = threading.Lock()   # memory only: never held across a Redis call
@@ -185,7 +185,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         return stat.version if stat else 0
 
     def _guard_epoch(self, seen: int, deadline_s: float | None = None) -> None:
-        """Raise Redis's fencing epoch to the newest this node has seen (it must never go back)."""
+        """Raise Redis's fencing epoch to the newest this member has seen (it must never go back)."""
         in_redis = self.store.current_epoch(deadline_s=deadline_s)
         newest = max(seen, in_redis, self.known_epoch)
         if in_redis < newest:
@@ -219,7 +219,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
             self.sender.stop()
 
     def _event(self, level: int, name: str, msg: str, *args, **fields) -> None:
-        """Log the operator event ``name`` (``twinflow.logs``) with this node's flow, ID and epoch (its
+        """Log the operator event ``name`` (``twinflow.logs``) with this member's flow, peer ID and epoch (its
         own as master, else the newest it has seen, left out while none is: epochs start at 1;
         ``epoch=`` overrides it). Reads without the lock, so it may be called holding it."""
         fields.setdefault("epoch", (self.epoch if self.role == MASTER else self.known_epoch) or None)

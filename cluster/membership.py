@@ -1,24 +1,24 @@
-"""A node's membership of a flow in ZooKeeper: its member znode, the flow's znodes and their ACL,
+"""A peer's membership of a flow in ZooKeeper: its member znode, the flow's znodes and their ACL,
 and the list of members the master escalates to.
 
 It holds :class:`Membership`, the part of :class:`~.leadership.Leadership` (``leadership.py``)
-that keeps ``/twinflow/<flow>/members/<node>`` (ephemeral, the node's gRPC address) and makes
+that keeps ``/twinflow/<flow>/members/<peer>`` (ephemeral, the peer's gRPC address) and makes
 the flow's znodes exist, protected by the client's ACL when ZooKeeper credentials are set
 (``cluster/zk_auth.py``), and :class:`MembersUnknown`.
 
 Promises under failure:
 
-- Members list complete, so no message is left unclaimed: while a node runs,
+- Members list complete, so no message is left unclaimed: while a peer runs,
   its member znode exists, is owned by its own session and holds its
-  address, so the master escalates to it. A node restarted within its old
+  address, so the master escalates to it. A peer restarted within its old
   session's timeout finds the old session's znode still there; it deletes it
   (version-checked) and creates its own, instead of adopting a znode that
   vanishes when the old session expires. A watch on the znode re-creates it
   whenever it disappears (deleted by anyone, or a session lost) while the
-  node runs; only ``stop()`` removes it for good.
+  peer runs; only ``stop()`` removes it for good.
 - No guessed members: :meth:`Membership.members` raises :class:`MembersUnknown` when
   ZooKeeper cannot list them, never answers an empty list for "unknown".
-- A flow this node may not use fails at start: ``ZkAccessDenied`` names the path.
+- A flow this peer may not use fails at start: ``ZkAccessDenied`` names the path.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ class Membership:
     and data, the stop and member-check events, the register lock)."""
 
     def members(self) -> dict[str, str]:
-        """Every registered node: {peer_id: gRPC address}. Raises MembersUnknown when ZooKeeper
-        cannot say: an empty answer would read as "no other node is live", and the trim, which
-        keeps what live nodes have not read, would then drop a live worker's unread entries."""
+        """Every registered peer: {peer_id: gRPC address}. Raises MembersUnknown when ZooKeeper
+        cannot say: an empty answer would read as "no other peer is live", and the trim, which
+        keeps what live peers have not read, would then drop a live worker's unread entries."""
         out = {}
         try:
             for child in self.zk.get_children(f"{self.root}/members"):
@@ -65,8 +65,8 @@ class Membership:
     def _prepare_znodes(self) -> None:
         """Make the flow's znodes exist; with credentials, protected by the client's ACL.
 
-        Raises ZkAccessDenied, naming the path, when ZooKeeper refuses this node
-        (no credentials, or other ones, on a protected flow), so that a node
+        Raises ZkAccessDenied, naming the path, when ZooKeeper refuses this peer
+        (no credentials, or other ones, on a protected flow), so that a peer
         fails at start with the reason instead of in its election thread.
         """
         acl = self.zk.default_acl
@@ -80,7 +80,7 @@ class Membership:
                 if acl:
                     self._protect(path, acl)
             # ZooKeeper checks no ACL on exists(), so ensure_path passes on a
-            # protected flow: listing the members tells whether this node may use it.
+            # protected flow: listing the members tells whether this peer may use it.
             for path in (f"{self.root}/members", f"{self.root}/election"):
                 for child in self.zk.get_children(path):
                     if acl:
@@ -89,10 +89,10 @@ class Membership:
             raise ZkAccessDenied(path, identity_of(self.zk)) from None
 
     def _protect(self, path: str, acl: list, missing_ok: bool = False) -> None:
-        """Give ``path`` the node's ACL if it has another one: a flow whose znodes were created
-        before credentials were turned on (open to anyone) is protected by its first node that
-        has them, ephemeral znodes of nodes still running without credentials included (those
-        nodes lose access to the flow from then on)."""
+        """Give ``path`` the peer's ACL if it has another one: a flow whose znodes were created
+        before credentials were turned on (open to anyone) is protected by its first peer that
+        has them, ephemeral znodes of peers still running without credentials included (those
+        peers lose access to the flow from then on)."""
         try:
             current, _ = self.zk.get_acls(path)
             if sorted(current) == sorted(acl):
@@ -132,11 +132,11 @@ class Membership:
                         except (NoNodeError, BadVersionError):
                             continue
                     return
-                # Left by another session: most likely this node before a fast
+                # Left by another session: most likely this peer before a fast
                 # restart, not yet expired. Adopting it would lose it at that
                 # session's expiry, so replace it with one of our own.
                 log.warning("%s: member znode %s is held by session 0x%x, not ours: replacing it "
-                            "(if this repeats, two running nodes share the ID)",
+                            "(if this repeats, two running peers share the ID)",
                             self.peer_id, path, stat.ephemeralOwner)
                 try:
                     self.zk.delete(path, version=stat.version)
@@ -167,7 +167,7 @@ class Membership:
                             "is gone" if stat is None else "belongs to another session")
                 self._register()
                 self._member_check.set()  # look again (and watch the new znode)
-                self._stopping.wait(RETRY_PAUSE_S)  # two nodes sharing an ID must not spin
+                self._stopping.wait(RETRY_PAUSE_S)  # two peers sharing an ID must not spin
             except Exception as exc:
                 if self._stopping.is_set():
                     return

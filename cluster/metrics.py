@@ -1,6 +1,6 @@
-"""A node's Prometheus metrics, served over HTTP (``twinflow run --metrics-listen HOST:PORT``).
+"""A peer's Prometheus metrics, served over HTTP (``twinflow run --metrics-listen HOST:PORT``).
 
-Everything is read at scrape time from what the node keeps anyway: its
+Everything is read at scrape time from what the peer keeps anyway: its
 ``status()``, its plain-int counters, its escalation sender's ``stats()``,
 its leadership's and its store's connection counters. Nothing is called per
 message: the master's batch loop runs ~16k messages a second and a Prometheus
@@ -8,9 +8,9 @@ counter increment per message would cost real throughput. Durations (a
 batch, a timer's lateness) go into a :class:`Timings`, observed once per
 batch or per firing round.
 
-Each node process has a registry of its own (not prometheus-client's global
-one), so that several nodes can run in one process (the tests do). A
-sharded node serves one endpoint for all its shards: each shard's metrics
+Each peer has a registry of its own (not prometheus-client's global
+one), so that several peers can run in one process (the tests do). A
+sharded peer serves one endpoint for all its shards: each shard's metrics
 carry the shard's flow name in ``flow``. docs/reference/metrics.md lists every
 metric.
 
@@ -46,7 +46,7 @@ log = logging.getLogger("twinflow.metrics")
 
 BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-# Outcomes of twinflow_messages_total, each a counter the node keeps (status() or its attributes).
+# Outcomes of twinflow_messages_total, each a counter the member keeps (status() or its attributes).
 OUTCOMES = ("delivered", "skipped", "failed", "claimed", "unclaimed", "rolled_back", "claims_unproven")
 ROLES = ("master", "worker", "starting")
 
@@ -78,7 +78,7 @@ class Timings:
 
 
 class BatchTimings:
-    """Batch durations per role the node had when the batch started (a histogram each). The
+    """Batch durations per role the member had when the batch started (a histogram each). The
     ``roles`` given exist from the start, so a series is there (at 0) before its first batch."""
 
     def __init__(self, roles: Iterable[str] = ()):
@@ -93,31 +93,31 @@ class BatchTimings:
         timings.observe(seconds)
 
 
-def outlink_names(node: "FlowMember") -> dict[str, str]:
+def outlink_names(member: "FlowMember") -> dict[str, str]:
     """The Redis stream of each of the flow's unlinked outlinks -> ``<flow node>.<outlink>`` (names
     joined with ``,`` when outlinks share a stream, e.g. two actions with one sink)."""
     from .master_flow import outlink_streams
 
     names: dict[str, list[str]] = {}
-    for (name, outlink), stream in outlink_streams(node.graph, node.keys).items():
+    for (name, outlink), stream in outlink_streams(member.graph, member.keys).items():
         names.setdefault(stream, []).append(f"{name}.{outlink}")
     return {stream: ",".join(v) for stream, v in names.items()}
 
 
-class NodeCollector(Collector):
-    """Reads ``nodes`` (a peer's members: one, or one per shard) at each scrape.
+class PeerCollector(Collector):
+    """Reads ``members`` (a peer's members: one, or one per shard) at each scrape.
 
     ``server``: the gRPC server whose token refusals to report (one per process);
-    ``frames``: a sharded node's (flow name, BatchTimings) of its micro-batches.
+    ``frames``: a sharded peer's (flow name, BatchTimings) of its micro-batches.
     """
 
-    def __init__(self, nodes: Callable[[], list["FlowMember"]], server: Callable[[], Any] | None = None,
+    def __init__(self, members: Callable[[], list["FlowMember"]], server: Callable[[], Any] | None = None,
                  frames: tuple[str, BatchTimings] | None = None):
-        self.nodes, self.server, self.frames = nodes, server, frames
+        self.members, self.server, self.frames = members, server, frames
         self._outlinks: dict[str, dict[str, str]] = {}  # flow -> stream -> outlink name
 
     def collect(self):
-        nodes = self.nodes()
+        members = self.members()
         # "node" is the peer's label under its old name, kept one release for existing dashboards.
         base = ["flow", "peer", "node"]
         f: dict[str, Any] = {}
@@ -127,34 +127,34 @@ class NodeCollector(Collector):
                 f[name] = kind(name, doc, labels=base + list(labels))
             return f[name]
 
-        for n in nodes:
+        for n in members:
             try:
                 self._collect_node(n, family)
-            except Exception:  # one node's bad read must not fail the whole scrape
+            except Exception:  # one member's bad read must not fail the whole scrape
                 log.exception("metrics of %s %s could not be read", n.name, n.cfg.peer_id)
-        if self.frames is not None and nodes:
+        if self.frames is not None and members:
             flow, timings = self.frames
             hist = family(HistogramMetricFamily, "twinflow_batch_duration_seconds",
                           "Time to process one uplink batch, once per batch", ["role"])
             for role, t in sorted(timings.by_role.items()):
                 buckets, total = t.snapshot()
-                hist.add_metric([flow, nodes[0].cfg.peer_id, nodes[0].cfg.peer_id, role], buckets, total)
+                hist.add_metric([flow, members[0].cfg.peer_id, members[0].cfg.peer_id, role], buckets, total)
         check = getattr(self.server(), "token_check", None) if self.server is not None else None
-        if check is not None and nodes:
+        if check is not None and members:
             refused = family(CounterMetricFamily, "twinflow_grpc_refused",
                              "gRPC calls refused by the token check", ["reason"])
-            flow = self.frames[0] if self.frames else nodes[0].name
+            flow = self.frames[0] if self.frames else members[0].name
             for reason, count in sorted(dict(check.refused).items()):
-                refused.add_metric([flow, nodes[0].cfg.peer_id, nodes[0].cfg.peer_id, reason], count)
+                refused.add_metric([flow, members[0].cfg.peer_id, members[0].cfg.peer_id, reason], count)
         yield from f.values()
 
     def _collect_node(self, n: "FlowMember", family) -> None:
         s = n.status()
         who = [n.name, n.cfg.peer_id, n.cfg.peer_id]
-        family(CounterMetricFamily, "twinflow_uplink_read", "Uplink entries this node read (messages in)"
+        family(CounterMetricFamily, "twinflow_uplink_read", "Uplink entries this peer read (messages in)"
                ).add_metric(who, n.read)
         out = family(CounterMetricFamily, "twinflow_messages",
-                     "Messages by what became of them on this node", ["outcome"])
+                     "Messages by what became of them on this peer", ["outcome"])
         counts = {**s, "skipped": n.skipped}
         for outcome in OUTCOMES:
             out.add_metric(who + [outcome], int(counts.get(outcome) or 0))
@@ -163,7 +163,7 @@ class NodeCollector(Collector):
         names = self._outlinks[n.name]
         left = dict(n.left)  # one C-level copy: the batch thread may add to it meanwhile
         per_outlink = family(CounterMetricFamily, "twinflow_outlink_messages",
-                             "Messages that left the flow through each outlink in this node's committed "
+                             "Messages that left the flow through each outlink in this peer's committed "
                              "master steps", ["outlink"])
         for stream, name in sorted(names.items(), key=lambda kv: kv[1]):
             per_outlink.add_metric(who + [name], left.get(stream, 0))
@@ -177,35 +177,35 @@ class NodeCollector(Collector):
                "How late the master fired the flow's due deadlines, once per firing round"
                ).add_metric(who, buckets, total)
         if int(s.get("uplink_lag", -1)) >= 0:  # -1: Redis did not answer this time
-            family(GaugeMetricFamily, "twinflow_uplink_lag", "Uplink entries this node has not read yet"
+            family(GaugeMetricFamily, "twinflow_uplink_lag", "Uplink entries this peer has not read yet"
                    ).add_metric(who, s["uplink_lag"])
         for name, key, doc in (
             ("twinflow_baked", "baked", "Messages the worker's claim sort withholds now"),
             ("twinflow_pending", "pending", "Node state the master's flow holds now (open groups, timers)"),
             ("twinflow_backpressure", "backpressure", "1 while a worker has stopped reading (max_pending)"),
             ("twinflow_holding", "holding", "1 while a master holds a batch (ZooKeeper suspended)"),
-            ("twinflow_streaming", "streaming", "1 once the node's stream ran its warm-up batch"),
+            ("twinflow_streaming", "streaming", "1 once the peer's stream ran its warm-up batch"),
             ("twinflow_epoch", "epoch", "The master's epoch (a worker: the newest it has seen)"),
         ):
             family(GaugeMetricFamily, name, doc).add_metric(who, int(s.get(key) or 0))
         role = s.get("role", "starting")
-        family(GaugeMetricFamily, "twinflow_is_master", "1 while this node is the flow's master"
+        family(GaugeMetricFamily, "twinflow_is_master", "1 while this peer is the flow's master"
                ).add_metric(who, int(role == "master"))
-        roles = family(GaugeMetricFamily, "twinflow_role", "1 for the role this node has now", ["role"])
+        roles = family(GaugeMetricFamily, "twinflow_role", "1 for the role this peer has now", ["role"])
         for r in ROLES:
             roles.add_metric(who + [r], int(role == r))
-        family(CounterMetricFamily, "twinflow_fenced", "Writes of this node as master refused by the "
+        family(CounterMetricFamily, "twinflow_fenced", "Writes of this peer as master refused by the "
                "fence (a newer master exists): it stepped down each time").add_metric(who, n.fenced)
         received = family(CounterMetricFamily, "twinflow_escalation_batches_received",
-                          "Escalation batches that reached this node", ["result"])
+                          "Escalation batches that reached this peer", ["result"])
         received.add_metric(who + ["accepted"], n.escalations_taken)
         received.add_metric(who + ["refused"], int(s.get("escalations_refused") or 0))
         self._collect_sender(n, who, family)
         store = n.store
         if store is not None:
-            family(GaugeMetricFamily, "twinflow_redis_up", "1 while the node's calls to Redis get answers"
+            family(GaugeMetricFamily, "twinflow_redis_up", "1 while the peer's calls to Redis get answers"
                    ).add_metric(who, int(store.failing_since is None))
-            family(CounterMetricFamily, "twinflow_redis_outages", "Times Redis stopped answering this node "
+            family(CounterMetricFamily, "twinflow_redis_outages", "Times Redis stopped answering this peer "
                    "(each ends in a reconnect)").add_metric(who, getattr(store, "outages", 0))
         lead = n.leadership
         if lead is not None:
@@ -223,9 +223,9 @@ class NodeCollector(Collector):
             return
         targets = stats()["targets"]
         batches = family(CounterMetricFamily, "twinflow_escalation_batches",
-                         "Escalation batches this node sent as master, per target", ["target", "result"])
+                         "Escalation batches this peer sent as master, per target", ["target", "result"])
         claims = family(CounterMetricFamily, "twinflow_escalation_claims",
-                        "Escalation claims this node sent as master, per target", ["target", "result"])
+                        "Escalation claims this peer sent as master, per target", ["target", "result"])
         pending = family(GaugeMetricFamily, "twinflow_escalation_pending_claims",
                          "Claims buffered or awaiting an ack, per target", ["target"])
         for target, t in sorted(targets.items()):
@@ -237,9 +237,9 @@ class NodeCollector(Collector):
 
 
 class MetricsServer:
-    """The HTTP endpoint of one node process; ``address`` is where it listens (port 0 resolved)."""
+    """The HTTP endpoint of one peer; ``address`` is where it listens (port 0 resolved)."""
 
-    def __init__(self, listen: str, collector: NodeCollector):
+    def __init__(self, listen: str, collector: PeerCollector):
         host, port = split_address(listen)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
@@ -265,8 +265,8 @@ def split_address(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def serve(listen: str, nodes: Callable[[], list["FlowMember"]], *, server: Callable[[], Any] | None = None,
+def serve(listen: str, members: Callable[[], list["FlowMember"]], *, server: Callable[[], Any] | None = None,
           frames: tuple[str, BatchTimings] | None = None) -> MetricsServer:
-    """Serve the metrics of ``nodes`` on ``listen``; the caller stops the result."""
-    return MetricsServer(listen, NodeCollector(nodes, server=server, frames=frames))
+    """Serve the metrics of ``members`` on ``listen``; the caller stops the result."""
+    return MetricsServer(listen, PeerCollector(members, server=server, frames=frames))
 

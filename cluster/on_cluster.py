@@ -16,7 +16,7 @@ log = logging.getLogger("twinflow.peer")
 
 
 class StartRefused(RuntimeError):
-    """The node will not start: reading from here, or on this Redis, could break a promise."""
+    """The peer will not start: reading from here, or on this Redis, could break a promise."""
 
 
 def cluster_flow(graph: FlowGraph):

@@ -28,7 +28,7 @@ from ..logs import event
 from ..runtime.clock import Clock
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.shards import ShardRouter, shard_graph
-from .health import NodeHealth
+from .health import PeerHealth
 from .member import FlowMember
 from .metrics import BatchTimings, MetricsServer
 from .metrics import serve as serve_metrics
@@ -56,7 +56,7 @@ class Peer:
         self.sharded = self.spec.shards > 1 or not config.spark_master.startswith("local")
         self.router = ShardRouter(self.spec.shards, self.spec.shard_key) if self.sharded else None
         self.frame_timings = BatchTimings(("shards",)) if self.sharded else None
-        self.health = NodeHealth()  # one server, one health: it serves once a member streams
+        self.health = PeerHealth()  # one server, one health: it serves once a member streams
         self.zk = None
         self.server = None
         self.address = ""
@@ -165,7 +165,7 @@ class Peer:
         if self.reading is not None:
             try:
                 self.reading.stop()
-            except Exception:  # a batch refused on purpose (NodeStopping) fails the query
+            except Exception:  # a batch refused on purpose (PeerStopping) fails the query
                 log.info("uplink stream stopped with its last batch uncommitted (read again on restart)")
         for member in self.members:
             member.settle()
@@ -216,7 +216,7 @@ class Peer:
             return self.member.handover(timeout_s)
         masters = [m for m in self.members if m.role == MASTER]
         if not masters:
-            return {"ok": False, "reason": "this node is master of no shard"}
+            return {"ok": False, "reason": "this peer is master of no shard"}
         replies = [(m.name, m.handover(timeout_s)) for m in masters]
         failed = [f"{name}: {r.get('reason')}" for name, r in replies if not r.get("ok")]
         return {"ok": not failed, "reason": "; ".join(failed),

@@ -4,7 +4,7 @@ Under failure (promises 1, 2): the new master raises the fencing epoch in
 Redis (confirmed by ``WAIT`` with ``cluster.wait_replicas``), then delivers
 every uplink entry after the processed mark up to where it has read itself,
 re-read from the uplink; its bake is dropped only once that succeeded. Any
-error leaves everything in Redis, and the election demotes the node and
+error leaves everything in Redis, and the election demotes the member and
 queues it again.
 """
 
@@ -20,11 +20,11 @@ log = logging.getLogger("twinflow.peer")
 
 
 class _StepDown(RuntimeError):
-    """The node stopped being master while it was catching up on promotion."""
+    """The member stopped being master while it was catching up on promotion."""
 
 
 class Promotion:
-    """A node's promotion and demotion (mixed into FlowMember)."""
+    """A member's promotion and demotion (mixed into FlowMember)."""
 
     # -- roles ------------------------------------------------------------
     def may_contend(self) -> bool:
@@ -34,13 +34,13 @@ class Promotion:
     def on_promoted(self, epoch: int) -> None:
         """Take the master role: fence, then deliver what the old master left (see module doc).
 
-        Raises when that fails; the election demotes the node and queues it again.
+        Raises when that fails; the election demotes the member and queues it again.
         """
         if not self.batch_lock.acquire(timeout=max(5.0, 5 * self.lease_s)):
             raise RuntimeError("a batch in flight did not finish (waiting for Redis?); not taking the role")
         try:
             # Confirmed by WAIT with cluster.wait_replicas (as a COMMIT is): else this raises and
-            # the election demotes the node and queues it again (issue 18, item 6).
+            # the election demotes the member and queues it again (issue 18, item 6).
             in_force = self.store.raise_epoch(epoch, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
                                               replica_wait_ms=self.spec.replica_wait_ms)
             if in_force > epoch:
@@ -77,7 +77,7 @@ class Promotion:
                         self.cfg.peer_id, rolled, epoch, epoch=epoch, count=rolled)
 
     def _catch_up(self, epoch: int) -> int:
-        """Deliver every uplink entry after the processed mark up to where this node has
+        """Deliver every uplink entry after the processed mark up to where this member has
         handled the uplink, re-read from Redis; returns how many were delivered now."""
         mark = self.store.processed_mark(deadline_s=self.lease_s)
         upto = self.handled_upto
@@ -111,5 +111,5 @@ class Promotion:
 
     def handover(self, timeout_s: float) -> dict:
         if self.leadership is None:
-            return {"ok": False, "reason": "node is not running"}
+            return {"ok": False, "reason": "member is not running"}
         return self.leadership.handover(timeout_s)

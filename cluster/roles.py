@@ -1,4 +1,4 @@
-"""A node's roles on one flow: master (runs the flow and commits), worker (bakes and waits
+"""A member's roles on its flow: master (runs the flow and commits), worker (bakes and waits
 for claims), and starting (before it joined the election)."""
 
 MASTER, WORKER, STARTING = "master", "worker", "starting"

@@ -32,7 +32,7 @@ from contextlib import ExitStack
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .batch_intake import NodeStopping
+from .batch_intake import PeerStopping
 from .shard_task import RESULT_SCHEMA, ShardPlan, run_partition
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class ShardReading:
             for member in self.members:  # always in shard order: no two batches or promotions cross
                 held.enter_context(member.batch_lock)
             if peer.stopping:
-                raise NodeStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
+                raise PeerStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
             plan = ShardPlan(
                 flow_text=peer.graph.text, flow_source=peer.graph.source, redis_url=peer.cfg.redis_url,
                 peer_id=peer.cfg.peer_id, now=self.members[0].clock.now(),

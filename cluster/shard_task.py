@@ -1,7 +1,7 @@
 """One uplink shard's batch, run on the Spark executor that read it.
 
 A sharded flow's peer (``shard_reading``) plans each micro-batch on its driver:
-per shard, the role this node has there and its epoch (:class:`ShardPlan`).
+per shard, the role this peer has there and its epoch (:class:`ShardPlan`).
 Spark then runs :func:`run_partition` in the task that reads the shard's
 partition, on an executor, with a Redis connection of its own:
 
@@ -13,8 +13,8 @@ partition, on an executor, with a Redis connection of its own:
   loaded from Redis: loading reads all of the shard's node state, so doing
   it for every batch would cost more the longer the flow runs;
 - worker: which messages the flow already processed (one round trip that
-  also records how far this node handled the shard), for the driver's bake;
-- otherwise (the node is starting, or a master whose ZooKeeper session is
+  also records how far this peer handled the shard), for the driver's bake;
+- otherwise (the peer is starting, or a master whose ZooKeeper session is
   suspended must hold the batch): the rows go back to the driver, which
   decodes them and decides there.
 
@@ -92,8 +92,8 @@ class ShardResult:
     unreachable: str = ""               # why Redis did not take a step in time
     pid: int = field(default_factory=os.getpid)  # the executor process that ran it
     state_loads: int = 0                # times this batch loaded the shard's whole state from Redis
-    read: int = 0                       # uplink entries in the batch (the node's metrics)
-    left: Counter = field(default_factory=Counter)  # committed steps' outputs per stream (the node's metrics)
+    read: int = 0                       # uplink entries in the batch (the peer's metrics)
+    left: Counter = field(default_factory=Counter)  # committed steps' outputs per stream (the peer's metrics)
 
     # What travels back is what the driver uses: a message to bake needs its ID, key,
     # position and body, not its parsed document (pickling that cost more than the batch).
@@ -153,7 +153,7 @@ def run_partition(plan: ShardPlan, batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
-    """One shard's rows as this node's role there says (see the module doc)."""
+    """One shard's rows as this peer's role there says (see the module doc)."""
     if k < 0:  # the query's warm-up row
         return ShardResult(shard=k, warm=True)
     ctx = _context(plan)

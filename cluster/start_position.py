@@ -1,9 +1,9 @@
-"""Where a node starts reading its uplink, and the checks made before it does.
+"""Where a member starts reading its uplink, and the checks made before it does.
 
 Under failure: a start that could break a promise is refused
 (:class:`~twinflow.cluster.on_cluster.StartRefused`) with what to do: a
 Redis that may evict or forget (unless ``cluster.redis_checks: warn``), a
-checkpoint whose next entries were trimmed while the node was away, a new
+checkpoint whose next entries were trimmed while the peer was away, a new
 state directory on a flow that already processed entries without
 ``--start-from``.
 """
@@ -25,7 +25,7 @@ from .on_cluster import StartRefused
 
 
 class StartPosition:
-    """A node's start checks (mixed into FlowMember)."""
+    """A member's start checks (mixed into FlowMember)."""
 
     def _check_redis(self) -> None:
         """Refuse (or warn, per ``cluster.redis_checks``) a Redis that may evict or forget."""
@@ -52,14 +52,14 @@ class StartPosition:
         raise StartRefused(
             f"{self.cfg.peer_id} last read {self.keys.uplink} up to {read}, but the uplink was trimmed up to "
             f"{kept} while it was away (longer than uplink.retention = {self.spec.retention:.0f} s): what it "
-            f"would read next is gone. Every trimmed entry was processed by the flow; start the node on a new "
+            f"would read next is gone. Every trimmed entry was processed by the flow; start the peer on a new "
             f"state directory with --start-from processed")
 
     def _start_position(self) -> dict:
         """Where a new checkpoint starts reading (a checkpoint with commits resumes by itself).
 
         Chosen once per state directory and kept beside the checkpoint, so a
-        restart before the first commit starts at the same place. A node with
+        restart before the first commit starts at the same place. A peer with
         a new state directory on a flow that has processed entries must be told
         where to start: after the processed mark, or from the beginning (safe,
         since nothing at or before the mark is delivered again, but slow).
@@ -78,9 +78,9 @@ class StartPosition:
             start = {"id": mark, "n": self.store.entries_upto(mark)}
         else:
             raise StartRefused(
-                f"flow {self.name!r} has processed its uplink up to {mark}, but this node has no "
+                f"flow {self.name!r} has processed its uplink up to {mark}, but this peer has no "
                 f"checkpoint in {checkpoint}: pass --start-from processed (read after {mark}; the usual "
-                f"choice for a new or rebuilt node) or --start-from beginning (re-read the whole uplink; "
+                f"choice for a new or rebuilt peer) or --start-from beginning (re-read the whole uplink; "
                 f"entries up to {mark} are never delivered again)")
         oldest = self.store.oldest_after(mark)
         if oldest is not None and time.time() - position_order(oldest)[0] / 1000 > self.spec.message.id_ttl:

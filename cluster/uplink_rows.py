@@ -1,4 +1,4 @@
-"""Uplink rows (position, data, size) as a node reads them, decoded into messages.
+"""Uplink rows (position, data, size) as a peer reads them, decoded into messages.
 
 Used wherever a batch arrives: the driver (``member.FlowMember``) and an
 executor running a shard's partition (``shard_task``). Never raises for what

@@ -1,6 +1,6 @@
 """ZooKeeper credentials and the ACLs of a flow's znodes.
 
-A node given credentials (``TWINFLOW_ZK_AUTH``, a secret reference as in
+A peer given credentials (``TWINFLOW_ZK_AUTH``, a secret reference as in
 :mod:`twinflow.secrets` whose value is ``user:password``) authenticates with
 ZooKeeper's ``digest`` scheme and creates every znode of its flow
 (``/twinflow/<flow>`` and below) with :attr:`ZkCredentials.acl`: all
@@ -60,11 +60,11 @@ class ZkAccessDenied(RuntimeError):
     def __init__(self, path: str, identity: str | None):
         self.path, self.identity = path, identity
         if identity is None:
-            why = (f"the flow's znodes are protected by an ACL and this node has no ZooKeeper "
+            why = (f"the flow's znodes are protected by an ACL and this peer has no ZooKeeper "
                    f"credentials: authentication is needed; set {ZK_AUTH_ENV} to file:PATH or "
                    f"env:NAME holding user:password")
         else:
-            why = (f"the flow's znodes are protected by an ACL that does not name this node's "
+            why = (f"the flow's znodes are protected by an ACL that does not name this peer's "
                    f"credentials ({identity}): check {ZK_AUTH_ENV}")
         super().__init__(f"ZooKeeper refused access to {path}: {why}")
 

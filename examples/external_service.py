@@ -3,7 +3,7 @@
 It runs against the chained flow of `make demo` (examples/cluster-chained.yaml:
 history -> AND join of an order and its payment -> action). `make demo` stops
 its cluster when it ends, so start the same cluster yourself (docs/getting-started/first-flow.md,
-"Run it on two nodes"):
+"Run it on two peers"):
 
     .venv/bin/twinflow services up
     .venv/bin/twinflow run examples/cluster-chained.yaml --peer-id a &
@@ -11,18 +11,18 @@ its cluster when it ends, so start the same cluster yourself (docs/getting-start
     .venv/bin/twinflow status examples/cluster-chained.yaml     # until one is master
     .venv/bin/python examples/external_service.py --pairs 100
 
-It publishes ``--pairs`` orders and their payments through the nodes' Ingest
+It publishes ``--pairs`` orders and their payments through the peers' Ingest
 service (twinflow.client.Client: batches, retries, failover between the
-nodes), then reads the flow's sink stream ``tf:{orders}:sink`` from Redis
+peers), then reads the flow's sink stream ``tf:{orders}:sink`` from Redis
 until every pair has left the flow as one joined message, or ``--deadline``
 seconds pass. It exits 0 when all arrived, 1 when some did not.
 
 Redis comes from ``--redis``, else ``TWINFLOW_REDIS``, else the services
-``twinflow services up`` recorded in .twinflow/services.json. The nodes'
-gRPC addresses come from ``--node HOST:PORT`` (repeatable), else from the
-live nodes' status in Redis (``tf:{orders}:node:<id>``, field
-``grpc_address``). On nodes that ask for TLS and tokens, pass ``--ca`` (the CA
-file that signed the nodes' certificates) and ``--token env:NAME`` or
+``twinflow services up`` recorded in .twinflow/services.json. The peers'
+gRPC addresses come from ``--peer HOST:PORT`` (repeatable), else from the
+live peers' status in Redis (``tf:{orders}:node:<id>``, field
+``grpc_address``). On peers that ask for TLS and tokens, pass ``--ca`` (the CA
+file that signed the peers' certificates) and ``--token env:NAME`` or
 ``--token file:PATH`` (the ingest token, never its value).
 
 Every run uses fresh message IDs, so that running it again publishes new
@@ -93,11 +93,11 @@ def wait_for_sink(r: redis.Redis, sink_key: str, ids: set[str], deadline_s: floa
 
 
 def node_addresses(r: redis.Redis, flow: str) -> list[str]:
-    """The gRPC addresses of the flow's live nodes, from their status in Redis."""
+    """The gRPC addresses of the flow's live peers, from their status in Redis."""
     addresses = []
     for peer_id in sorted(r.smembers(f"tf:{{{flow}}}:nodes")):
         address = r.hget(f"tf:{{{flow}}}:node:{peer_id.decode()}", "grpc_address")
-        if address:  # a node whose status expired has left
+        if address:  # a peer whose status expired has left
             addresses.append(address.decode())
     return addresses
 
@@ -120,19 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flow", default="orders")
     p.add_argument("--sink", default="sink", help="the action's sink stream (flow file: sink.stream)")
     p.add_argument("--pairs", type=int, default=100, help="orders to publish, each with its payment")
-    p.add_argument("--node", action="append", default=[], help="a node's gRPC HOST:PORT (repeatable)")
+    p.add_argument("--peer", "--node", dest="peer", action="append", default=[],
+                   help="a peer's gRPC HOST:PORT (repeatable; --node is its old name)")
     p.add_argument("--redis", help="redis:// URL of the flow's Redis")
     p.add_argument("--deadline", type=float, default=60.0, help="seconds to wait for the sink")
-    p.add_argument("--ca", help="CA file of the nodes' TLS certificates")
+    p.add_argument("--ca", help="CA file of the peers' TLS certificates")
     p.add_argument("--token", help="the ingest token as file:PATH or env:NAME")
     args = p.parse_args(argv)
     if args.pairs < 1:
         p.error("--pairs must be at least 1")
 
     r = redis.Redis.from_url(redis_url(args.redis))
-    addresses = args.node or node_addresses(r, args.flow)
+    addresses = args.peer or node_addresses(r, args.flow)
     if not addresses:
-        print(f"no live node of flow {args.flow!r} in Redis; pass --node HOST:PORT", file=sys.stderr)
+        print(f"no live peer of flow {args.flow!r} in Redis; pass --peer HOST:PORT", file=sys.stderr)
         return 1
     security = NO_SECURITY
     if args.ca or args.token:

@@ -3,7 +3,7 @@
 Every time-out in twinflow reads time from a :class:`Clock`, never from the
 ``time`` module directly, so that tests move time by hand (``FakeClock``) and
 replays move it by the recorded timestamps. ``now()`` is epoch seconds
-because deadlines are stored and shared between nodes; local waits use
+because deadlines are stored and shared between peers; local waits use
 ``time.monotonic`` where nothing is shared.
 
 >>> clock = FakeClock(100.0)

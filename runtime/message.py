@@ -242,7 +242,7 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
         return Message(id=str(raw_id), key=key, position=position, body=data, doc=doc)
     except BadInput:
         raise
-    except Exception as exc:  # the backstop: one bad message must never stop the node
+    except Exception as exc:  # the backstop: one bad message must never stop the peer
         raise BadInput(_clip(f"message cannot be decoded: {type(exc).__name__}: {exc}")) from exc
 
 

@@ -37,7 +37,7 @@ def test_defaults():
     assert spec.pair.unclaimed_outlink == "done" and spec.pair.action == "act" and spec.pair.sort == "sort"
     assert spec.message.id_ttl == 7 * 86400  # the ID cache never grows without bound
     assert spec.session_timeout == 2.0
-    # The limits that keep a node safe: bounded batches, a lease below the session, a capped failure stream.
+    # The limits that keep a peer safe: bounded batches, a lease below the session, a capped failure stream.
     assert spec.batch_bytes == 64 << 20 and spec.write_lease == 1.0 < spec.session_timeout
     assert (spec.message.max_depth, spec.message.max_number_digits) == (64, 100)
     assert spec.redis_checks == "refuse" and spec.wait_replicas == 0

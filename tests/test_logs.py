@@ -47,7 +47,7 @@ def captured():
 
 def test_text_without_context_keeps_the_old_shape():
     line = text(record())
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO twinflow\.node: hello world", line), line
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO twinflow\.peer: hello world", line), line
 
 
 def test_text_appends_flow_peer_and_epoch_when_known():

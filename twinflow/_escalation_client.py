@@ -1,5 +1,5 @@
 """The escalation client behind :class:`twinflow.client.EscalationClient` (the public module
-exposes it): one Escalate stream to a node, a batch of claims at a time, each waited for
+exposes it): one Escalate stream to a peer, a batch of claims at a time, each waited for
 until its ack.
 
 It holds :class:`EscalationClient`, its :class:`Ack` and the stream it keeps (``_Stream``:
@@ -64,7 +64,7 @@ class _Stream:
 
 
 class EscalationClient:
-    """Reports processed messages to one node of a flow over an Escalate stream, a batch at a time.
+    """Reports processed messages to one peer of a flow over an Escalate stream, a batch at a time.
 
     :meth:`send` puts one batch of claims (message id, key as text, uplink
     position) on the stream and waits for its ack. The stream is opened on
@@ -72,9 +72,9 @@ class EscalationClient:
     closes it, and the next send opens a new one (its batches are numbered
     from 1 again). After an error or a time-out the batch may or may not have
     been processed; claiming is idempotent on the worker, so send it again.
-    Unlike the node's ``EscalationSender`` it does not buffer, batch or
+    Unlike the peer's ``EscalationSender`` it does not buffer, batch or
     reconnect by itself. ``security`` needs the ``escalation`` scope's token
-    where the node asks for tokens.
+    where the peer asks for tokens.
 
     >>> from twinflow.cluster.escalation import EscalationServicer
     >>> from twinflow.cluster.grpc_server import create_server
@@ -99,7 +99,7 @@ class EscalationClient:
         """Send one batch of ``claims`` at ``epoch``; return its ack.
 
         Raises ``grpc.RpcError`` when the stream fails (``UNAVAILABLE``: the
-        node is down; ``UNAUTHENTICATED``/``PERMISSION_DENIED``: the token)
+        peer is down; ``UNAUTHENTICATED``/``PERMISSION_DENIED``: the token)
         and ``TimeoutError`` when no ack arrives within ``timeout_s``.
         """
         with self._lock:

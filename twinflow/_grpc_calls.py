@@ -1,9 +1,9 @@
-"""Single gRPC calls to a node, without retries: a Publish, a Status, a Handover, and the
+"""Single gRPC calls to a peer, without retries: a Publish, a Status, a Handover, and the
 encoding and batching of the bodies a publish sends.
 
 It holds the calls :class:`twinflow.client.Client` makes, and the one-call functions
 ``publish``, ``peer_status`` (``node_status``, deprecated) and ``request_handover`` that ``twinflow.client`` exposes. Under
-failure each call raises the node's ``grpc.RpcError`` as it comes and retries nothing: the
+failure each call raises the peer's ``grpc.RpcError`` as it comes and retries nothing: the
 retrying, the back-off and what a publish that gave up wrote are :class:`twinflow.client.Client`'s
 (``twinflow.client``).
 """
@@ -20,7 +20,7 @@ from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
-# The node may use all of the handover's timeout_s before it answers; the RPC leaves room for the reply.
+# The peer may use all of the handover's timeout_s before it answers; the RPC leaves room for the reply.
 HANDOVER_REPLY_MARGIN_S = 5.0
 
 
@@ -76,9 +76,9 @@ def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.
     """One Publish call of ``bodies`` to ``flow`` at ``address``; their uplink positions.
 
     No batching and no retry (use :class:`Client` for those). Raises
-    ``grpc.RpcError``; its ``code()`` is ``UNAVAILABLE`` when the node or its
+    ``grpc.RpcError``; its ``code()`` is ``UNAVAILABLE`` when the peer or its
     uplink is down (safe to retry, at the risk of a duplicate entry) and
-    ``RESOURCE_EXHAUSTED`` when the node already runs its limit of publishes
+    ``RESOURCE_EXHAUSTED`` when the peer already runs its limit of publishes
     (nothing was written; retry after a pause).
     """
     with security.channel(address, "ingest") as channel:
@@ -99,6 +99,6 @@ def node_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity 
 
 
 def request_handover(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
-    """Ask the node at ``address`` to hand mastership over within ``timeout_s``; the reply as a dict."""
+    """Ask the peer at ``address`` to hand mastership over within ``timeout_s``; the reply as a dict."""
     with security.channel(address, "admin") as channel:
         return _handover(channel, timeout_s)

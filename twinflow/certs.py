@@ -1,11 +1,11 @@
-"""``twinflow certs``: a development CA, node certificates and tokens for a secured flow.
+"""``twinflow certs``: a development CA, peer certificates and tokens for a secured flow.
 
 For trying TLS and tokens on a few machines, not for production (use your
 organisation's CA there; docs/operations/security.md shows the OpenSSL steps):
 
 - ``ca.pem`` / ``ca-key.pem``: a CA made on first use and reused after, so
-  certificates made later for more nodes are trusted by the earlier ones;
-- ``<node>.pem`` / ``<node>-key.pem``: a certificate signed by that CA for
+  certificates made later for more peers are trusted by the earlier ones;
+- ``<peer>.pem`` / ``<peer>-key.pem``: a certificate signed by that CA for
   the names and addresses given (each a DNS name or an IP address), good for
   both serving (serverAuth) and escalating with mutual TLS (clientAuth);
 - ``ingest.token``, ``escalation.token``, ``admin.token``: 32 random bytes,
@@ -42,7 +42,7 @@ VALID_DAYS = 365
 
 
 def make_certs(directory: Path | str, node: str, names: list[str], days: int = VALID_DAYS) -> list[Path]:
-    """Make what is missing in ``directory`` for ``node`` (see module doc); return the files made."""
+    """Make what is missing in ``directory`` for the peer ``node`` (see module doc); return the files made."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from twinflow.cli_common import SERVICES_STATE
-from twinflow.cli_node import cmd_handover, cmd_run, cmd_status
+from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
 from twinflow.cli_tools import (cmd_bench, cmd_certs, cmd_demo, cmd_drill, cmd_proxy, cmd_replay, cmd_services,
                                 cmd_simulate)
 

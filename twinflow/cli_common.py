@@ -99,7 +99,7 @@ def _table(header: list[str], rows: list[list]) -> str:
 # -- drill -------------------------------------------------------------------
 def _need_extra(extra: str, *modules: str) -> None:
     """Exit EXIT_UNAVAILABLE naming the extra to install when one of ``modules`` is missing: the
-    chaos tools' dependencies are not a node's (``pip install 'twinflow[chaos]'``)."""
+    chaos tools' dependencies are not a peer's (``pip install 'twinflow[chaos]'``)."""
     import importlib.util
 
     missing = [m for m in modules if importlib.util.find_spec(m) is None]

@@ -1,7 +1,7 @@
 """The ``twinflow`` commands for development and drills: ``services``, ``replay``, ``proxy``,
 ``drill``, ``simulate``, ``bench``, ``certs``, ``demo``.
 
-Under failure: the servers, nodes and proxies a command started are stopped by PID when it
+Under failure: the servers, peers and proxies a command started are stopped by PID when it
 ends, also on SIGTERM or Ctrl-C.
 """
 

@@ -1,13 +1,13 @@
 """A Python client for services that talk to a twinflow cluster over gRPC.
 
 :class:`Client` publishes message bodies into a flow's uplink through the
-Ingest service of any of the flow's nodes, and asks nodes for their status
+Ingest service of any of the flow's peers, and asks peers for their status
 and for a graceful handover (the Admin service). :class:`EscalationClient`
 reports processed messages to a flow's worker over the Escalation stream,
 one acknowledged batch at a time. Both take a :class:`~twinflow.grpc_security.GrpcSecurity`
 (TLS files and the bearer token of each scope: ``ingest`` for publishing,
 ``admin`` for status and handover, ``escalation`` for claims); the default,
-``NO_SECURITY``, is plain gRPC, as a node on loopback serves by default.
+``NO_SECURITY``, is plain gRPC, as a peer on loopback serves by default.
 
 What :meth:`Client.publish` promises under failure (at-least-once):
 
@@ -15,18 +15,18 @@ What :meth:`Client.publish` promises under failure (at-least-once):
   positions in order; otherwise it raises :class:`PublishError`, which says
   which leading bodies were written (``positions``) and how many were not
   confirmed (``unconfirmed``: some of them may have been written).
-- ``RESOURCE_EXHAUSTED`` (the node is at its limit of concurrent publishes
+- ``RESOURCE_EXHAUSTED`` (the peer is at its limit of concurrent publishes
   and refused before writing anything) is always retried after a back-off.
-- ``UNAVAILABLE`` (the node, or its Redis, is down) is retried too, on the
+- ``UNAVAILABLE`` (the peer, or its Redis, is down) is retried too, on the
   next address when there are several, unless ``retry_unavailable=False``.
-  A node may answer ``UNAVAILABLE`` after Redis wrote some of the batch, so a
+  A peer may answer ``UNAVAILABLE`` after Redis wrote some of the batch, so a
   retry can write those entries twice. The flow delivers each message ID
   once (the ID cache and the processed mark skip a repeated ID), so a
   duplicate *uplink entry* is never a duplicate *delivery*, provided every
   body carries the flow's message ID field. Pass ``retry_unavailable=False``
   where a duplicate uplink entry is not acceptable; then decide yourself.
 - Nothing else is retried: ``INVALID_ARGUMENT`` (wrong flow, a batch over the
-  node's ``max_batch``, a request over its message size limit),
+  peer's ``max_batch``, a request over its message size limit),
   ``UNAUTHENTICATED``, ``PERMISSION_DENIED``, ``FAILED_PRECONDITION``,
   ``DEADLINE_EXCEEDED`` and any other code fail at once, because another try
   would fail the same way or might write twice without the caller knowing.
@@ -61,7 +61,7 @@ b'{"id":"o1","type":"order"}'
 Traceback (most recent call last):
 ...
 twinflow.client.PublishError: publish to flow 'payments' failed: INVALID_ARGUMENT: \
-wrong flow 'payments': this node serves 'orders' (0 written, 1 not confirmed)
+wrong flow 'payments': this peer serves 'orders' (0 written, 1 not confirmed)
 >>> _ = server.stop(None).wait()
 """
 
@@ -92,13 +92,13 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_SIZE = 1000
-# A node refuses a request over 64 MiB (grpc_server.DEFAULT_MAX_MESSAGE_BYTES); batches are cut
+# A peer refuses a request over 64 MiB (grpc_server.DEFAULT_MAX_MESSAGE_BYTES); batches are cut
 # well below that so that a batch of large bodies is split, not refused.
 DEFAULT_MAX_BATCH_BYTES = 16 << 20
 
 CHANNEL_OPTIONS = [
     # gRPC's default reconnect back-off starts at 1 s and grows to 120 s, during which calls on
-    # the channel fail at once; a node that restarts must be reachable again within the
+    # the channel fail at once; a peer that restarts must be reachable again within the
     # client's own retries, which do the backing off.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -139,10 +139,10 @@ class PublishError(grpc.RpcError):
 
 
 class Client:
-    """Publishes to one flow and asks its nodes for status and handover; keeps its channels open.
+    """Publishes to one flow and asks its peers for status and handover; keeps its channels open.
 
-    ``address`` is one node's gRPC address ("host:port") or a list of them;
-    publishes start at the first and move on when a node is unavailable (see
+    ``address`` is one peer's gRPC address ("host:port") or a list of them;
+    publishes start at the first and move on when a peer is unavailable (see
     the module doc for retries). ``security`` gives TLS and the tokens (the
     ``ingest`` scope for :meth:`publish`, ``admin`` for :meth:`status` and
     :meth:`handover`). ``sleep``, ``monotonic`` and ``jitter`` (a number in
@@ -169,7 +169,7 @@ class Client:
     ):
         self.addresses = [address] if isinstance(address, str) else list(address)
         if not self.addresses:
-            raise ValueError("a client needs at least one node address")
+            raise ValueError("a client needs at least one peer address")
         if initial_backoff_s <= 0 or max_backoff_s < initial_backoff_s:
             raise ValueError("back-off needs 0 < initial_backoff_s <= max_backoff_s")
         self.flow, self.security = flow, security
@@ -196,7 +196,7 @@ class Client:
 
         A dict is sent as its JSON text, bytes as they are. The bodies go in
         Publish calls of at most ``batch_size`` bodies and ``max_batch_bytes``
-        bytes (a larger single body goes alone), one after another; a node
+        bytes (a larger single body goes alone), one after another; a peer
         refuses a batch over its ``max_batch`` (10,000 by default). All of it,
         retries included, ends within ``deadline_s``. Raises
         :class:`PublishError` when it gives up (see the module doc).
@@ -239,7 +239,7 @@ class Client:
                             self._current = (current + 1) % len(self.addresses)
                     failed_in_row += 1
                     if failed_in_row % len(self.addresses):
-                        continue  # another node may be up: try it at once
+                        continue  # another peer may be up: try it at once
                 pause = next(pauses)
                 if self._monotonic() + pause >= end:
                     raise give_up(code, f"{details} (gave up: the deadline would pass during the next "
@@ -247,7 +247,7 @@ class Client:
                 self._sleep(pause)
                 continue
             if len(positions) != len(batch):
-                # A node always answers one position per body; anything else is not twinflow's Ingest.
+                # A peer always answers one position per body; anything else is not twinflow's Ingest.
                 raise give_up(grpc.StatusCode.INTERNAL,
                               f"{address} answered {len(positions)} positions for {len(batch)} bodies")
             return positions
@@ -260,12 +260,12 @@ class Client:
     # ---- admin -------------------------------------------------------------
 
     def status(self, address: str | None = None, timeout_s: float = 5.0) -> dict:
-        """The NodeStatus of the node at ``address`` as a dict with every field.
+        """The NodeStatus of the peer at ``address`` as a dict with every field.
 
-        Without ``address``: of the first of the client's nodes that answers,
+        Without ``address``: of the first of the client's peers that answers,
         starting with the one publishes go to (its ``peer_id`` and
         ``grpc_address`` say which). Raises ``grpc.RpcError`` (the last
-        node's) when none answers.
+        peer's) when none answers.
         """
         if address is not None:
             return _status(self._channel(address, "admin"), timeout_s)
@@ -279,7 +279,7 @@ class Client:
         raise last
 
     def statuses(self, timeout_s: float = 5.0) -> dict[str, dict | grpc.RpcError]:
-        """Every address's status dict, or the ``grpc.RpcError`` its node answered with."""
+        """Every address's status dict, or the ``grpc.RpcError`` its peer answered with."""
         out: dict[str, dict | grpc.RpcError] = {}
         for a in self.addresses:
             try:
@@ -291,9 +291,9 @@ class Client:
     def handover(self, timeout_s: float = 5.0, address: str | None = None) -> dict:
         """Ask the master to hand mastership over within ``timeout_s``; the HandoverReply as a dict.
 
-        The node asked is ``address``, else the only address, else the first
+        The peer asked is ``address``, else the only address, else the first
         address whose status says ``master``; when none does, the reply is
-        ``ok: False`` with the reason, and no node was asked. A node that is
+        ``ok: False`` with the reason, and no peer was asked. A peer that is
         not master answers ``ok: False`` itself. Raises ``grpc.RpcError``.
         """
         if address is None and len(self.addresses) == 1:

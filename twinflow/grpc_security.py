@@ -1,6 +1,6 @@
-"""Who may call a node over gRPC: TLS on the wire and a bearer token per service.
+"""Who may call a peer over gRPC: TLS on the wire and a bearer token per service.
 
-Every node serves three services, each with its own *scope* and token:
+Every peer serves three services, each with its own *scope* and token:
 ``ingest`` (Publish into the uplink), ``escalation`` (the master's claims to
 a worker) and ``admin`` (Status, Handover). A call carries its token as
 ``authorization: Bearer <token>`` metadata; :class:`TokenCheck`, a server
@@ -9,9 +9,9 @@ The standard health and reflection services stay open (a load balancer
 probes health without a token; reflection tells only the schema, which the
 proto file in this repository tells anyway).
 
-:class:`GrpcSecurity` holds what a node or a client needs: the TLS files
+:class:`GrpcSecurity` holds what a peer or a client needs: the TLS files
 (a server certificate and key; the CA that signed the peers'; ``mutual``
-for client certificates between nodes) and the tokens, read from secret
+for client certificates between peers) and the tokens, read from secret
 references (``file:PATH`` or ``env:NAME``, :mod:`twinflow.secrets`) so that
 no token is ever on a command line.
 
@@ -87,7 +87,7 @@ class TlsFiles:
     cert: str | None = None
     key: str | None = None
     ca: str | None = None
-    mutual: bool = False          # servers ask for, and check, client certificates (node to node)
+    mutual: bool = False          # servers ask for, and check, client certificates (peer to peer)
     server_name: str | None = None  # the name a client checks in the server's certificate, if not the host
 
     def server_credentials(self) -> grpc.ServerCredentials:
@@ -103,7 +103,7 @@ class TlsFiles:
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         # Without a CA file the system's roots verify the server (a public CA).
-        # The client certificate goes along when there is one (mutual TLS between nodes).
+        # The client certificate goes along when there is one (mutual TLS between peers).
         pair = (_read(self.key, "tls.key"), _read(self.cert, "tls.cert")) if self.cert and self.key else (None, None)
         return grpc.ssl_channel_credentials(
             root_certificates=_read(self.ca, "tls.ca") if self.ca else None,
@@ -119,7 +119,7 @@ def _read(path: str, what: str) -> bytes:
 
 @dataclass(frozen=True)
 class GrpcSecurity:
-    """TLS files and per-scope tokens for a node (serving and escalating) or a client."""
+    """TLS files and per-scope tokens for a peer (serving and escalating) or a client."""
 
     tls: TlsFiles | None = None
     tokens: Mapping[str, str] = field(default_factory=dict)  # scope -> token (the values)

@@ -40,7 +40,7 @@ from typing import Any, TextIO
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
 CONTEXT = ("flow", "peer", "epoch")  # what an operator filters a peer's log by
-NOISY = ("kazoo", "py4j", "urllib3")  # chatty at INFO about things the node logs itself, if they matter
+NOISY = ("kazoo", "py4j", "urllib3")  # chatty at INFO about things the peer logs itself, if they matter
 
 # Attributes every LogRecord has: anything else on a record came in through ``extra``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
@@ -108,7 +108,7 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, then flow, node, epoch, event, the
+    """One JSON object per line: ts, level, logger, msg, then flow, peer, epoch, event, the
     event's fields and exc (the traceback) when there are any."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -121,7 +121,7 @@ class JsonFormatter(logging.Formatter):
                 "msg": _message(record),
             }
             extras = _extras(record)
-            # flow, node, epoch and event first: the columns a reader scans by.
+            # flow, peer, epoch and event first: the columns a reader scans by.
             first = {k: extras.pop(k) for k in (*CONTEXT, "event") if k in extras}
             for key, value in {**first, **extras}.items():
                 if value is not None:

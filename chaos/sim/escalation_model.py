@@ -30,7 +30,7 @@ class InFlight:
 class EscalationNet:
     def __init__(self) -> None:
         self.in_flight: list[InFlight] = []
-        self.cut: set[str] = set()  # nodes whose escalation links are cut (nothing arrives)
+        self.cut: set[str] = set()  # peers whose escalation links are cut (nothing arrives)
 
     def put(self, batch: InFlight) -> None:
         self.in_flight.append(batch)

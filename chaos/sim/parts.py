@@ -7,7 +7,7 @@ real :class:`FlowStore` on a :class:`SimRedis` (the real Lua scripts), its
 leadership is :class:`SimLeadership` on the :class:`ZkModel`, its sender a
 :class:`SimSender`, its uplink reader a :class:`SimStream` and its batch
 thread an :class:`AheadBatch`, both stepped by the simulator. No thread is
-started: the simulator calls the node's ``timer_round`` itself.
+started: the simulator calls the member's ``timer_round`` itself.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ class _NoServer:
 
 
 class SimStream:
-    """The node's uplink reader: Spark's micro-batch loop, one batch per :meth:`step`.
+    """The member's uplink reader: Spark's micro-batch loop, one batch per :meth:`step`.
 
-    Its committed offset (the checkpoint) lives on the simulated node's disk,
+    Its committed offset (the checkpoint) lives on the simulated peer's disk,
     so it survives a restart with state and is gone after one without. A
     batch whose ``on_batch`` raises is not committed and is read again, as
     Spark does.
@@ -47,8 +47,8 @@ class SimStream:
 
     isActive = True
 
-    def __init__(self, sim: "SimPeer", node: "FlowMember", start: dict):
-        self.sim, self.node = sim, node
+    def __init__(self, sim: "SimPeer", member: "FlowMember", start: dict):
+        self.sim, self.member = sim, member
         if sim.disk.get("offset") is None:
             sim.disk["offset"] = start["id"]
         self.warm = False
@@ -62,29 +62,29 @@ class SimStream:
         self.held = held
 
     def pace(self, member: "FlowMember", interval_ms: int) -> None:
-        pass  # the schedule decides when a node reads; pacing is a speed matter, not a protocol one
+        pass  # the schedule decides when a member reads; pacing is a speed matter, not a protocol one
 
     def stop(self) -> None:
         self.isActive = False
 
     def step(self) -> str:
         """Plan and run one batch; returns what happened (for the trace)."""
-        node = self.node
+        member = self.member
         # As the real source does at every read: how far this reader's committed batches go
-        # (read_id, read_n), which the master's trim must not cut past while this node is live.
+        # (read_id, read_n), which the master's trim must not cut past while this peer is live.
         n = self.sim.disk.setdefault("n", 0)
         try:
-            node.store.r.hset(node.keys.read(node.cfg.peer_id),
-                              mapping={"read_n": n, "read_id": self.sim.disk["offset"] or "0-0"})
+            member.store.r.hset(member.keys.read(member.cfg.peer_id),
+                                mapping={"read_n": n, "read_id": self.sim.disk["offset"] or "0-0"})
         except redis.ConnectionError:
             return "read failed (Redis)"
         if not self.warm:
             rows = [(WARMUP_POSITION, None, None)]
         else:
             try:
-                rows = node.store.read_uplink(self.sim.disk["offset"], "+", node.read_size,
-                                              node.spec.message.max_bytes, max_bytes=node.spec.batch_bytes,
-                                              deadline_s=0)
+                rows = member.store.read_uplink(self.sim.disk["offset"], "+", member.read_size,
+                                                member.spec.message.max_bytes, max_bytes=member.spec.batch_bytes,
+                                                deadline_s=0)
             except RedisUnavailable:
                 return "read failed (Redis)"
             if not rows:
@@ -95,7 +95,7 @@ class SimStream:
                 from .sharding import run_on_executors
                 ran = run_on_executors(self.sim, self.batch_id, rows)
             else:
-                node.on_batch(self.batch_id, rows)
+                member.on_batch(self.batch_id, rows)
                 ran = ""
         except Exception as exc:
             self.sim.world.batch_failed(self.sim, exc)

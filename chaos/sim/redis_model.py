@@ -1,8 +1,8 @@
 """Redis for the simulator: fakeredis running the flow store's real Lua scripts, behind a link
-per node that the simulator can cut.
+per peer that the simulator can cut.
 
 One :class:`fakeredis.FakeServer` per simulated run holds the flow's data;
-each node gets its own :class:`SimRedis` client on it, and its own
+each peer gets its own :class:`SimRedis` client on it, and its own
 :class:`RedisLink`. A link fails in one of two ways, as a real network does:
 
 - ``down``: every command raises ``ConnectionError`` before it reaches the
@@ -129,7 +129,7 @@ _READS = {"GET", "MGET", "EXISTS", "XRANGE", "XREVRANGE", "XLEN", "XINFO", "HGET
 
 
 class RedisLink:
-    """One node's link to Redis: ``fault`` is None (up), ``"down"`` or ``"lost_replies"``."""
+    """One peer's link to Redis: ``fault`` is None (up), ``"down"`` or ``"lost_replies"``."""
 
     def __init__(self) -> None:
         self.fault: str | None = None

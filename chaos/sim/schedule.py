@@ -5,7 +5,7 @@ time, and the faults: kill, pause, cut from ZooKeeper, Redis or escalation, Redi
 It holds :class:`Schedule` only; the run loop (``simulator.py``) calls ``step()``. Under
 failure it promises determinism: every choice comes from the run's seeded random source, so
 the same seed gives the same schedule and the same faults; at most ``MAX_FAULTS`` faults per
-run, and ``heal()`` ends them all and restarts every dead node (with its disk).
+run, and ``heal()`` ends them all and restarts every dead peer (with its disk).
 """
 
 from __future__ import annotations
@@ -134,11 +134,11 @@ class Schedule:
         ]
         if len(self.sent) < self.messages:
             options.append(("publish", self.publish))
-        node = sim.member
-        if node is not None and node.leadership is not None and node.leadership.is_master \
-                and node.leadership.pending():
+        member = sim.member
+        if member is not None and member.leadership is not None and member.leadership.is_master \
+                and member.leadership.pending():
             options.append(("zookeeper (the writer)", lambda: self._react_writer(sim)))
-        if node is not None:
+        if member is not None:
             options.append(("timers (the writer)", lambda: self.timers(sim)))
         for o in others:
             if o.member.leadership is not None and o.member.leadership.pending():
@@ -188,7 +188,7 @@ class Schedule:
         return f"next round in {wait:.3f} s" if wait is not None else "stopped"
 
     def react(self, sim: SimPeer) -> str:
-        # A promotion waits for the node's batch lock, which a batch running ahead holds
+        # A promotion waits for the member's batch lock, which a batch running ahead holds
         # until it ends: that batch runs first (a real one finishes on its own thread).
         ran = sim.ahead.run()
         if sim.member is None:  # the batch's failure (or a kill while its COMMIT was in flight) ended the process
@@ -211,7 +211,7 @@ class Schedule:
             w.net.put(batch)  # it arrives again later
         target = w.peers[batch.target].member
         try:
-            # As the node's EscalationServicer does: admitted from the master, then claimed.
+            # As the peer's EscalationServicer does: admitted from the master, then claimed.
             why = target.admit_escalation(batch.source, batch.epoch)
             if why is not None:
                 return f"{batch.source}->{batch.target} epoch {batch.epoch}: refused ({why})"
@@ -229,9 +229,9 @@ class Schedule:
         w, rng = self.world, self.rng
         alive = [s for s in w.peers.values() if s.alive]
         if not alive:
-            return "none (every node is down)"
+            return "none (every peer is down)"
         # The master more often than not: its faults are the ones that test failover and fencing.
-        masters = [s for s in alive if s.node is not None and s.node.role == "master"]
+        masters = [s for s in alive if s.member is not None and s.member.role == "master"]
         sim = rng.choice(masters if masters and rng.random() < 0.6 else alive)
         n, kind = sim.peer_id, rng.choice(["kill", "pause", "zookeeper", "redis-down", "redis-replies",
                                            "escalation"] + (["redis-failover"] if w.replica is not None else [])
@@ -266,7 +266,7 @@ class Schedule:
         return f"{kind} {n} for {duration:.2f} s"
 
     def heal(self) -> None:
-        """End every fault and start every dead node again (with its disk)."""
+        """End every fault and start every dead peer again (with its disk)."""
         w = self.world
         w.heal_due(everything=True)
         for sim in w.peers.values():

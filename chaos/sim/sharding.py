@@ -5,9 +5,9 @@ A sharded flow's peer (``cluster.shard_reading``) plans each micro-batch on its 
 driver-side step count, taken with the shard's batch lock held) and runs it in
 a task on an executor process with the real
 :func:`~twinflow.cluster.shard_task.run_shard`; the driver then finishes it
-with ``FlowMember.take_result``. Here each simulated node has two executor
+with ``FlowMember.take_result``. Here each simulated peer has two executor
 processes (:class:`Executor`), each with its own ``shard_task`` contexts, so
-with its own kept flows (``ctx.flows``) and its own store on the node's Redis
+with its own kept flows (``ctx.flows``) and its own store on the peer's Redis
 link. The seed decides, per batch:
 
 - which executor runs the task (so a kept flow may be stale: another process
@@ -51,7 +51,7 @@ _pids = itertools.count(1000)
 
 
 class Executor:
-    """One executor process of a node: its ``shard_task`` contexts (the kept flows) and its pid."""
+    """One executor process of a peer: its ``shard_task`` contexts (the kept flows) and its pid."""
 
     def __init__(self, sim: "SimPeer"):
         self.sim = sim
@@ -101,22 +101,22 @@ def executors(sim: "SimPeer") -> list[Executor]:
 def plan_for(sim: "SimPeer") -> shard_task.ShardPlan:
     """What the driver ships with the batch (caller holds the shard's batch lock), as
     ``ShardReading.on_frame`` builds it."""
-    node, world = sim.member, sim.world
+    member, world = sim.member, sim.world
     return shard_task.ShardPlan(
         flow_text=world.full_graph.text, flow_source=world.full_graph.source, redis_url="sim://redis",
-        peer_id=node.cfg.peer_id, now=world.clock.now(), connect_deadline_s=1.0,
-        roles={SHARD: node.executor_role()}, generations={SHARD: node.driver_steps})
+        peer_id=member.cfg.peer_id, now=world.clock.now(), connect_deadline_s=1.0,
+        roles={SHARD: member.executor_role()}, generations={SHARD: member.driver_steps})
 
 
 def run_on_executors(sim: "SimPeer", batch_id: int, rows: list[tuple]) -> str:
-    """One micro-batch of the shard, as a sharded node runs it; says what happened (for the trace)."""
+    """One micro-batch of the shard, as a sharded peer runs it; says what happened (for the trace)."""
     from ...runtime.positions import WARMUP_POSITION
-    node, world, rng = sim.member, sim.world, sim.world.rng
+    member, world, rng = sim.member, sim.world, sim.world.rng
     real = [r for r in rows if r[0] != WARMUP_POSITION]
-    node.batch_lock.acquire()
+    member.batch_lock.acquire()
     try:
         if not real:  # the query's warm-up row: the driver marks every shard warm
-            node.warmed()
+            member.warmed()
             return ""
         plan = plan_for(sim)
         pool = executors(sim)
@@ -163,10 +163,10 @@ def run_on_executors(sim: "SimPeer", batch_id: int, rows: list[tuple]) -> str:
         else:
             results.append((0, pool[first].run(plan, real)))
         r = results[0][1]  # Spark keeps the first attempt to finish
-        node.take_result(batch_id, r)
+        member.take_result(batch_id, r)
         return f" (role {r.role}{'; ' + '; '.join(notes) if notes else ''})"
     finally:
-        node.batch_lock.release()
+        member.batch_lock.release()
 
 
 def run_zombie(world) -> str:

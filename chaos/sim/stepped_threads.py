@@ -1,4 +1,4 @@
-"""The threads of a simulated node, as steps the schedule takes: a batch that runs ahead,
+"""The threads of a simulated peer, as steps the schedule takes: a batch that runs ahead,
 and the master's writers with COMMITs held in flight.
 
 No thread runs: each call runs when the schedule gives it a turn, or when
@@ -54,7 +54,7 @@ class SimWrites(Executor):
     the next step on the flow, which is the overlap ``master_session`` has with real threads.
     While it is held, before it reaches Redis or after (its reply on the way), the world may
     let something else happen (:meth:`World.interleave`): time passes, ZooKeeper is noticed,
-    the other node promotes, a shard task's other attempt runs, Redis fails over, the writer is
+    the other peer promotes, a shard task's other attempt runs, Redis fails over, the writer is
     killed. The order is the seed's; no thread runs."""
 
     def __init__(self, sim: "SimPeer"):
@@ -78,7 +78,7 @@ class SimWrites(Executor):
 
 
 class AheadBatch(Executor):
-    """A node's batch thread, stepped by the schedule (``cluster.batch_intake``, "Batches run
+    """A member's batch thread, stepped by the schedule (``cluster.batch_intake``, "Batches run
     ahead"): the batch runs at its own step, so the process can be killed after Spark
     committed it and before it ran, the window a real master has."""
 

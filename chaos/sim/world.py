@@ -1,14 +1,14 @@
-"""One simulated cluster: the virtual clock, the server models, the nodes and their faults.
+"""One simulated cluster: the virtual clock, the server models, the peers and their faults.
 
 A :class:`World` holds one Redis model, one ZooKeeper model, the escalation
 links and two :class:`SimPeer` slots. A slot outlives the processes that
-run in it: killing a node drops its peer (no clean-up, as SIGKILL) and
+run in it: killing drops the slot's peer (no clean-up, as SIGKILL) and
 restarting starts a new peer with the same ID, with its disk (the
 checkpoint and state directory) or with a new one.
 
 Time is virtual and moves only when the simulator advances it or when a
-node's store waits between retries (:meth:`World.wait`). Faults are
-windows on that clock; a window that ends while a node waits inside a
+peer's store waits between retries (:meth:`World.wait`). Faults are
+windows on that clock; a window that ends while a peer waits inside a
 call heals at once, so a store that retries without a deadline always
 returns.
 """
@@ -61,7 +61,7 @@ class Dims:
 
 class Killed(BaseException):
     """The process whose thread this is was killed (SIGKILL) while its write was in flight: the
-    thread goes no further (a BaseException, so that the node code's handlers let it through)."""
+    thread goes no further (a BaseException, so that the peer code's handlers let it through)."""
 
     def __init__(self, peer_id: str, text: str):
         super().__init__(text)
@@ -70,7 +70,7 @@ class Killed(BaseException):
 
 class SimulationStuck(BaseException):
     """A call kept waiting although every fault window had ended (a BaseException, so that
-    the node code's own ``except Exception`` does not swallow it)."""
+    the peer code's own ``except Exception`` does not swallow it)."""
 
 
 @dataclass
@@ -93,7 +93,7 @@ class SimPeer:
     paused_until: float = float("-inf")
     zk_cut: bool = False
     ahead: Any = None                           # the incarnation's batch thread (stepped_threads.AheadBatch)
-    executors: list = field(default_factory=list)  # sharded: this node's executor processes (sharding.Executor)
+    executors: list = field(default_factory=list)  # sharded: this peer's executor processes (sharding.Executor)
 
     def running(self) -> bool:
         """Alive and not paused: the process can act."""
@@ -118,7 +118,7 @@ class World:
         self.replica = Replica(self.redis_server) if self.dims.replica else None
         self.cached_at: dict[str, float] = {}   # ID-cache key -> when a COMMIT first wrote it
         self.redis = SimRedis(self.redis_server, RedisLink(), replica=self.replica)  # the producer's and checker's
-        self.busy: set[str] = set()    # nodes with a write held in flight (see interleave)
+        self.busy: set[str] = set()    # peers with a write held in flight (see interleave)
         self.interleaved = 0
         self.interleave_hook: Callable[[SimPeer, str], str | None] | None = None  # set by the schedule
         self.zombies: list = []         # shard task attempts declared lost that have not run yet
@@ -151,7 +151,7 @@ class World:
 
     def hold(self, sim: SimPeer, seconds: float) -> None:
         """A held batch's wait: time passes up to the next fault's end (at most 0.5 s), which
-        is when what it waits for (a ZooKeeper connection) can change. Meanwhile the node's
+        is when what it waits for (a ZooKeeper connection) can change. Meanwhile the peer's
         ZooKeeper threads run, as in the real process: they notice the connection and a
         lost session (which demotes it)."""
         ends = [f.until for f in self.faults]
@@ -224,13 +224,13 @@ class World:
         self.net.drop_to(sim.peer_id)
 
     def batch_failed(self, sim: SimPeer, exc: BaseException) -> None:
-        """A batch raised: Spark fails the query (or, for a batch that ran ahead, the node stops),
+        """A batch raised: Spark fails the query (or, for a batch that ran ahead, the peer stops),
         so the process exits. Redis being away is a fault's doing; anything else means the flow
         stops on it (every retry, catch-up and promotion would read the same entries again)."""
-        from ...cluster.batch_intake import NodeStopping
+        from ...cluster.batch_intake import PeerStopping
         from ...runtime.store.store_errors import RedisUnavailable
 
-        if isinstance(exc, (RedisUnavailable, NodeStopping)):
+        if isinstance(exc, (RedisUnavailable, PeerStopping)):
             return
         self.stops.append(f"{sim.peer_id}'s batch failed ({type(exc).__name__}: {exc}): the flow stops")
         if sim.alive:

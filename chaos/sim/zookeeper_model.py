@@ -12,14 +12,14 @@ and the epoch znode's version, on the virtual clock.
 - the epoch: the version of ``/twinflow/<flow>/epoch``, raised by one at
   every promotion, never repeated.
 
-:class:`SimLeadership` is one node's side, with the interface and the
+:class:`SimLeadership` is one peer's side, with the interface and the
 promises of :class:`twinflow.cluster.leadership.Leadership` (see its module
 doc): ``on_promoted(epoch)`` and ``on_demoted(reason)`` one at a time, every
 promotion followed by exactly one demotion, suspended once it notices the
 link is cut, demoted once it notices its session is lost, queueing again
 only while ``may_contend()``. Where the real class reacts on kazoo's
 threads, this one reacts when the simulator calls
-:meth:`SimLeadership.react`, so the simulator decides when a node notices
+:meth:`SimLeadership.react`, so the simulator decides when a peer notices
 what ZooKeeper did: a master may go on writing for a while after its
 session expired (paused, cut off), and fencing in Redis must refuse it.
 """
@@ -59,7 +59,7 @@ class ZkModel:
         self.members: dict[str, tuple[str, int]] = {}    # peer_id -> (address, session)
         self.queue: list[tuple[str, int]] = []             # (peer_id, session), lock holder first
         self.epoch = 0
-        self.epoch_owner: str | None = None  # the node that wrote the epoch znode last
+        self.epoch_owner: str | None = None  # the peer that wrote the epoch znode last
         self._sids = itertools.count(1)
 
     def open_session(self, peer_id: str, heard: Callable[[], bool]) -> Session:
@@ -132,14 +132,14 @@ class SimLeadership:
         self._on_promoted = on_promoted
         self._on_demoted = on_demoted
         self._may_contend = may_contend
-        self._connected = connected     # the node's link to ZooKeeper is up and the node runs
+        self._connected = connected     # the peer's link to ZooKeeper is up and the peer runs
         self._say = say
         self.session: Session | None = None
         self.epoch = 0
         self._master = False
         self._demote: str | None = None
         self._stopped = False
-        # What the node's kazoo client knows, which lags what happened: a connection drop
+        # What the peer's kazoo client knows, which lags what happened: a connection drop
         # (SUSPENDED) or a session expiry (LOST) is noticed only when react() runs.
         self._seen_down = False
 

@@ -56,8 +56,9 @@ def _meaning(action: argparse.Action) -> str:
 def _arguments(parser: argparse.ArgumentParser) -> list[str]:
     out = []
     for group in parser._action_groups:
-        actions = [a for a in group._group_actions
-                   if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+        actions = [a for a in group._group_actions  # hidden ones are old names kept for a while
+                   if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+                   and a.help != argparse.SUPPRESS]
         if not actions:
             continue
         title = {"positional arguments": "Arguments", "options": "Options"}.get(group.title, group.title)

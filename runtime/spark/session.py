@@ -1,7 +1,7 @@
 """A SparkSession tuned for a small, latency-bound streaming driver.
 
-    spark = build_session("twinflow-node-a")                 # local[1]
-    spark = build_session("node-a", master="spark://h:7077") # real cluster
+    spark = build_session("twinflow-peer-a")                 # local[1]
+    spark = build_session("peer-a", master="spark://h:7077") # real cluster
 
 The settings come from measurements on the project's 2-core machine (see
 DESIGN.md, "Facts measured on this machine"). Start-up takes seconds (the JVM),

@@ -1,11 +1,11 @@
-"""A flow's shared state in Redis: uplink, sink, ID cache, processed mark, failures, epochs, node status.
+"""A flow's shared state in Redis: uplink, sink, ID cache, processed mark, failures, epochs, peer status.
 
 Every key of flow ``F`` starts with ``tf:{F}:`` (one hash slot per flow).
 
 :class:`FlowStore` is built from parts: every call goes through the retrying call of
 ``redis_calls.py`` (waiting, deadlines, following the flow's primary), the uplink is
 ``uplink_access.py``, and this module holds the rest: start-up checks, epochs, the master's
-fenced step, the ID cache and read positions, failure records and node status. What its
+fenced step, the ID cache and read positions, failure records and peer status. What its
 calls raise is in ``store_errors.py``.
 
 Under failure: a call waits for Redis up to its deadline (``redis_calls.py``) and never
@@ -232,7 +232,7 @@ class FlowStore(RedisCalls, UplinkAccess):
         """Per message, whether the flow already processed it: its ID is in the
         ID cache or its position is at or before the processed mark (one round trip).
 
-        ``handled_upto``, when given, is recorded as how far this node has
+        ``handled_upto``, when given, is recorded as how far this peer has
         handled the uplink in the same round trip (see :meth:`handled_position`).
         """
         def read():
@@ -253,12 +253,12 @@ class FlowStore(RedisCalls, UplinkAccess):
                 for m, v in zip(messages, out[1])]
 
     def record_handled(self, position: str, deadline_s: float | None = None) -> None:
-        """Record that this node has handled the uplink up to ``position`` (see :meth:`processed`)."""
+        """Record that this peer has handled the uplink up to ``position`` (see :meth:`processed`)."""
         self._call("record handled", lambda: self._scripts["record_handled"](
             keys=[self.keys.read(self.peer_id)], args=[position]), deadline_s)
 
     def handled_position(self, peer_id: str | None = None) -> str | None:
-        """How far ``peer_id`` (default: this node) has handled the uplink in any role, or None."""
+        """How far ``peer_id`` (default: this peer) has handled the uplink in any role, or None."""
         return self._read_field(peer_id, "handled_id")
 
     def read_position(self, peer_id: str | None = None) -> str | None:
@@ -311,7 +311,7 @@ class FlowStore(RedisCalls, UplinkAccess):
 
         self._call("surface_unclaimed", write)
 
-    # -- node status ------------------------------------------------------
+    # -- peer status ------------------------------------------------------
     def write_status(self, status: dict, ttl_s: int = 10) -> None:
         """One attempt, no retry (the next status replaces it): raises when Redis does not answer."""
         key = self.keys.peer(self.peer_id)

@@ -16,7 +16,7 @@ them (promises 2 and 3, docs/concepts/promises.md):
   commit script records the position of the last entry a batch handled
   (``processed``), in the same step as that batch's outputs and node state.
   An entry at or before that mark is never processed again,
-  whether or not its ID is still in the ID cache: a node that re-reads the
+  whether or not its ID is still in the ID cache: a peer that re-reads the
   uplink (new state directory, down longer than ``id_ttl``) cannot double-feed.
 """
 
@@ -140,15 +140,15 @@ return {1, redis.call('INCR', KEYS[4])}
 """
 
 # RECORD_FAILURE: put a bad uplink entry on the failure stream once, however
-# many nodes read it (keyed by its uplink position, so no epoch is needed: a
+# many peers read it (keyed by its uplink position, so no epoch is needed: a
 # second writer changes nothing). The stream is capped (approximately) at
 # ARGV[3] entries: a record that falls off still points at its uplink entry.
 # An entry at or before the processed mark is not recorded: it was handled
 # (recorded then), and its seen-marker, which lives as long as an ID in the
-# ID cache, may be gone by the time a node that restarts reads it again.
+# ID cache, may be gone by the time a peer that restarts reads it again.
 # KEYS[1] failure stream, KEYS[2] the processed mark, KEYS[2+j] the
 # seen-marker key of the j-th entry.
-# ARGV[1] TTL (s) of the seen-markers, ARGV[2] node id, ARGV[3] cap, then one
+# ARGV[1] TTL (s) of the seen-markers, ARGV[2] peer id, ARGV[3] cap, then one
 # (position, reason, body, size) quadruple per entry.
 # Returns how many were recorded now.
 RECORD_FAILURE = _AT_OR_BEFORE + """
@@ -165,10 +165,10 @@ end
 return n
 """
 
-# RECORD_HANDLED: move a node's handled position (field handled_id of its read
+# RECORD_HANDLED: move a peer's handled position (field handled_id of its read
 # hash) forward, never back: a late attempt of a task that read an earlier
-# batch must not make a promoted node's catch-up stop short of what it handled.
-# KEYS[1] the node's read hash. ARGV[1] the position it handled.
+# batch must not make a promoted peer's catch-up stop short of what it handled.
+# KEYS[1] the peer's read hash. ARGV[1] the position it handled.
 RECORD_HANDLED = _AT_OR_BEFORE + """
 local cur = redis.call('HGET', KEYS[1], 'handled_id')
 if not at_or_before(ARGV[1], cur) then
@@ -228,12 +228,12 @@ return out
 
 # TRIM_UPLINK: drop the uplink entries no one needs any more (see
 # FlowStore.trim_uplink): entries before the earliest of the processed mark,
-# every live node's read position and the retention cut-off. Nothing is
-# trimmed before the flow processed anything or while a live node has not
+# every live peer's read position and the retention cut-off. Nothing is
+# trimmed before the flow processed anything or while a live peer has not
 # recorded where it read. When entries went, the point they went up to is
-# recorded (never moving back), so that a node away for longer can tell.
+# recorded (never moving back), so that a peer away for longer can tell.
 # KEYS[1] the uplink, KEYS[2] the processed mark, KEYS[3] the trim record,
-# KEYS[4..] the read hashes of the live nodes. ARGV[1] the retention cut-off
+# KEYS[4..] the read hashes of the live peers. ARGV[1] the retention cut-off
 # ("<ms>-0": entries at or after it are kept whatever else holds).
 # Returns {entries trimmed, first entry ID kept or false}.
 TRIM_UPLINK = _AT_OR_BEFORE + """

@@ -1,4 +1,4 @@
-"""A flow's uplink in Redis: publish, read a batch, count, trim, and how far behind a node is.
+"""A flow's uplink in Redis: publish, read a batch, count, trim, and how far behind a peer is.
 
 It holds :class:`UplinkAccess`, the uplink part of ``FlowStore`` (``flow_store.py``); its
 calls go through the store's retrying ``_call`` (``redis_calls.py``). Under failure:
@@ -81,7 +81,7 @@ class UplinkAccess:
     def trim_uplink(self, live_nodes: Iterable[str], retention_s: float, now_s: float,
                     deadline_s: float | None = 0) -> tuple[int, str | None]:
         """Trim the uplink entries that no one needs: before the processed mark, before the
-        read position of every node in ``live_nodes``, and older than ``retention_s`` at
+        read position of every peer in ``live_nodes``, and older than ``retention_s`` at
         ``now_s`` (the margin kept for replay). Returns (entries trimmed, first entry kept)."""
         cutoff = f"{max(0, int((now_s - retention_s) * 1000))}-0"
         keys = [self.keys.uplink, self.keys.processed, self.keys.trimmed,

@@ -1,5 +1,5 @@
 """The cluster tests' fixture: a :class:`~twinflow.testing.local_cluster.LocalCluster` on the
-session's Redis and ZooKeeper, one flow of its own per test, no node started (``cluster.peer(id)``)."""
+session's Redis and ZooKeeper, one flow of its own per test, no peer started (``cluster.peer(id)``)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ pair with the settings a test picks, a cluster on given servers, an election blo
 
 Everything here is real: ``twinflow run`` processes, the session's
 redis-server and ZooKeeper, and kazoo for the blocker. The blocker queues in
-the flow's election like a node and holds the master role without doing
-anything, so a test decides exactly when a node may be promoted.
+the flow's election like a peer and holds the master role without doing
+anything, so a test decides exactly when a peer may be promoted.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def claim_pair(batch_size: int = 2000, bake_time: float = 5.0, max_pending: int 
 
 def cluster_on(services, workdir: Path, flow: str, text: str | None = None, **settings) -> LocalCluster:
     """A started :class:`LocalCluster` of ``flow`` in ``workdir`` on ``services`` (the session's, or
-    any object with ``redis_url`` and ``zk_hosts``), no node running yet (``cluster.peer(id)``
+    any object with ``redis_url`` and ``zk_hosts``), no peer running yet (``cluster.peer(id)``
     starts one); its flow file ``text`` or the claim pair with ``settings``."""
     return LocalCluster(str(workdir), flow=flow, text=text or claim_pair(**settings), peers=(),
                         services=services).start()

@@ -1,7 +1,7 @@
-"""The review's defects that need real node processes, each reproduced and kept fixed.
+"""The review's defects that need real peer processes, each reproduced and kept fixed.
 
 Every test runs ``twinflow run`` processes against the session's real
-redis-server and ZooKeeper; links are faulted with a real TCP proxy, nodes
+redis-server and ZooKeeper; links are faulted with a real TCP proxy, peers
 with SIGSTOP/SIGKILL/SIGTERM. The numbers are those of the issue that
 listed the defects (see each test's docstring).
 """
@@ -43,15 +43,15 @@ def election_ctime_s(zk_hosts: str, flow: str, peer_id: str) -> float | None:
 
 @pytest.mark.flow(max_bytes=65536)
 def test_bad_messages_go_to_the_failure_stream_and_both_nodes_keep_running(cluster, services):
-    """1: a 5,000-digit number or deep nesting used to kill both nodes on every restart.
-    11: a node joins the election only once its stream is warm."""
+    """1: a 5,000-digit number or deep nesting used to kill both peers on every restart.
+    11: a peer joins the election only once its stream is warm."""
     cluster.peer("a")
     cluster.peer("b")
     cluster.wait_status("a", streaming=1)
     cluster.wait_status("b", streaming=1)
     for peer_id in ("a", "b"):  # joined the election after the warm-up batch
         since = float(cluster.wait_status(peer_id, streaming=1)["streaming_since"])
-        # A node queues once its gate sees it streaming (polled every 0.1 s): wait for it.
+        # A peer queues once its gate sees it streaming (polled every 0.1 s): wait for it.
         joined = wait_until(lambda: election_ctime_s(services.zk_hosts, cluster.flow, peer_id), 10,
                             what=f"{peer_id} in the election")
         assert joined >= since - 0.05
@@ -136,7 +136,7 @@ def test_a_stopping_master_does_not_commit_the_batch_it_holds(cluster):
 
 
 def test_a_new_state_dir_neither_rereads_silently_nor_double_feeds(cluster):
-    """4: a node with a wiped state dir used to re-read the uplink and deliver again every
+    """4: a peer with a wiped state dir used to re-read the uplink and deliver again every
     message whose ID had expired from the ID cache."""
     a = cluster.peer("a")
     cluster.wait_status("a", role="master", streaming=1)
@@ -186,7 +186,7 @@ def test_an_error_during_promotion_loses_nothing_and_the_election_goes_on(cluste
 
 @pytest.mark.flow(max_pending=5, bake_time=1.0)
 def test_a_worker_at_max_pending_stops_reading_and_drops_nothing(cluster, services):
-    """6: max_pending used to be ignored (a node with max_pending 5 held 100)."""
+    """6: max_pending used to be ignored (a peer with max_pending 5 held 100)."""
     blocker = ElectionBlocker(services.zk_hosts, cluster.flow)  # master that never claims
     try:
         wait_until(lambda: blocker.holding.is_set(), 10, what="the blocker to hold the role")

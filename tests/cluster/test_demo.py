@@ -1,4 +1,4 @@
-"""`twinflow demo --json`, as `make demo` runs it: its own services, two nodes, the chained flow
+"""`twinflow demo --json`, as `make demo` runs it: its own services, two peers, the chained flow
 (history -> AND join -> action), one SIGKILL of the master."""
 
 import json

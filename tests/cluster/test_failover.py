@@ -1,4 +1,4 @@
-"""Two real node processes (Spark, Redis, ZooKeeper, gRPC): failover loses nothing, feeds nothing twice.
+"""Two real peer processes (Spark, Redis, ZooKeeper, gRPC): failover loses nothing, feeds nothing twice.
 
 These are the slowest tests (each starts two Spark drivers, about 30 s).
 """
@@ -27,7 +27,7 @@ BAD = [b"{not json", json.dumps({"seq": 1}).encode(), json.dumps({"id": "no-key"
 @pytest.fixture
 def cluster(tmp_path, services, flow_name):
     c = LocalCluster(str(tmp_path), flow=flow_name, services=services).start(peers=False)
-    for n in c.peers.values():  # a free port each, found in the node's log (metrics_address)
+    for n in c.peers.values():  # a free port each, found in the peer's log (metrics_address)
         n.extra_args += ["--metrics-listen", "127.0.0.1:0"]
     c.start_peers()
     try:
@@ -41,7 +41,7 @@ def cluster(tmp_path, services, flow_name):
 
 
 def metrics_address(cluster, peer_id) -> str:
-    """Where the node serves its metrics, as its log says at start."""
+    """Where the peer serves its metrics, as its log says at start."""
     found = re.search(r"Prometheus metrics on http://([0-9.]+:[0-9]+)/metrics",
                       Path(cluster.peers[peer_id].log_path).read_text(errors="replace"))
     assert found, f"{peer_id} logged no metrics address"
@@ -98,7 +98,7 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     def metric(peer_id, name, **labels):
         return value(scrape(metrics[peer_id]), name, **labels, **who[peer_id])
 
-    # Role and epoch, as each node serves them (the worker learns the epoch from Redis's fence).
+    # Role and epoch, as each peer serves them (the worker learns the epoch from Redis's fence).
     assert metric(first, "twinflow_is_master") == 1 and metric(first, "twinflow_epoch") == epoch1
     assert metric(second, "twinflow_role", role="worker") == 1
     wait_until(lambda: metric(second, "twinflow_epoch") == epoch1, 5, what="the worker to see the epoch")

@@ -1,5 +1,5 @@
-"""Redis stopped under load: the nodes wait, say so in their status, and resume; nothing lost or fed twice.
-The uplink stays bounded: entries go once read by every live node and processed.
+"""Redis stopped under load: the peers wait, say so in their status, and resume; nothing lost or fed twice.
+The uplink stays bounded: entries go once read by every live peer and processed.
 
 The cluster gets its own Redis (append-only file on), which the test stops
 with SIGTERM mid-stream and starts again on the same port and data.
@@ -32,9 +32,9 @@ def publish(store: FlowStore, first: int, n: int) -> list[str]:
     return [d["id"] for d in docs]
 
 
-def status_cli(flow_path, redis_url: str, nodes: list[str]) -> subprocess.CompletedProcess:
+def status_cli(flow_path, redis_url: str, peers: list[str]) -> subprocess.CompletedProcess:
     args = [sys.executable, "-m", "twinflow.cli", "status", str(flow_path), "--redis", redis_url, "--json"]
-    for address in nodes:
+    for address in peers:
         args += ["--peer", address]
     return subprocess.run(args, capture_output=True, text=True, timeout=60)
 
@@ -54,10 +54,10 @@ def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow
         wait_until(lambda: cluster.sink_count() >= 500, 60, what="the master delivering")
         cluster.services.stop_redis()
 
-        # Each node says Redis is down, over gRPC (its status in Redis cannot be written).
+        # Each peer says Redis is down, over gRPC (its status in Redis cannot be written).
         def all_report_down():
             return all(peer_status(a)["redis"].startswith("down") for a in addresses)
-        wait_until(all_report_down, 30, what="both nodes reporting Redis down")
+        wait_until(all_report_down, 30, what="both peers reporting Redis down")
         out = status_cli(cluster.flow_path, cluster.services.redis_url, addresses)
         assert out.returncode == 0, out.stderr
         assert "did not answer" in out.stderr
@@ -67,7 +67,7 @@ def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow
 
         cluster.services.start_redis_again()
         wait_until(lambda: all(peer_status(a)["redis"] == "ok" for a in addresses), 60,
-                   what="both nodes reporting Redis back")
+                   what="both peers reporting Redis back")
         sent += publish(store, 4000, 2000)
         wait_until(lambda: len({e.id for e in read_sink(cluster.redis, cluster.sink_key)}) >= len(sent), 120,
                    interval_s=0.25, what=f"all {len(sent)} messages in the sink")
@@ -76,12 +76,12 @@ def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow
         out = status_cli(cluster.flow_path, cluster.services.redis_url, [])
         assert out.returncode == 0 and all(r["redis"] == "ok" for r in json.loads(out.stdout)["peers"])
 
-        # Bounded uplink: the master trims what both nodes read and the flow processed.
+        # Bounded uplink: the master trims what both peers read and the flow processed.
         wait_until(lambda: store.trimmed_before() is not None, 30, what="the master trimming the uplink")
         kept = store.trimmed_before()
         assert cluster.redis.xlen(store.keys.uplink) < len(sent)
         assert cluster.redis.xrange(store.keys.uplink, "-", "(" + kept) == []  # all before it gone
-        for peer_id in statuses:  # never past where a live node read
+        for peer_id in statuses:  # never past where a live peer read
             assert position_order(store.read_position(peer_id)) >= position_order(kept)
         assert position_order(store.processed_mark()) >= position_order(kept)
     except BaseException:

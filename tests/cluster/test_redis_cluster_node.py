@@ -1,9 +1,9 @@
-"""Two ``twinflow run`` nodes on a real Redis Cluster (three primaries on loopback, a replica each),
+"""Two ``twinflow run`` peers on a real Redis Cluster (three primaries on loopback, a replica each),
 pointed at a node that does not own the flow's slot: they find the owner, run the chained flow
 (history -> AND join -> action, with the claim pair), fail over, and every message leaves the flow
 exactly once. Then the primary that owns the flow's slot is SIGKILLed and its replica takes over
 (``CLUSTER FAILOVER TAKEOVER``): a crashed primary answers nothing, not MOVED, and before issue 18's
-fix both nodes kept dialling its port and the flow stopped for good (the last 400 messages never
+fix both peers kept dialling its port and the flow stopped for good (the last 400 messages never
 left it); now they ask the cluster nodes they know who owns the slot, and the flow goes on."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.cluster
 def cluster(tmp_path, services, flow_name):
     redis_cluster = LocalRedisCluster.start(str(tmp_path / "redis-cluster"), replicas=1, node_timeout_ms=15000)
     owner, other = owner_and_other(redis_cluster, f"tf:{{{flow_name}}}:uplink")
-    # The test reads and writes on the owner; the nodes are given another node's address.
+    # The test reads and writes on the owner; the peers are given another node's address.
     on_owner = SimpleNamespace(redis_url=f"redis://127.0.0.1:{owner}/0", zk_hosts=services.zk_hosts)
     # Join time-out 2 s, so that time-outs fire on both masters.
     c = cluster_on(on_owner, tmp_path, flow_name, text=CHAINED.read_text().replace("timeout: 10 ", "timeout: 2 "))

@@ -79,14 +79,14 @@ def test_a_promotion_whose_epoch_no_replica_confirmed_is_not_taken(primary_and_r
     cluster = cluster_on(on_primary, tmp_path, flow_name, text=FLOW.format(name=flow_name))
     try:
         os.kill(replica.pid, signal.SIGSTOP)
-        node = cluster.peer("a")
+        peer = cluster.peer("a")
         log = tmp_path / "a.log"
-        # The node streams and is elected, but each promotion fails: its epoch was not confirmed.
+        # The peer streams and is elected, but each promotion fails: its epoch was not confirmed.
         wait_until(lambda: log.read_text(errors="replace").count("promotion failed") >= 2, 90,
                    what="two refused promotions")
         assert cluster.status("a").get("role") != "master", cluster.logs()
         assert "replicas" in log.read_text(errors="replace")
-        assert node.alive()
+        assert peer.alive()
         os.kill(replica.pid, signal.SIGCONT)
         cluster.wait_status("a", role="master", timeout_s=30)
         # And the epoch the master holds is on the replica.

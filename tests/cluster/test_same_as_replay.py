@@ -1,4 +1,4 @@
-"""Same results as replay: a live two-node cluster, its master killed half-way, sends out of
+"""Same results as replay: a live two-peer cluster, its master killed half-way, sends out of
 every outlink exactly what ``twinflow replay`` sends for the same events.
 
 The flow (examples/cluster-every-node.yaml) has every node kind, chained

@@ -1,14 +1,14 @@
-"""A secured deployment end to end: two real nodes with every protection on, through a master kill.
+"""A secured deployment end to end: two real peers with every protection on, through a master kill.
 
-gRPC between the nodes and to clients runs over TLS with client
+gRPC between the peers and to clients runs over TLS with client
 certificates (mutual) and a token per scope, all named in the flow file's
-``security`` section; Redis asks for a password, given to the nodes through
+``security`` section; Redis asks for a password, given to the peers through
 ``TWINFLOW_REDIS_PASSWORD`` (not on their command line); ZooKeeper keeps the
 flow's znodes behind digest credentials from ``TWINFLOW_ZK_AUTH``. A client
 publishes with the ingest token; the master's escalations reach the worker
 (so the worker's claims count them); a client without the token or without a
-certificate gets nowhere; the master is killed and the other node delivers
-the rest, each message exactly once; ``twinflow status`` reads the nodes with
+certificate gets nowhere; the master is killed and the other peer delivers
+the rest, each message exactly once; ``twinflow status`` reads the peers with
 the same settings.
 """
 
@@ -48,9 +48,9 @@ security:
 def secured(tmp_path, services, flow_name, monkeypatch):
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    node = ca.issue_cert("127.0.0.1", "localhost")  # both nodes dial each other on loopback
-    node.private_key_pem.write_to_path(str(tmp_path / "node-key.pem"))
-    node.cert_chain_pems[0].write_to_path(str(tmp_path / "node.pem"))
+    cert = ca.issue_cert("127.0.0.1", "localhost")  # both peers dial each other on loopback
+    cert.private_key_pem.write_to_path(str(tmp_path / "node-key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "node.pem"))
     for scope in ("ingest", "escalation"):
         (tmp_path / f"{scope}.token").write_text(f"{scope}-{flow_name}\n")
     (tmp_path / "redis.pw").write_text("redis-pw-of-the-test\n")

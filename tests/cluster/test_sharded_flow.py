@@ -1,7 +1,7 @@
 """A two-shard flow on a real Spark standalone cluster (a master and a worker from the pyspark
-distribution, on loopback): two ``twinflow run --spark-master spark://...`` nodes run the chained
+distribution, on loopback): two ``twinflow run --spark-master spark://...`` peers run the chained
 flow (history -> AND join -> action, with the claim pair) with each shard's work on the cluster's
-executors, the master of both shards is killed, the other node takes both over, and every message
+executors, the master of both shards is killed, the other peer takes both over, and every message
 leaves the flow exactly once."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ SHARDS = 2
 
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory):
-    # 4 offered cores on this 2-core machine: two nodes' applications, 2 each (spark.cores.max).
+    # 4 offered cores on this 2-core machine: two peers' applications, 2 each (spark.cores.max).
     cluster = StandaloneSpark.start(str(tmp_path_factory.mktemp("spark")), cores=4, memory="2g")
     yield cluster
     cluster.stop()
@@ -44,7 +44,7 @@ def sharded_text() -> str:
 
 
 def wait_run_on_executors(cluster: LocalCluster, peer_id: str) -> None:
-    """Every shard's last batch on ``peer_id`` ran in a process other than the node's (an executor)."""
+    """Every shard's last batch on ``peer_id`` ran in a process other than the peer's (an executor)."""
     def ok():
         rows = cluster.shard_statuses(peer_id)
         return all(int(r.get("task_pid") or 0) not in (0, int(r["pid"])) for r in rows)
@@ -101,7 +101,7 @@ def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, se
         assert all(redis.Redis.from_url(services.redis_url).xlen(k.sink) > 0 for k in cluster.shard_keys)
         assert outputs.get("match.expired") and outputs.get("guard.duplicate")
         wait_run_on_executors(cluster, "b")
-        # `twinflow status` shows a row per node and shard (a's until its status expires): b master of both.
+        # `twinflow status` shows a row per peer and shard (a's until its status expires): b master of both.
         out = subprocess.run([sys.executable, "-m", "twinflow.cli", "status", str(cluster.flow_path), "--redis",
                               services.redis_url, "--json"], capture_output=True, text=True, timeout=60)
         rows = json.loads(out.stdout)["peers"]

@@ -79,8 +79,8 @@ def test_status_reads_every_live_node(redis_url, tmp_path):
     store.publish([b"{}"] * 3)
     r = twinflow("status", str(flow), "--redis", redis_url, "--json")
     assert r.returncode == 0, r.stderr
-    (node,) = json.loads(r.stdout)["peers"]
-    assert node["role"] == "master" and node["epoch"] == "4" and node["uplink_lag"] == 3
+    (peer,) = json.loads(r.stdout)["peers"]
+    assert peer["role"] == "master" and peer["epoch"] == "4" and peer["uplink_lag"] == 3
     table = twinflow("status", str(flow), "--redis", redis_url)
     assert table.stdout.splitlines()[0].split()[:4] == ["peer_id", "role", "epoch", "uplink_lag"]
     assert table.stdout.splitlines()[2].split()[:4] == ["n1", "master", "4", "3"]

@@ -134,7 +134,7 @@ def test_resource_exhausted_is_retried_after_a_pause_and_then_succeeds(servers, 
         written.append(bodies)
         return [f"1700000000000-{len(written) - 1}"]
 
-    # ingest_limit=1: while one publish holds the slot the node refuses the next one.
+    # ingest_limit=1: while one publish holds the slot the peer refuses the next one.
     _, address = servers.start(ingest=IngestServicer(FLOW, uplink), ingest_limit=1)
     other = futures.ThreadPoolExecutor(1)
     held = other.submit(publish, address, FLOW, [b'{"id": "held"}'], 10.0)
@@ -142,7 +142,7 @@ def test_resource_exhausted_is_retried_after_a_pause_and_then_succeeds(servers, 
 
     def sleep(seconds: float) -> None:
         clock.sleep(seconds)
-        release.set()  # the node's slot frees during the pause
+        release.set()  # the peer's slot frees during the pause
         held.result(5.0)
 
     client = Client(address, FLOW, sleep=sleep, monotonic=clock.monotonic, jitter=lambda: 1.0)
@@ -231,7 +231,7 @@ def test_the_overall_deadline_bounds_the_retries_and_each_rpc(servers, clock):
     assert clock.now - began < 1.0
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE and failed.value.attempts == 5
     assert "deadline" in failed.value.details()
-    # Each RPC's gRPC deadline was what was left of the 1 s; the node gives its uplink that less its margin.
+    # Each RPC's gRPC deadline was what was left of the 1 s; the peer gives its uplink that less its margin.
     left = [1.0, 0.95, 0.85, 0.65, 0.25]
     assert len(uplink.deadlines) == 5
     for seen, remaining in zip(uplink.deadlines, left):
@@ -261,7 +261,7 @@ def test_a_publish_fails_over_to_the_next_address_at_once(servers, clock):
     with make_client([dead, live], clock) as client:
         assert client.publish([b'{"id": "m1"}', b'{"id": "m2"}'], batch_size=1) == [
             "1700000000000-0", "1700000000000-1"]
-        assert client.status()["peer_id"] == "b"  # the first node that answers
+        assert client.status()["peer_id"] == "b"  # the first peer that answers
 
     assert clock.sleeps == []
     assert uplink.batches == [[b'{"id": "m1"}'], [b'{"id": "m2"}']]
@@ -282,7 +282,7 @@ def test_with_every_address_down_it_pauses_once_per_round(servers, clock):
 # ---- status and handover ---------------------------------------------------
 
 
-class Node:
+class FakePeer:
     def __init__(self, peer_id: str, role: str):
         self.peer_id, self.role = peer_id, role
         self.handovers: list[float] = []
@@ -298,7 +298,7 @@ class Node:
 
 
 def test_status_statuses_and_handover(servers, clock):
-    worker, master = Node("a", "worker"), Node("b", "master")
+    worker, master = FakePeer("a", "worker"), FakePeer("b", "master")
     _, worker_address = servers.start(admin=AdminServicer(worker.status, worker.handover))
     _, master_address = servers.start(admin=AdminServicer(master.status, master.handover))
     dead = servers.dead_address()
@@ -307,7 +307,7 @@ def test_status_statuses_and_handover(servers, clock):
         assert client.status()["peer_id"] == "a"
         assert client.status(master_address)["role"] == "master"
         statuses = client.statuses(timeout_s=2.0)
-        # The handover goes to the node whose status says master, not to the first address.
+        # The handover goes to the peer whose status says master, not to the first address.
         reply = client.handover(timeout_s=2.5)
 
     assert statuses[worker_address]["role"] == "worker" and statuses[worker_address]["uplink_lag"] == 0
@@ -325,13 +325,13 @@ def test_status_statuses_and_handover(servers, clock):
 
 
 def test_the_one_call_functions_still_work(servers):
-    uplink, node = Uplink(), Node("a", "master")
-    _, address = servers.start(ingest=IngestServicer(FLOW, uplink), admin=AdminServicer(node.status, node.handover))
+    uplink, peer = Uplink(), FakePeer("a", "master")
+    _, address = servers.start(ingest=IngestServicer(FLOW, uplink), admin=AdminServicer(peer.status, peer.handover))
 
     assert publish(address, FLOW, [b'{"id": "m1"}']) == ["1700000000000-0"]
     assert peer_status(address)["peer_id"] == "a"
     assert request_handover(address, timeout_s=1.5)["ok"] is True
-    assert node.handovers == [1.5]
+    assert peer.handovers == [1.5]
 
 
 # ---- TLS and tokens ----------------------------------------------------------
@@ -354,10 +354,10 @@ def pki(tmp_path_factory):
 
 
 def test_tls_with_the_right_token_works_and_wrong_tokens_are_refused(servers, clock, pki):
-    uplink, node = Uplink(), Node("a", "master")
+    uplink, peer = Uplink(), FakePeer("a", "master")
     server_security = GrpcSecurity(tls=TlsFiles(cert=str(pki / "node.pem"), key=str(pki / "node-key.pem")),
                                    tokens=TOKENS)
-    _, address = servers.start(ingest=IngestServicer(FLOW, uplink), admin=AdminServicer(node.status, node.handover),
+    _, address = servers.start(ingest=IngestServicer(FLOW, uplink), admin=AdminServicer(peer.status, peer.handover),
                                security=server_security)
     tls = TlsFiles(ca=str(pki / "ca.pem"))
 
@@ -377,7 +377,7 @@ def test_tls_with_the_right_token_works_and_wrong_tokens_are_refused(servers, cl
     with make_client(address, clock, security=ingest_only) as client, pytest.raises(grpc.RpcError) as denied:
         client.handover(timeout_s=1.0)
     assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert node.handovers == []
+    assert peer.handovers == []
     assert uplink.batches == [[b'{"id": "m1"}']]
 
 

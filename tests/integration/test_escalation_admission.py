@@ -1,9 +1,9 @@
 """A worker checks escalations instead of trusting them (issue 10, point 2).
 
-A real worker node (its store on the session's Redis, its leadership on the
+A real worker peer (its store on the session's Redis, its leadership on the
 session's ZooKeeper, its gRPC server on loopback; no Spark: its batches are
 handed to ``on_batch`` by the test) bakes messages nobody processed. Batches
-forged in another process, with a huge epoch, from a node that is not the
+forged in another process, with a huge epoch, from a peer that is not the
 master, or even in the master's own name and epoch, release nothing: the
 first two are refused with their reason and counted, the last is accepted
 but its claims are only hints, and Redis shows none of its messages
@@ -95,40 +95,40 @@ def worker(redis_url, zk_hosts, flow_name, tmp_path):
 
 
 def test_forged_batches_release_nothing_and_the_masters_claims_do(worker, flow_name):
-    node, zk = worker
-    # Another node, "a", takes the master role as Leadership does: it writes the epoch znode.
+    member, zk = worker
+    # Another peer, "a", takes the master role as Leadership does: it writes the epoch znode.
     epoch = zk.set(f"/twinflow/{flow_name}/epoch", b"a").version
-    wait_until(lambda: node.leadership.current_master() == ("a", epoch), 5.0, what="the worker's watch")
-    positions = node.store.publish([json.dumps({"id": f"m{i}", "seq": i}).encode() for i in range(3)])
-    node.on_batch(1, [(p, json.dumps({"id": f"m{i}", "seq": i}).encode(), None) for i, p in enumerate(positions)])
-    assert node.status()["baked"] == 3
+    wait_until(lambda: member.leadership.current_master() == ("a", epoch), 5.0, what="the worker's watch")
+    positions = member.store.publish([json.dumps({"id": f"m{i}", "seq": i}).encode() for i in range(3)])
+    member.on_batch(1, [(p, json.dumps({"id": f"m{i}", "seq": i}).encode(), None) for i, p in enumerate(positions)])
+    assert member.status()["baked"] == 3
     claims = [[f"m{i}", str(i), p] for i, p in enumerate(positions)]
 
-    huge = forge(node.address, flow_name, "a", 10**12, claims)
+    huge = forge(member.address, flow_name, "a", 10**12, claims)
     assert not huge["accepted"] and "not the master's" in huge["reason"]
-    assert node.known_epoch <= epoch  # a forged epoch no longer raises what the worker accepts
+    assert member.known_epoch <= epoch  # a forged epoch no longer raises what the worker accepts
 
-    stranger = forge(node.address, flow_name, "mallory", epoch, claims)
+    stranger = forge(member.address, flow_name, "mallory", epoch, claims)
     assert not stranger["accepted"] and "'mallory' is not the master" in stranger["reason"]
 
     # In the master's name and epoch: accepted, but nothing it claims was processed.
-    posing = forge(node.address, flow_name, "a", epoch, claims)
+    posing = forge(member.address, flow_name, "a", epoch, claims)
     assert posing == {"accepted": True, "claimed": 0, "reason": ""}
-    status = node.status()
+    status = member.status()
     assert status["baked"] == 3 and status["claimed"] == 0
     assert status["claims_unproven"] == 3 and status["escalations_refused"] == 2
 
     # The master processes m0 and m1 (the ID cache is the record), then escalates all three.
     for i in (0, 1):
-        node.store.r.set(node.keys.id_prefix + f"m{i}", epoch)
-    with EscalationClient(node.address, flow_name, "a") as master:
+        member.store.r.set(member.keys.id_prefix + f"m{i}", epoch)
+    with EscalationClient(member.address, flow_name, "a") as master:
         ack = master.send(epoch, [tuple(c) for c in claims])
     assert ack.accepted and ack.claimed == 2
-    status = node.status()
+    status = member.status()
     assert status["baked"] == 1 and status["claimed"] == 2  # m2 bakes on until proven
 
     # A promotion elsewhere: the old master's batches are refused from now on.
     newer = zk.set(f"/twinflow/{flow_name}/epoch", b"b").version
-    late = forge(node.address, flow_name, "a", epoch, claims[2:])
+    late = forge(member.address, flow_name, "a", epoch, claims[2:])
     assert not late["accepted"]
-    wait_until(lambda: node.leadership.current_master() == ("b", newer), 5.0, what="the watch to see b")
+    wait_until(lambda: member.leadership.current_master() == ("b", newer), 5.0, what="the watch to see b")

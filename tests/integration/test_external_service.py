@@ -38,7 +38,7 @@ def r(redis_url):
 
 @pytest.fixture
 def ingest(r, flow_name):
-    """A node's Ingest service writing into the flow's uplink in the real Redis."""
+    """A peer's Ingest service writing into the flow's uplink in the real Redis."""
     store = FlowStore(r, FlowKeys(flow_name), "node-a")
     server, port = create_server("127.0.0.1:0", ingest=IngestServicer(flow_name, store.publish))
     yield f"127.0.0.1:{port}"
@@ -91,7 +91,7 @@ def test_the_example_publishes_through_the_client_and_finds_its_messages_in_the_
     action = JoiningAction(redis_url, flow_name)
     action.start()
     try:
-        code = example.main(["--flow", flow_name, "--pairs", "5", "--node", ingest, "--redis", redis_url,
+        code = example.main(["--flow", flow_name, "--pairs", "5", "--peer", ingest, "--redis", redis_url,
                              "--deadline", "10"])
     finally:
         action.stop.set()
@@ -107,7 +107,7 @@ def test_the_example_publishes_through_the_client_and_finds_its_messages_in_the_
 
 def test_the_example_finds_the_nodes_in_redis_and_gives_up_at_its_deadline(example, ingest, r, redis_url,
                                                                            flow_name, capsys):
-    # A live node's status, as a node writes it: the example dials the address found there.
+    # A live peer's status, as a peer writes it: the example dials the address found there.
     FlowStore(r, FlowKeys(flow_name), "node-a").write_status({"role": "master", "grpc_address": ingest})
     assert example.node_addresses(r, flow_name) == [ingest]
 

@@ -150,7 +150,7 @@ def own_redis(tmp_path):
 
 
 def test_processed_mark_fences_reread_entries_after_their_ids_expired(store):
-    """Defect 4: a node that re-reads the uplink must not deliver again what the flow delivered,
+    """Defect 4: a peer that re-reads the uplink must not deliver again what the flow delivered,
     even once the IDs have left the ID cache."""
     store.raise_epoch(1)
     assert deliver(store, 1, msgs("a", "b")) == [True, True]

@@ -1,5 +1,5 @@
 """gRPC security on real sockets: TLS, mutual TLS, per-scope tokens, the bind guard, health,
-reflection, size limits, and random input that must leave a node up and its uplink clean.
+reflection, size limits, and random input that must leave a peer up and its uplink clean.
 
 Certificates come from a throw-away CA made by ``trustme``; every server binds
 127.0.0.1 (TLS on loopback), except the bind-guard checks, which only try to
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from twinflow.cluster.escalation import EscalationServicer
 from twinflow.cluster.grpc_server import AdminServicer, IngestServicer, create_server
-from twinflow.cluster.health import NodeHealth
+from twinflow.cluster.health import PeerHealth
 from twinflow.grpc_security import GrpcSecurity, SecurityConfigError, TlsFiles, warn_insecure
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore
@@ -123,7 +123,7 @@ def test_a_non_loopback_bind_needs_tls_and_tokens_or_insecure(pki, caplog):
 
 
 def test_health_per_service_and_reflection_without_a_token():
-    health = NodeHealth()
+    health = PeerHealth()
     server, address = serve(GrpcSecurity(tokens=TOKENS), health=health.servicer,
                             escalation=EscalationServicer("f", lambda e, c: 0))
     try:
@@ -151,12 +151,12 @@ def test_health_per_service_and_reflection_without_a_token():
 
 @pytest.fixture
 def ingest_node(redis_url, flow_name):
-    """A node's server over a real uplink: Ingest writes into Redis, with tokens."""
+    """A peer's server over a real uplink: Ingest writes into Redis, with tokens."""
     client = redis.Redis.from_url(redis_url)
     store = FlowStore(client, FlowKeys(flow_name, "uplink", "sink"), "n1")
     server, port = create_server(
         "127.0.0.1:0", ingest=IngestServicer(flow_name, store.publish, max_batch=100),
-        escalation=EscalationServicer(flow_name, lambda e, c: len(c), admit=lambda node, epoch: "not the master"),
+        escalation=EscalationServicer(flow_name, lambda e, c: len(c), admit=lambda peer, epoch: "not the master"),
         admin=AdminServicer(lambda: {"flow": flow_name}, lambda t: {"ok": False}),
         security=GrpcSecurity(tokens=TOKENS), max_message_bytes=64 * 1024)
     try:
@@ -205,7 +205,7 @@ METHODS = ("/twinflow.wire.Ingest/Publish", "/twinflow.wire.Admin/Status", "/twi
 def test_random_input_to_every_rpc_leaves_the_node_up_and_the_uplink_clean(ingest_node, flow_name, method,
                                                                            shape, token):
     """Random bytes (most not a valid message at all) or random envelopes, with any token:
-    every call ends with a status, the node answers Status afterwards, and the uplink gains
+    every call ends with a status, the peer answers Status afterwards, and the uplink gains
     entries only for a Publish that carried the ingest token and named this flow."""
     address, r, uplink = ingest_node
     if isinstance(shape, bytes):
@@ -283,15 +283,15 @@ def test_twinflow_run_refuses_a_public_bind_without_tls_before_starting(tmp_path
 
 
 def test_twinflow_certs_makes_what_a_mutual_tls_pair_needs(tmp_path):
-    """`twinflow certs` twice (two nodes, one CA): node a serves with its files, node b's client
+    """`twinflow certs` twice (two peers, one CA): peer a serves with its files, peer b's client
     certificate and the admin token it wrote get in; the key and token files are private."""
     import os
     import stat
     import subprocess
     import sys
 
-    for node, flag in (("node-a", "--peer"), ("node-b", "--node")):  # --node: the old name, still taken
-        done = subprocess.run([sys.executable, "-m", "twinflow.cli", "certs", str(tmp_path), flag, node,
+    for peer, flag in (("node-a", "--peer"), ("node-b", "--node")):  # --node: the old name, still taken
+        done = subprocess.run([sys.executable, "-m", "twinflow.cli", "certs", str(tmp_path), flag, peer,
                                "--name", "127.0.0.1", "--name", "localhost"], capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 0, done.stderr
@@ -300,8 +300,8 @@ def test_twinflow_certs_makes_what_a_mutual_tls_pair_needs(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "admin.token").st_mode) == 0o600
     refs = {s: f"file:{tmp_path / f'{s}.token'}" for s in ("ingest", "escalation", "admin")}
 
-    def files(node):
-        return TlsFiles(cert=str(tmp_path / f"{node}.pem"), key=str(tmp_path / f"{node}-key.pem"),
+    def files(peer):
+        return TlsFiles(cert=str(tmp_path / f"{peer}.pem"), key=str(tmp_path / f"{peer}-key.pem"),
                         ca=str(tmp_path / "ca.pem"), mutual=True)
 
     server, address = serve(GrpcSecurity.from_refs(files("node-a"), refs))

@@ -1,4 +1,4 @@
-"""The node's gRPC server over real loopback sockets: Ingest and Admin round trips, their errors,
+"""The peer's gRPC server over real loopback sockets: Ingest and Admin round trips, their errors,
 a real Redis going down under Publish, and each service's own capacity."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class FakeUplink:
         return [f"1700000000000-{start + i}" for i in range(len(bodies))]
 
 
-class FakeNode:
+class FakePeer:
     """Status and handover as plain callables, recording what handover was asked."""
 
     def __init__(self):
@@ -70,8 +70,8 @@ class FakeNode:
 
 
 @pytest.fixture
-def node():
-    uplink, fake = FakeUplink(), FakeNode()
+def peer():
+    uplink, fake = FakeUplink(), FakePeer()
     server, port = create_server(
         "127.0.0.1:0",
         ingest=IngestServicer(FLOW, uplink, max_batch=3),
@@ -81,8 +81,8 @@ def node():
     server.stop(None).wait()
 
 
-def test_publish_round_trip(node):
-    address, uplink, _ = node
+def test_publish_round_trip(peer):
+    address, uplink, _ = peer
     bodies = [b'{"id": "m1", "key": 1}', b'{"id": "m2", "key": 2}']
 
     assert publish(address, FLOW, bodies) == ["1700000000000-0", "1700000000000-1"]
@@ -94,8 +94,8 @@ def test_publish_round_trip(node):
     "flow, count, detail",
     [("payments", 1, "wrong flow 'payments'"), (FLOW, 4, "at most 3")],
 )
-def test_publish_refuses_bad_requests_before_writing(node, flow, count, detail):
-    address, uplink, _ = node
+def test_publish_refuses_bad_requests_before_writing(peer, flow, count, detail):
+    address, uplink, _ = peer
 
     with pytest.raises(grpc.RpcError) as refused:
         publish(address, flow, [b"{}"] * count)
@@ -105,8 +105,8 @@ def test_publish_refuses_bad_requests_before_writing(node, flow, count, detail):
     assert uplink.bodies == []
 
 
-def test_publish_while_the_uplink_is_down_is_unavailable(node):
-    address, uplink, _ = node
+def test_publish_while_the_uplink_is_down_is_unavailable(peer):
+    address, uplink, _ = peer
     uplink.down = True
 
     with pytest.raises(grpc.RpcError) as refused:
@@ -117,8 +117,8 @@ def test_publish_while_the_uplink_is_down_is_unavailable(node):
     assert f"uplink of flow {FLOW!r} unavailable" in refused.value.details()
 
 
-def test_publish_gives_the_uplink_the_rpc_remaining_time_less_a_margin_capped(node):
-    address, uplink, _ = node
+def test_publish_gives_the_uplink_the_rpc_remaining_time_less_a_margin_capped(peer):
+    address, uplink, _ = peer
 
     publish(address, FLOW, [b"{}"], timeout_s=2.0)
     with grpc.insecure_channel(address) as channel:  # no client deadline at all: the cap
@@ -132,8 +132,8 @@ def test_publish_gives_the_uplink_the_rpc_remaining_time_less_a_margin_capped(no
     assert unbounded == long == PUBLISH_MAX_WAIT_S
 
 
-def test_status_round_trip_fills_defaults(node):
-    address, _, _ = node
+def test_status_round_trip_fills_defaults(peer):
+    address, _, _ = peer
 
     status = peer_status(address)
 
@@ -142,8 +142,8 @@ def test_status_round_trip_fills_defaults(node):
     assert set(status) == set(pb.NodeStatus.DESCRIPTOR.fields_by_name)
 
 
-def test_handover_round_trip(node):
-    address, _, fake = node
+def test_handover_round_trip(peer):
+    address, _, fake = peer
 
     reply = request_handover(address, timeout_s=2.5)
 
@@ -154,8 +154,8 @@ def test_handover_round_trip(node):
     assert fake.handovers == [2.5, AdminServicer.DEFAULT_HANDOVER_TIMEOUT_S]
 
 
-def test_bind_to_a_taken_port_fails_clearly(node):
-    address, _, _ = node
+def test_bind_to_a_taken_port_fails_clearly(peer):
+    address, _, _ = peer
 
     with pytest.raises(BindError, match=re.escape(address)):
         create_server(address)
@@ -217,7 +217,7 @@ class BlockingUplink:
 
 
 def test_hung_publishes_starve_neither_escalation_nor_admin():
-    uplink, fake, claimed = BlockingUplink(), FakeNode(), []
+    uplink, fake, claimed = BlockingUplink(), FakePeer(), []
 
     def on_claims(epoch, claims):
         claimed.extend(claims)
@@ -272,7 +272,7 @@ def _escalate_once(address: str) -> list:
 
 
 def test_admin_and_escalation_limits_refuse_the_call_beyond_them_at_once():
-    entered, release, fake = threading.Event(), threading.Event(), FakeNode()
+    entered, release, fake = threading.Event(), threading.Event(), FakePeer()
 
     def slow_handover(timeout_s):
         entered.set()
@@ -291,7 +291,7 @@ def test_admin_and_escalation_limits_refuse_the_call_beyond_them_at_once():
     sender = EscalationSender(FLOW, "node-a", lambda: 7, lambda: {"node-b": address})
     try:
         handover = clients.submit(request_handover, address, 2.0)
-        assert entered.wait(5.0), "the handover never reached the node"
+        assert entered.wait(5.0), "the handover never reached the peer"
         with pytest.raises(grpc.RpcError) as refused:
             peer_status(address)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -6,7 +6,7 @@ epoch. A graceful handover between two sessions must not wait for expiry.
 
 Membership must stay complete (a fast restart, a deleted member znode, a
 lost session), and the election must always have a candidate: it survives a
-failing promotion and only queues a node while the node says it may contend.
+failing promotion and only queues a peer while the peer says it may contend.
 """
 
 import json
@@ -92,28 +92,28 @@ def test_sigkill_of_master_promotes_the_other_node_with_a_new_epoch(zk_hosts, fl
 def test_handover_moves_the_role_without_session_expiry(zk_hosts, flow_name):
     zks = [connect_zookeeper(zk_hosts, 10, session_timeout_s=2.0) for _ in range(2)]
     recs = [Recorder(), Recorder()]
-    nodes = [Leadership(z, flow_name, f"n{i}", f"127.0.0.1:{i}", r.promoted, r.demoted)
+    peers = [Leadership(z, flow_name, f"n{i}", f"127.0.0.1:{i}", r.promoted, r.demoted)
              for i, (z, r) in enumerate(zip(zks, recs))]
     try:
-        nodes[0].start()
-        wait_until(lambda: nodes[0].is_master, 5, what="n0 master")
-        assert nodes[0].handover(1.0) == {"ok": False, "reason": "no other node is waiting to take over"}
-        nodes[1].start()
-        wait_until(lambda: len(nodes[0].zk.Election(nodes[0].root + "/election").contenders()) == 2, 5)
-        result = nodes[0].handover(2.0)
+        peers[0].start()
+        wait_until(lambda: peers[0].is_master, 5, what="n0 master")
+        assert peers[0].handover(1.0) == {"ok": False, "reason": "no other peer is waiting to take over"}
+        peers[1].start()
+        wait_until(lambda: len(peers[0].zk.Election(peers[0].root + "/election").contenders()) == 2, 5)
+        result = peers[0].handover(2.0)
         assert result["ok"] and result["new_master"] == "n1", result
         assert result["seconds"] < 1.0
-        wait_until(lambda: nodes[1].is_master, 2)
-        assert not nodes[0].is_master
+        wait_until(lambda: peers[1].is_master, 2)
+        assert not peers[0].is_master
         assert recs[1].events[0][1] > recs[0].events[0][1]  # a newer epoch
         assert ("demoted", "handover") == recs[0].events[1][:2]
         # the old master queued again and can take the role back
-        wait_until(lambda: "n0" in nodes[1].zk.Election(nodes[1].root + "/election").contenders(), 2,
+        wait_until(lambda: "n0" in peers[1].zk.Election(peers[1].root + "/election").contenders(), 2,
                    what="n0 to queue again")
-        result = nodes[1].handover(2.0)
+        result = peers[1].handover(2.0)
         assert result["ok"] and result["new_master"] == "n0"
     finally:
-        for n, z in zip(nodes, zks):
+        for n, z in zip(peers, zks):
             n.stop()
             z.stop()
 
@@ -157,13 +157,13 @@ def test_restart_within_the_session_timeout_keeps_the_node_a_member(zk_hosts, fl
         assert line and line[0] == "READY", line
         old_session = int(line[1])
         os.killpg(child.pid, signal.SIGKILL)
-        # The restarted node: same ID, new session, while the old one still lives.
+        # The restarted peer: same ID, new session, while the old one still lives.
         zk = connect_zookeeper(zk_hosts, 10, session_timeout_s=2.0)
         me = Leadership(zk, flow_name, "n1", "127.0.0.1:2", lambda e: None, lambda r: None)
         me.start()
         assert zk.exists(probe) is not None, "the old session expired before the restart: nothing tested"
         assert _member(zk, flow_name, "n1")[:2] == ("127.0.0.1:2", zk.client_id[0])
-        wait_until(lambda: zk.exists(probe) is None, 10, what="the killed node's session to expire")
+        wait_until(lambda: zk.exists(probe) is None, 10, what="the killed peer's session to expire")
         member = _member(zk, flow_name, "n1")
         assert member is not None, "the member znode vanished with the old session"
         assert member[:2] == ("127.0.0.1:2", zk.client_id[0]) and member[1] != old_session
@@ -284,7 +284,7 @@ def test_members_that_zookeeper_cannot_list_are_unknown_not_none(zk_hosts, flow_
         me.start()
         worker.start()
         wait_until(lambda: me.members() == {"a": "127.0.0.1:1", "b": "127.0.0.1:2"}, 5, what="both members")
-        zk.stop()  # this node's session is gone; the worker is still live
+        zk.stop()  # this peer's session is gone; the worker is still live
         with pytest.raises(MembersUnknown):
             me.members()
     finally:

@@ -1,6 +1,6 @@
-"""Operator events as they come out of real parts: each one a JSON line with its flow, node and epoch.
+"""Operator events as they come out of real parts: each one a JSON line with its flow, peer and epoch.
 
-A flow node driven by hand (as in test_node_parts, on the session's real
+A flow member driven by hand (as in test_node_parts, on the session's real
 Redis) logs ``promoted``, ``rolled_back``, ``fenced`` and ``demoted``; a
 store whose own redis-server is frozen and thawed logs ``redis_down`` and
 ``redis_back`` once each; a leadership whose real ZooKeeper session is
@@ -89,7 +89,7 @@ def test_promotion_rollback_fencing_and_demotion_each_log_one_line(json_log, red
         [fenced] = json_log("fenced")
         assert (fenced["flow"], fenced["peer"], fenced["epoch"], fenced["newest"]) == (flow_name, "a", 1, 2)
         assert fenced["level"] == "ERROR" and a.parts.leader.steps_down == ["fenced"]
-        a.on_demoted("fenced")  # what the election calls once the node stepped down
+        a.on_demoted("fenced")  # what the election calls once the member stepped down
         [demoted] = json_log("demoted")
         assert (demoted["peer"], demoted["epoch"], demoted["reason"]) == ("a", 1, "fenced")
         assert [p["peer"] for p in json_log("promoted")] == ["a", "b"]  # b's too: one line per promotion
@@ -154,7 +154,7 @@ def test_a_lost_zookeeper_session_logs_the_loss_and_the_new_session(json_log, zk
 
 
 def test_the_command_writes_json_lines_to_stderr(tmp_path):
-    port = free_port()  # nothing listens: the node waits for Redis, says so, then gives up with exit code 3
+    port = free_port()  # nothing listens: the peer waits for Redis, says so, then gives up with exit code 3
     r = subprocess.run([sys.executable, "-m", "twinflow.cli", "--log-format", "json", "run", EXAMPLE,
                         "--peer-id", "a", "--redis", f"redis://127.0.0.1:{port}/0", "--zk", "127.0.0.1:1",
                         "--connect-timeout", "1", "--state-dir", str(tmp_path)],

@@ -1,6 +1,6 @@
-"""Each node's Prometheus endpoint (cluster/metrics.py), scraped over HTTP like Prometheus would.
+"""Each peer's Prometheus endpoint (cluster/metrics.py), scraped over HTTP like Prometheus would.
 
-Two real nodes without Spark: their stores on the session's Redis, their
+Two real peers without Spark: their stores on the session's Redis, their
 leadership on the session's ZooKeeper, their gRPC servers (escalation) on
 loopback; the test hands both the same uplink batch, as their Spark queries
 would. The scrape must show what happened: the master delivered, escalated
@@ -64,7 +64,7 @@ def pair(redis_url, zk_hosts, flow_name, tmp_path):
     """Peers a (master) and b (worker) of a claim-pair flow, each serving metrics on a free port."""
     graph = parse_graph(FLOW.format(name=flow_name))
     clock = FakeClock(1000.0)
-    nodes, peers = {}, []
+    members, peers = {}, []
     try:
         for peer_id in ("a", "b"):
             cfg = PeerConfig(peer_id=peer_id, redis_url=redis_url, zk_hosts=zk_hosts,
@@ -72,14 +72,14 @@ def pair(redis_url, zk_hosts, flow_name, tmp_path):
             peer = Peer.for_flow(graph, cfg, clock=clock, parts=NoSpark())
             peers.append(peer)
             peer.start()
-            nodes[peer_id] = n = peer.member
-            # The warm-up batch would set this; only then does the node queue for the election,
+            members[peer_id] = n = peer.member
+            # The warm-up batch would set this; only then does the member queue for the election,
             # so a, warm first, is the master.
             n.streaming = True
             if peer_id == "a":
                 wait_until(lambda: n.role == "master", 10.0, what="a to be master")
-        # The master escalates to the nodes it knew when a step committed: wait until b is one.
-        wait_until(lambda: nodes["a"].sender.stats()["targets"].get("b", {}).get("connected"), 10.0,
+        # The master escalates to the peers it knew when a step committed: wait until b is one.
+        wait_until(lambda: members["a"].sender.stats()["targets"].get("b", {}).get("connected"), 10.0,
                    what="a's escalation stream to b")
         yield (*peers, clock)
     finally:
@@ -114,7 +114,7 @@ def test_a_scrape_shows_what_each_node_did(pair, flow_name):
     rows = [(p, body, None) for p, body in zip(a.store.publish(bodies), bodies)]
     b.on_batch(0, rows)  # the worker bakes first, so the escalation finds every message baked
     assert metric(B, "twinflow_baked", **who_b) == 3
-    a.on_batch(0, rows)  # a master's batch runs ahead of on_batch, as in a real node: wait for it
+    a.on_batch(0, rows)  # a master's batch runs ahead of on_batch, as in a real peer: wait for it
     wait_until(lambda: metric(A, "twinflow_batch_duration_seconds_count", role="master", **who_a) == 1,
                10.0, what="a's batch to finish")
 
@@ -127,7 +127,7 @@ def test_a_scrape_shows_what_each_node_did(pair, flow_name):
     assert value(got, "twinflow_pending", **who_a) == 1  # o2's open group
     assert value(got, "twinflow_batch_duration_seconds_count", role="master", **who_a) == 1
     assert value(got, "twinflow_batch_duration_seconds_sum", role="master", **who_a) > 0
-    # No Spark reader records how far the nodes read: every entry counts as not read yet.
+    # No Spark reader records how far the peers read: every entry counts as not read yet.
     assert value(got, "twinflow_uplink_lag", **who_a) == 3
 
     # The master's escalation reaches b (a real gRPC stream): acked there, its claims released.
@@ -176,7 +176,7 @@ def test_the_metrics_page_lists_every_metric_served(pair):
     served = {re.sub(r"_(count|sum|bucket)$", "", n)
               for peer in (peer_a, peer_b) for n, _, _ in scrape(peer.metrics.address)}
     assert served - listed == set()
-    assert len(served) >= 20  # the scrape held the node's metrics, not just an empty page
+    assert len(served) >= 20  # the scrape held the peer's metrics, not just an empty page
 
 
 def test_the_endpoint_stops_with_the_node(pair):

@@ -2,9 +2,9 @@
 
 The store is real (the session's redis-server); the stream, the leadership,
 the escalation sender and the gRPC server are small stand-ins the test
-drives by hand, as a failover simulator would. Two nodes hand a half-complete
+drives by hand, as a failover simulator would. Two peers hand a half-complete
 AND join from one master to the next through Redis; a master's batch runs
-ahead of Spark, and a node that dies with it half done delivers it when
+ahead of Spark, and a peer that dies with it half done delivers it when
 promoted again.
 """
 
@@ -91,8 +91,8 @@ class SimulatedParts(RealParts):
         super().__init__()
         self.redis_url, self.leader = redis_url, Leadership()
 
-    def store(self, node):
-        return FlowStore(redis.Redis.from_url(self.redis_url), node.keys, node.cfg.peer_id)
+    def store(self, member):
+        return FlowStore(redis.Redis.from_url(self.redis_url), member.keys, member.cfg.peer_id)
 
     def zookeeper(self, peer):
         return Stub()
@@ -107,10 +107,10 @@ class SimulatedParts(RealParts):
         self.peer = peer  # so that a test stops the peer its member belongs to
         return Stub()
 
-    def sender(self, node):
+    def sender(self, member):
         return Stub()
 
-    def leadership(self, node):
+    def leadership(self, member):
         return self.leader
 
     def batches_ahead(self):
@@ -118,7 +118,7 @@ class SimulatedParts(RealParts):
 
 
 class AheadParts(SimulatedParts):
-    """As SimulatedParts, with a master's batches running ahead as in a real node."""
+    """As SimulatedParts, with a master's batches running ahead as in a real peer."""
 
     def batches_ahead(self):
         return ThreadPoolExecutor(max_workers=1)
@@ -218,10 +218,10 @@ def test_a_node_that_dies_with_a_batch_running_ahead_delivers_it_when_promoted(r
         a.store.commit = stuck_commit
         # on_batch returns with the batch still running: Spark would now commit it ...
         assert returns_within(lambda: a.on_batch(0, rows))
-        # ... which is safe because this node's handled_id already covers it.
+        # ... which is safe because this member's handled_id already covers it.
         assert a.store.handled_position() == rows[-1][0] and a.store.processed_mark() is None
 
-        # The same node comes back (a new process, same state) and is promoted at a newer epoch.
+        # The same peer comes back (a new process, same state) and is promoted at a newer epoch.
         again = node(graph, "a", redis_url, clock, tmp_path, parts=AheadParts)
         again.parts.leader.is_master = True
         again.on_promoted(2)
@@ -255,6 +255,6 @@ def test_a_batch_that_fails_running_ahead_fails_the_next_and_stops_the_node(redi
         a.on_batch(0, rows)
         with pytest.raises(RuntimeError, match="a bug in the step"):
             a.on_batch(1, rows)  # Spark fails this batch: it commits nothing more
-        assert isinstance(a.batch_error, RuntimeError)  # run_until_stopped stops the node on it
+        assert isinstance(a.batch_error, RuntimeError)  # run_until_stopped stops the peer on it
     finally:
         a.parts.peer.stop()

@@ -90,7 +90,7 @@ def test_requirepass_with_the_password_from_a_file_reference(servers, password_f
     r = servers["requirepass"]
     monkeypatch.setenv(ENV_PASSWORD, password_file(r.password))
     client = connect_redis(r.url, 5)
-    assert r.password not in r.url  # the URL a node's command line shows carries none
+    assert r.password not in r.url  # the URL a peer's command line shows carries none
     assert client.acl_whoami() == "default"
     client.set("k", "v")
     assert client.get("k") == b"v"

@@ -1,4 +1,4 @@
-"""A flow on a real Redis Cluster (three primaries): every key of a flow in one slot, the node
+"""A flow on a real Redis Cluster (three primaries): every key of a flow in one slot, the store
 connected to the slot's owner whichever node it was pointed at, and MOVED followed."""
 
 import json

@@ -1,11 +1,11 @@
 """ZooKeeper digest credentials and the ACLs of a flow's znodes, on a real ZooKeeper.
 
-A node given ``TWINFLOW_ZK_AUTH`` creates ``/twinflow/<flow>`` and everything
+A peer given ``TWINFLOW_ZK_AUTH`` creates ``/twinflow/<flow>`` and everything
 below it (election queue, members, epoch) for its identity only: a client
 without the credentials, or with other ones, can neither list nor read the
 members, nor delete or jump the election queue, nor touch the epoch.
 ``/twinflow`` stays shared, so flows with different credentials coexist. A
-flow created open is protected by its first node that has credentials; a node
+flow created open is protected by its first peer that has credentials; a peer
 without them on a protected flow fails at start, naming the path.
 """
 
@@ -29,7 +29,7 @@ USER, PASSWORD = "flowuser", "s3cret-Pa55"
 
 # A ZooKeeper of this module's own (overriding the session one, so the server
 # logs still reach a failing test's report): /twinflow starts absent here, so
-# which ACL a node gives it is what this module sees, not what another test left.
+# which ACL a peer gives it is what this module sees, not what another test left.
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
     svc = LocalServices.start(base_dir=str(tmp_path_factory.mktemp("zk-auth")))
@@ -69,7 +69,7 @@ def closing():
 
 
 def start_node(zk_hosts, flow, peer_id, closing):
-    """A node's ZooKeeper side, as `twinflow run` builds it: connect_zookeeper, then a Leadership."""
+    """A peer's ZooKeeper side, as `twinflow run` builds it: connect_zookeeper, then a Leadership."""
     zk = connect_zookeeper(zk_hosts, 10, session_timeout_s=2.0)
     closing(zk)
     me = Leadership(zk, flow, peer_id, f"127.0.0.1:{free_port()}", lambda epoch: None, lambda reason: None)
@@ -97,7 +97,7 @@ def test_a_protected_flow_is_closed_to_a_client_with(kind, zk_hosts, flow_name, 
     [contender] = me.zk.get_children(f"{root}/election")
 
     # Every znode of the flow, the recipe's queue node and the ephemeral member
-    # included, carries the node's identity only.
+    # included, carries the peer's identity only.
     owner_acl = [make_digest_acl(USER, PASSWORD, all=True)]
     for path in (root, f"{root}/election", f"{root}/members", f"{root}/epoch",
                  f"{root}/members/n1", f"{root}/election/{contender}"):
@@ -172,7 +172,7 @@ def test_a_node_without_credentials_fails_at_start_naming_the_path(zk_hosts, flo
     with pytest.raises(ZkAccessDenied) as denied:
         start_node(zk_hosts, flow_name, "n3", closing)
     message = str(denied.value)
-    # Refused at the flow's root: with credentials the node reads each znode's ACL first.
+    # Refused at the flow's root: with credentials the peer reads each znode's ACL first.
     assert f"access to /twinflow/{flow_name}:" in message and f"{USER}:***" in message
     assert "not-the-password" not in message
 
@@ -190,7 +190,7 @@ def test_credentials_turned_on_for_an_open_flow_protect_it(zk_hosts, flow_name, 
     anyone = outsider(zk_hosts, "no credentials", closing)
     assert anyone.get_children(f"{root}/members") == ["old"]  # open, as before credentials
 
-    # The upgrade: a node started with credentials while the old one still runs.
+    # The upgrade: a peer started with credentials while the old one still runs.
     with_credentials()
     with caplog.at_level(logging.WARNING, logger="twinflow.leadership"):
         new = start_node(zk_hosts, flow_name, "new", closing)
@@ -202,14 +202,14 @@ def test_credentials_turned_on_for_an_open_flow_protect_it(zk_hosts, flow_name, 
     with pytest.raises(NoAuthError):
         anyone.get_children(f"{root}/members")
     with pytest.raises(NoAuthError):
-        anyone.get(f"{root}/members/old")  # the old node's address, protected too
+        anyone.get(f"{root}/members/old")  # the old peer's address, protected too
 
-    # The old node is then restarted (here: stopped); the protected flow goes on
-    # under the new node, at a newer epoch on the same epoch znode.
+    # The old peer is then restarted (here: stopped); the protected flow goes on
+    # under the new peer, at a newer epoch on the same epoch znode.
     old_epoch = old.epoch
     old.stop()
     old.zk.stop()
-    wait_until(lambda: new.is_master, 10, what="the node with credentials to take over")
+    wait_until(lambda: new.is_master, 10, what="the peer with credentials to take over")
     assert new.epoch > old_epoch
     assert new.members() == {"new": new.address}
 

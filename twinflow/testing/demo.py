@@ -1,4 +1,4 @@
-"""The demo: two real nodes, a SIGKILL of the master mid-stream, and the count.
+"""The demo: two real peers, a SIGKILL of the master mid-stream, and the count.
 
 Starts a local Redis and ZooKeeper, two ``twinflow run`` processes, publishes
 messages through the Ingest gRPC service at a steady rate, kills the master
@@ -42,7 +42,7 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
     say(f"redis {cluster.services.redis_url}  zookeeper {cluster.services.zk_hosts}")
     try:
         cluster.start_peers()
-        say("starting two nodes (Spark takes 10-20 s to start)...")
+        say("starting two peers (Spark takes 10-20 s to start)...")
         t0 = time.monotonic()
         cluster.wait_ready()
         old_master, old_epoch = cluster.master_epoch()

@@ -1,4 +1,4 @@
-"""``twinflow bench flow-vs-passthrough``: the two-node cluster next to bare Spark, in one run.
+"""``twinflow bench flow-vs-passthrough``: the two-peer cluster next to bare Spark, in one run.
 
 Both halves run on the same machine, one after the other, against one local
 Redis (and ZooKeeper for the cluster):
@@ -8,7 +8,7 @@ Redis (and ZooKeeper for the cluster):
   stream with one pipeline per batch. It runs in a child process (its own
   driver and JVM, gone before the cluster starts), once per batch size in
   ``PASSTHROUGH_BATCH_SIZES``; the best one's burst rate counts.
-- flow: two ``twinflow run`` nodes on the chained flow
+- flow: two ``twinflow run`` peers on the chained flow
   (``examples/cluster-chained.yaml``: history -> AND join of an order and
   its payment -> action, with the claim pair), the messages of ``twinflow
   demo`` (one order in ten alone, one in ten sent twice).
@@ -152,7 +152,7 @@ def passthrough(redis_url: str, load: Load, batch_sizes=PASSTHROUGH_BATCH_SIZES)
 
 # -- the flow half ------------------------------------------------------------
 def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
-    """The two-node cluster on the chained flow (``text``: another flow file of orders and payments)."""
+    """The two-peer cluster on the chained flow (``text``: another flow file of orders and payments)."""
     workdir = tempfile.mkdtemp(prefix="twinflow-bench-flow-")
     name = "benchflow"
     cluster = LocalCluster(workdir, flow=name, services=services, text=text or CHAINED.read_text()).start(peers=False)
@@ -199,7 +199,7 @@ def flow_vs_passthrough(load: Load, say=lambda text: None) -> dict:
         bare = passthrough(services.redis_url, load)
         say(f"passthrough: {bare['msgs_per_s']} msg/s (batch size {bare['best_batch_size']}), "
             f"p50 {bare['p50_ms']} ms, p99 {bare['p99_ms']} ms")
-        say("flow: two nodes on the chained flow")
+        say("flow: two peers on the chained flow")
         pair = flow(services, load)
         say(f"flow: {pair['msgs_per_s']} msg/s, p50 {pair['p50_ms']} ms, p99 {pair['p99_ms']} ms")
     finally:

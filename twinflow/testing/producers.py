@@ -2,7 +2,7 @@
 :class:`~twinflow.testing.local_cluster.LocalCluster` (XADD through the producer's proxy when
 proxied, following the primary on a Redis with replicas, to each document's shard on a sharded
 flow), and the producers that run beside a cluster: :class:`IngestPublisher` (through a live
-node's gRPC Ingest, the demo), :class:`DrillProducer` (the drills) and :class:`UplinkPublisher`
+peer's gRPC Ingest, the demo), :class:`DrillProducer` (the drills) and :class:`UplinkPublisher`
 (pipelined XADDs that remember each message's uplink time, the benches)."""
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class PacedProducer(threading.Thread):
 
 
 class IngestPublisher(PacedProducer):
-    """Publishes documents {id, seq} through a live node's Ingest service (gRPC) at a steady rate (the demo)."""
+    """Publishes documents {id, seq} through a live peer's Ingest service (gRPC) at a steady rate (the demo)."""
 
     def __init__(self, cluster: LocalCluster, count: int, rate: float, batch: int = 50, prefix: str = "m",
                  document: Callable[[int], dict] | None = None):
@@ -155,7 +155,7 @@ class IngestPublisher(PacedProducer):
 
     def _send(self, docs: list[dict]) -> None:
         bodies = [json.dumps(d).encode() for d in docs]
-        # Any live node's Ingest will do; if the one we picked dies, try another.
+        # Any live peer's Ingest will do; if the one we picked dies, try another.
         deadline = time.monotonic() + 30
         while True:
             addr = self.cluster.live_address()

@@ -143,7 +143,7 @@ class LocalSentinel:
     this object: Redis high availability with Sentinel, for tests and the ``redis-failover`` drill.
 
     Each server is a real ``redis-server`` (a Sentinel is ``redis-server sentinel.conf
-    --sentinel``). :attr:`url` is the ``redis+sentinel://`` URL a node is given.
+    --sentinel``). :attr:`url` is the ``redis+sentinel://`` URL a peer is given.
     :meth:`kill` SIGKILLs a data server by PID, :meth:`start_again` starts it on its port
     and data (the Sentinels make a former primary a replica of the new one),
     :meth:`primary` says which server the Sentinels name. ``stop()`` ends them all by PID.
@@ -158,7 +158,7 @@ class LocalSentinel:
 
     @property
     def url(self) -> str:
-        """The URL a node is given (no password in it: the password goes in TWINFLOW_REDIS_PASSWORD)."""
+        """The URL a peer is given (no password in it: the password goes in TWINFLOW_REDIS_PASSWORD)."""
         return "redis+sentinel://" + ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels) + f"/{self.service}/0"
 
     @classmethod

@@ -153,7 +153,7 @@ class LocalRedis:
     rights and that password, and the ``default`` user off, so only that user
     gets in. ``tls``: the port speaks TLS only. The password goes in a
     configuration file (mode 0600) rather than on the command line, where
-    ``ps`` shows it. :attr:`url` names no password, as a node is given it.
+    ``ps`` shows it. :attr:`url` names no password, as a peer is given it.
     ``stop()`` ends the server by PID.
     """
 

@@ -1,4 +1,4 @@
-"""A node's timers: bake expiry, the flow's deadlines, sweep, trim, status, lease.
+"""A member's timers: bake expiry, the flow's deadlines, sweep, trim, status, lease.
 
 They run on their own thread, so they fire with no new input. Under
 failure: a round never raises (a timer must keep firing); a master that has
@@ -25,8 +25,8 @@ REMOTE_FIRE_AFTER_S = 0.25
 BUSY_RETRY_S = 0.05  # how soon the timer looks again at a deadline a batch in progress holds up
 
 
-class NodeTimers:
-    """A node's timer rounds (mixed into FlowMember)."""
+class MemberTimers:
+    """A member's timer rounds (mixed into FlowMember)."""
 
     # -- timers -----------------------------------------------------------
     def run_timers(self) -> None:
@@ -41,7 +41,7 @@ class NodeTimers:
     def timer_round(self) -> float | None:
         """Fire what is due now: bake expiry (worker), the flow's deadlines (master), the
         sweep, the status and epoch guard, the lease check. Returns the seconds until the
-        next round is due, or None once the node stops. Never raises: a timer must keep firing."""
+        next round is due, or None once the member stops. Never raises: a timer must keep firing."""
         # Often enough that a healthy master's status writes keep its lease fresh.
         status_every = min(self.cfg.status_interval_s, self.lease_s / 3)
         now = self.clock.now()
@@ -87,12 +87,12 @@ class NodeTimers:
     def _fire_due(self, now: float) -> float | None:
         """As master, fire the flow's deadlines due at ``now`` and commit what they did;
         returns the next deadline. A batch in progress fires them itself, so this never waits
-        for one; and the flow is only read holding the node (``batch_lock``), never while a batch
+        for one; and the flow is only read holding the member (``batch_lock``), never while a batch
         builds a step on it or drops it."""
         if self.role != MASTER:
             return None
         if not self.batch_lock.acquire(blocking=False):
-            # A batch holds the node and fires them itself (an executor's, before its batch);
+            # A batch holds the member and fires them itself (an executor's, before its batch);
             # look again shortly rather than spin on a deadline already past.
             return now + BUSY_RETRY_S
         try:
@@ -141,8 +141,8 @@ class NodeTimers:
             self._update_backpressure()
 
     def _trim(self) -> None:
-        """As master, drop the uplink entries every live node has read and the flow processed,
-        once older than ``uplink.retention`` (one script; the live nodes are ZooKeeper's members).
+        """As master, drop the uplink entries every live peer has read and the flow processed,
+        once older than ``uplink.retention`` (one script; the live peers are ZooKeeper's members).
         When ZooKeeper cannot list them, nothing is trimmed: a live worker's read position
         must never be left out."""
         try:

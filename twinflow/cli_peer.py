@@ -1,6 +1,6 @@
-"""The ``twinflow`` commands that run and inspect a node: ``run``, ``status``, ``handover``.
+"""The ``twinflow`` commands that run and inspect a peer: ``run``, ``status``, ``handover``.
 
-Under failure: a node that cannot start ends with ``EXIT_REFUSED`` (a start that could
+Under failure: a peer that cannot start ends with ``EXIT_REFUSED`` (a start that could
 break a promise) or ``EXIT_UNAVAILABLE`` (a server not reachable by the deadline), the
 reason on stderr.
 """
@@ -18,15 +18,15 @@ from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, _address,
 
 STATUS_COLUMNS = ["peer_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
                   "delivered", "failed", "unclaimed", "backpressure", "redis", "grpc_address"]
-# The nodes `twinflow status` last found in Redis, asked over gRPC when Redis does not answer.
-NODES_SEEN = Path(".twinflow") / "nodes-{flow}.json"
+# The peers `twinflow status` last found in Redis, asked over gRPC when Redis does not answer.
+PEERS_SEEN = Path(".twinflow") / "peers-{flow}.json"
 
 
 def cmd_run(args) -> int:
     if not args.peer_id:  # not argparse's required=: --node-id, its old name, may give it
         print("twinflow run: the following arguments are required: --peer-id", file=sys.stderr)
         return 2
-    # The node's only fork is Spark's JVM launch, an immediate exec: gRPC's
+    # The peer's only fork is Spark's JVM launch, an immediate exec: gRPC's
     # fork handlers have nothing to protect there and can break it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from twinflow.cluster.connect import ServiceUnavailable
@@ -61,23 +61,23 @@ def cmd_run(args) -> int:
         print(f"twinflow: refused to start: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     try:
-        node = Peer.for_flow(graph, cfg, parts=RealParts())
+        peer = Peer.for_flow(graph, cfg, parts=RealParts())
     except StartRefused as exc:  # a flow that cannot run on the cluster
         print(f"twinflow: refused to start: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    signal.signal(signal.SIGTERM, lambda *_: node.request_term())
+    signal.signal(signal.SIGTERM, lambda *_: peer.request_term())
     try:
-        return node.run_forever()
+        return peer.run_forever()
     except ServiceUnavailable as exc:
         print(f"twinflow: {exc}", file=sys.stderr)
-        node.stop()
+        peer.stop()
         return EXIT_UNAVAILABLE
     except (StartRefused, SecurityConfigError, RedisSettingsError, SecretError, ZkAccessDenied) as exc:
         print(f"twinflow: refused to start: {exc}", file=sys.stderr)
-        node.stop()
+        peer.stop()
         return EXIT_REFUSED
     except KeyboardInterrupt:
-        node.stop()
+        peer.stop()
         return 130
 
 
@@ -111,17 +111,17 @@ def cmd_status(args) -> int:
 
     graph, stores = _flow_stores(args)
     store = stores[0]
-    seen = Path(str(NODES_SEEN).format(flow=graph.name))
+    seen = Path(str(PEERS_SEEN).format(flow=graph.name))
     try:
         rows = []
-        for shard in stores:  # a sharded flow: a row per node and shard
+        for shard in stores:  # a sharded flow: a row per peer and shard
             for row in shard.read_statuses(deadline_s=3.0):
                 row["uplink_lag"] = shard.uplink_lag(row["peer_id"])  # live lag, not the one cached
                 rows.append(row)
         seen.parent.mkdir(parents=True, exist_ok=True)
         seen.write_text(json.dumps(sorted({r["grpc_address"] for r in rows if r.get("grpc_address")})))
     except (redis.RedisError, RedisUnavailable) as exc:
-        # Redis is down: ask the nodes themselves (they report it, and whether they read).
+        # Redis is down: ask the peers themselves (they report it, and whether they read).
         print(f"twinflow: Redis at {redact_url(_address(args.redis, 'TWINFLOW_REDIS', 'redis'))} did not answer: "
               f"{redact_text(str(exc))}", file=sys.stderr)
         rows = _statuses_over_grpc(args.peer or (json.loads(seen.read_text()) if seen.exists() else []),
@@ -133,7 +133,7 @@ def cmd_status(args) -> int:
         print(json.dumps({"flow": graph.name, "peers": rows, "nodes": rows}))  # "nodes": the old name, one release
         return 0
     if not rows:
-        print(f"flow {graph.name}: no live nodes")
+        print(f"flow {graph.name}: no live peers")
         return 0
     columns = STATUS_COLUMNS if len(stores) == 1 else ["flow", *STATUS_COLUMNS]
     print(_table(columns, [[r.get(c, "") for c in columns] for r in rows]))
@@ -147,8 +147,8 @@ def _statuses_over_grpc(addresses: list[str], security) -> list[dict]:
     for address in addresses:
         try:
             rows.append(peer_status(address, timeout_s=3.0, security=security))
-        except Exception as exc:  # a node that is gone: say so, ask the next
-            print(f"twinflow: node at {address} did not answer: {exc}", file=sys.stderr)
+        except Exception as exc:  # a peer that is gone: say so, ask the next
+            print(f"twinflow: peer at {address} did not answer: {exc}", file=sys.stderr)
     return rows
 
 
@@ -157,7 +157,7 @@ def cmd_handover(args) -> int:
 
     graph, stores = _flow_stores(args)
     security = _grpc_security(args, graph)
-    # One master per shard; a node hands over every shard it is master of.
+    # One master per shard; a peer hands over every shard it is master of.
     masters = sorted({r["grpc_address"] for store in stores for r in store.read_statuses()
                       if r.get("role") == "master"})
     if not masters:
