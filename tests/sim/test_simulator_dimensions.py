@@ -1,6 +1,6 @@
 """The simulator's dimensions beyond the pair on one flow (docs/contributing/simulator.md):
-sharded flows on executors, COMMITs held in flight, trimming, ID expiry, hostile producers and
-Redis failover. Each kind keeps its promises over a short seeded form, every dimension is
+sharded flows on executors, COMMITs held in flight, trimming, ID expiry, hostile producers,
+Redis failover and batches in several master steps. Each kind keeps its promises over a short seeded form, every dimension is
 exercised, and for each one a deliberately broken mechanism is caught."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.chaos.sim.simulator import run_once, simulate
+from twinflow.chaos.sim.simulator import draw_dims, run_once, simulate
 from twinflow.runtime.store import scripts
 from twinflow.runtime.store.flow_store import FlowStore
 
@@ -34,6 +34,8 @@ def test_each_kind_keeps_every_promise(kind):
     assert counts["uplink_entries_trimmed"] > 0           # the master's trim
     if kind == "sharded":
         assert counts["lost_attempts_run"] > 0            # task attempts that ran after being declared lost
+    # Some of these runs cut their batches into small master steps.
+    assert any(draw_dims(s, kind == "sharded")[0].step_messages < 10 for s in range(1, RUNS + 1))
 
 
 def test_id_expiry_lets_a_retry_in_again_and_nothing_else():
@@ -69,25 +71,28 @@ def test_outputs_of_the_step_of_a_redis_failover_are_judged_before_the_recount()
 def test_a_session_whose_every_step_moves_the_mark_past_the_whole_batch_is_caught(monkeypatch):
     # MasterSession decides what a step marks processed: only the batch's last step moves the
     # mark past the whole batch. Broken so that every step does, a master that dies between
-    # steps leaves messages at or before the mark that no step ran: lost. The simulator's
-    # batches fit one step at the default step size, so steps of 3 messages are used here.
-    import functools
+    # steps leaves messages at or before the mark that no step ran: lost. Pair seed 7 draws
+    # steps of 3 messages (the step_messages dimension), so its batches take several steps.
     import inspect
     import textwrap
 
     from twinflow.cluster import master_session
 
-    monkeypatch.setattr(master_session, "chunked", functools.partial(master_session.chunked, max_count=3))
-    assert run_once(5, kind="pair").passed  # correct, with small steps
+    seed = 7
+    assert draw_dims(seed, sharded=False)[0].step_messages == 3
+    assert run_once(seed, kind="pair").passed  # correct, with small steps
     src = textwrap.dedent(inspect.getsource(master_session.MasterSession._run_steps))
     line = "mark = last if i == len(chunks) - 1 else chunk[-1].position"
     assert line in src
     broken: dict = {}
     exec(compile(src.replace(line, "mark = last"), "broken", "exec"), vars(master_session), broken)
     monkeypatch.setattr(master_session.MasterSession, "_run_steps", broken["_run_steps"])
-    failed = _first_failure("pair", range(1, 11))
-    assert failed is not None, "every step moving the mark past the batch passed every run"
-    assert any("never left the flow" in p for p in failed.problems)
+    failed = run_once(seed, kind="pair")
+    assert not failed.passed, "every step moving the mark past the batch passed"
+    assert "step_messages=3" in failed.dims
+    assert any("never left the flow" in p for p in failed.problems), failed.problems
+    monkeypatch.undo()
+    assert run_once(seed, kind="pair").passed  # the same seed passes with the real session again
 
 
 def _first_failure(kind: str, seeds: range, only: dict | None = None, wait: bool = True):
