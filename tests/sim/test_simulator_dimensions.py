@@ -95,6 +95,42 @@ def test_a_session_whose_every_step_moves_the_mark_past_the_whole_batch_is_caugh
     assert run_once(seed, kind="pair").passed  # the same seed passes with the real session again
 
 
+def test_entries_of_two_epochs_written_in_one_step_are_judged_in_the_order_redis_wrote_them():
+    # Sharded seed 98 with steps of 2 messages: in one step an attempt of b declared lost runs
+    # as master at epoch 1, and while its COMMITs are in flight a is promoted to epoch 2 and
+    # writes; b's last COMMIT is then fenced. b's epoch-1 outputs in the sink came before a's
+    # epoch-2 outputs in the other outlinks, but the checker read the outlinks one after the
+    # other and took b's as stale writes. It now judges a step's entries in Redis write order.
+    r = run_once(98, kind="sharded", only={"step_messages": 2})
+    assert r.passed, r.problems
+    assert any("lost attempt of b ran as master at epoch 1" in line for line in r.trace)
+    assert any("a promoted, epoch 2" in line for line in r.trace)
+
+
+def test_write_order_across_streams_keeps_each_streams_order():
+    from twinflow.chaos.sim.checker import in_write_order
+    from twinflow.testing.checker import SinkEntry, Tally
+
+    def entries(*rows):
+        return [(f"{ms}-{i}", SinkEntry(mid, epoch, node, ms)) for i, (mid, epoch, node, ms) in enumerate(rows)]
+
+    def judged(new):
+        tally, merged = Tally(), list(in_write_order(new))
+        return [(stream, e.id) for stream, e in merged], [p for _, e in merged for p in tally.add(e)[1]]
+
+    # Read stream by stream, b's epoch-1 sink entries would come after a's later epoch-2 one.
+    order, problems = judged({"dup": entries(("d14", 2, "a", 7729)),
+                              "sink": entries(("o6", 1, "b", 4513), ("o7", 1, "b", 5147), ("o8", 2, "a", 5147))})
+    assert order == [("sink", "o6"), ("sink", "o7"), ("sink", "o8"), ("dup", "d14")] and problems == []
+    # A stale write in one stream is seen, in the same millisecond too; across streams in the
+    # same millisecond, the older epoch is taken first.
+    order, problems = judged({"s1": entries(("x", 2, "a", 5), ("y", 1, "b", 5)), "s2": entries(("z", 1, "b", 5))})
+    assert [mid for _, mid in order] == ["z", "x", "y"]
+    assert problems == ["stale write: b wrote y at epoch 1 after epoch 2 had written"]
+    _, problems = judged({"s1": entries(("x", 2, "a", 5)), "s2": entries(("z", 1, "b", 6))})
+    assert problems == ["stale write: b wrote z at epoch 1 after epoch 2 had written"]
+
+
 def _first_failure(kind: str, seeds: range, only: dict | None = None, wait: bool = True):
     for seed in seeds:
         r = run_once(seed, kind=kind, only=only, wait=wait)
