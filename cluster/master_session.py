@@ -56,7 +56,7 @@ import redis
 
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.message import Message
-from ..runtime.store.flow_store import DELIVER_MAX_MESSAGES, FlowStore, chunked
+from ..runtime.store.flow_store import FlowStore, chunked
 from ..runtime.store.store_errors import Fenced, GuessWrong, RedisUnavailable
 from ..runtime.store.step import Step
 from .master_flow import MasterFlow, MessageRefused
@@ -208,7 +208,8 @@ class MasterSession:
                         from None
             except _Unwritable as bad:
                 sent += bad.sent
-                handled = self._isolate(out, msgs[sent:sent + DELIVER_MAX_MESSAGES], now, bad.exc)
+                # The step that could not be written starts at ``sent`` and holds at most this many.
+                handled = self._isolate(out, msgs[sent:sent + self.spec.step_messages], now, bad.exc)
                 if handled is None:
                     out.rest = msgs[sent:]
                     return out
@@ -248,7 +249,7 @@ class MasterSession:
             run.append(not d and m.id not in seen)
             seen.add(m.id)
         at = 0  # where the next chunk starts
-        chunks = list(chunked(msgs)) or [[]]
+        chunks = list(chunked(msgs, max_count=self.spec.step_messages)) or [[]]
         writing = _InFlight(self, out)
         whole = False  # every chunk's step was sent
         try:

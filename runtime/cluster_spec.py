@@ -43,6 +43,10 @@ __all__ = ["ClusterSpec", "ClaimPair", "SecuritySpec", "parse_cluster"]
 
 TOKEN_SCOPES = ("ingest", "escalation", "admin")
 
+# The most messages one master step (one COMMIT script) may hold: the store's own cut,
+# ``flow_store.DELIVER_MAX_MESSAGES`` (the pure core does not import the store to read it).
+MAX_STEP_MESSAGES = 1000
+
 
 @dataclass(frozen=True)
 class ClaimPair:
@@ -90,6 +94,9 @@ class ClusterSpec:
     failure_max_entries: int = 100_000
     shards: int = 1                    # uplink shards (runtime/shards.py), each a pair of its own
     shard_key: str | None = None       # the template that assigns a message to a shard
+    # Most messages per master step (one COMMIT); a batch larger takes several steps.
+    # Smaller steps: a shorter COMMIT each (Redis blocks less per script), more round trips.
+    step_messages: int = MAX_STEP_MESSAGES
     security: SecuritySpec = SecuritySpec()
 
     @property
@@ -143,7 +150,8 @@ def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str,
     if pair is not None:
         message = replace(message, key_path=pair[1], key_type=pair[2])
     cl = top.section("cluster", default={}).only(
-        "session_timeout", "escalation_batch", "write_lease", "wait_replicas", "replica_wait_ms", "redis_checks")
+        "session_timeout", "escalation_batch", "write_lease", "wait_replicas", "replica_wait_ms", "redis_checks",
+        "step_messages")
     session_timeout = cl.get("session_timeout", (int, float), 2.0, check=lambda v: 1 <= v <= 60,
                              why="must be seconds in [1, 60]") * 1.0
     batch_bytes = up.get("batch_bytes", int, 64 << 20, check=lambda v: 1 << 20 <= v <= 256 << 20,
@@ -181,6 +189,9 @@ def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str,
         wait_replicas=cl.integer("wait_replicas", 0, minimum=0),
         replica_wait_ms=cl.integer("replica_wait_ms", 1000, minimum=1),
         redis_checks=cl.choice("redis_checks", ["refuse", "warn"], "refuse"),
+        step_messages=cl.get("step_messages", int, MAX_STEP_MESSAGES,
+                             check=lambda v: 1 <= v <= MAX_STEP_MESSAGES,
+                             why=f"must be 1..{MAX_STEP_MESSAGES} (messages per master step)"),
         failure_max_entries=failure.integer("max_entries", 100_000, minimum=100),
         security=read_security(top),
     )

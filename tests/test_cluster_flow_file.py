@@ -10,6 +10,7 @@ import pytest
 
 from twinflow.cluster.on_cluster import StartRefused, cluster_flow
 from twinflow.runtime.flowgraph import FlowFileError, load_graph, parse_graph
+from twinflow.runtime.store.flow_store import DELIVER_MAX_MESSAGES
 
 GOOD = """\
 flow: f1
@@ -43,6 +44,7 @@ def test_defaults():
     assert spec.redis_checks == "refuse" and spec.wait_replicas == 0
     assert spec.failure_max_entries == 100_000
     assert (spec.batch_size, spec.max_batch_size) == (2000, 20_000)  # batches grow under a backlog
+    assert spec.step_messages == DELIVER_MAX_MESSAGES  # a master step as long as the store allows
     assert g.nodes["act"].sink == "out"
 
 
@@ -54,6 +56,17 @@ def test_the_limits_are_read():
     assert (spec.message.max_depth, spec.message.max_number_digits) == (8, 20)
     assert (spec.write_lease, spec.wait_replicas, spec.redis_checks) == (3.0, 1, "warn")
     assert spec.failure_max_entries == 500
+
+
+def test_step_messages_is_read_and_each_shard_keeps_it():
+    from twinflow.runtime.shards import shard_graph
+
+    for n in (1, 3, 1000):
+        g = parse_graph(GOOD + f"cluster: {{step_messages: {n}}}\n")
+        assert g.cluster.step_messages == n
+    sharded = parse_graph(GOOD.replace("uplink: {stream: up}", 'uplink: {stream: up, shards: 2, shard_key: "{c}"}')
+                          + "cluster: {step_messages: 7}\n")
+    assert shard_graph(sharded, 1).cluster.step_messages == 7  # an executor's shard task steps the same
 
 
 def test_shards_and_their_names_keys_and_routing():
@@ -121,6 +134,10 @@ def test_nodes_whose_state_is_not_in_redis_yet_are_refused_by_run():
     ("message: {id: id}", "message: {id: id, id_ttl: 0}", 3, "message.id_ttl", "never unbounded"),
     ("flow: f1", "flow: f1\ncluster: {write_lease: 2}", 2, "cluster.write_lease", "session_timeout"),
     ("flow: f1", "flow: f1\ncluster: {redis_checks: maybe}", 2, "cluster.redis_checks", "refuse, warn"),
+    ("flow: f1", "flow: f1\ncluster: {step_messages: 0}", 2, "cluster.step_messages", "must be 1..1000"),
+    ("flow: f1", "flow: f1\ncluster: {step_messages: 1001}", 2, "cluster.step_messages", "must be 1..1000"),
+    ("flow: f1", "flow: f1\ncluster: {step_messages: 2.5}", 2, "cluster.step_messages", "must be a int"),
+    ("flow: f1", "flow: f1\ncluster: {step_messages: true}", 2, "cluster.step_messages", "must be a int"),
     ("uplink: {stream: up}", "uplink: {stream: up, shards: 2}", 2, "uplink.shard_key", "is required with shards"),
     ("uplink: {stream: up}", "uplink: {stream: up, shards: 0}", 2, "uplink.shards", "1..256"),
     ("uplink: {stream: up}", "uplink: {stream: up, shards: 2, shard_key: plain}", 2, "uplink.shard_key",

@@ -11,12 +11,30 @@ start), what the failover erased, counted (and a failure with ``wait_replicas`` 
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
+from typing import Iterator
 
 from ...cluster.master_flow import outlink_streams
 from ...cluster.on_cluster import flow_keys
-from ...testing.checker import Tally, read_sink_after
+from ...testing.checker import SinkEntry, Tally, read_sink_after
 from .world import START_TIME, World
+
+
+def in_write_order(new: dict[str, list[tuple[str, SinkEntry]]]) -> Iterator[tuple[str, SinkEntry]]:
+    """(stream, entry) for the new entries of every output stream, as Redis wrote them, so that
+    a stale write is judged against the epochs written before it, not those of the streams read
+    before its own. One step may hold many COMMITs of two epochs (a step whose COMMITs are in
+    flight while another node promotes and writes), so reading stream after stream would find an
+    old master's last entries after a new master's, in a stream read earlier, written later.
+
+    Each stream keeps its own order (exact: a stale write within one stream is always seen).
+    Across streams the order is the entries' Redis time (milliseconds); entries of two streams
+    written in the same millisecond (virtual time often stands still) cannot be ordered, and are
+    taken older epoch first: a stale write is then seen in its own stream or at another
+    millisecond, never made up by the order the streams are read in."""
+    runs = [[(stream, e) for _, e in entries] for stream, entries in new.items()]
+    return heapq.merge(*runs, key=lambda se: (se[1].written_ms, se[1].epoch))
 
 
 class Checker:
@@ -32,6 +50,9 @@ class Checker:
 
     Hostile messages (``hostile.py``) leave exactly once, through the flow (by their ID) or by
     the failure path (by their uplink position, with a reason); never both, never neither.
+
+    Writers: a step's new entries are judged in the order Redis wrote them across the output
+    streams (:func:`in_write_order`), not stream after stream.
 
     Redis failover (``Replica.failover``): the streams are read again from the start, since a
     failover may erase their last entries. With ``wait_replicas`` it must erase no output;
@@ -108,21 +129,24 @@ class Checker:
     def _read_outputs(self, problems: list[str], recount: bool = False) -> None:
         now = self.world.clock.now()
         failed_ids = self.failed_ids()  # the failure stream is not read meanwhile
+        new = {}
         for stream in self.streams:
-            for position, e in read_sink_after(self.world.redis, stream, self.after[stream]):
-                self.after[stream] = position
-                again = self.tally.count(e)
-                if recount:
-                    continue
-                for member in e.id.split("+"):
-                    if member in again:
-                        if self._expired_again(member, now):
-                            continue
-                        problems.append(f"{member} left the flow {self.left[member]} times "
-                                        f"(again via {stream}, peer {e.peer}, epoch {e.epoch})")
-                    if member in failed_ids:
-                        problems.append(f"{member} left the flow and by the failure path")
-                problems.extend(self.tally.judge_writer(e))
+            new[stream] = read_sink_after(self.world.redis, stream, self.after[stream])
+            if new[stream]:
+                self.after[stream] = new[stream][-1][0]
+        for stream, e in in_write_order(new):
+            again = self.tally.count(e)
+            if recount:
+                continue
+            for member in e.id.split("+"):
+                if member in again:
+                    if self._expired_again(member, now):
+                        continue
+                    problems.append(f"{member} left the flow {self.left[member]} times "
+                                    f"(again via {stream}, peer {e.peer}, epoch {e.epoch})")
+                if member in failed_ids:
+                    problems.append(f"{member} left the flow and by the failure path")
+            problems.extend(self.tally.judge_writer(e))
 
     def _expired_again(self, member: str, now: float) -> bool:
         """A second leave that a re-published message may make once its ID expired."""

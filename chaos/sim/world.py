@@ -54,6 +54,7 @@ class Dims:
     sharded: bool = False       # batches run on simulated executor processes (shard_task.run_shard)
     speculation: float = 0.0    # chance that a shard task runs a second attempt
     lost_attempt: float = 0.0   # chance that an attempt is declared lost and runs again later
+    step_messages: int = 1000   # cluster.step_messages: below a batch's size, the master commits it in several steps
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.__dict__.items())

@@ -89,6 +89,22 @@ def test_each_step_is_built_while_the_one_before_is_in_redis(store):
     assert store.r.xlen(store.keys.sink) == len(msgs)
 
 
+def test_steps_are_as_long_as_the_flow_file_says_and_only_the_last_moves_the_mark_past_the_batch(store):
+    # cluster.step_messages: 3 cuts a batch of 8 into steps of 3, 3 and 2. A step that is not
+    # the batch's last marks processed only up to its own last message: a master that dies
+    # after it leaves the rest after the mark, for its successor to run.
+    graph = parse_graph(DELIVER.text + "cluster: {step_messages: 3}\n")
+    assert graph.cluster.step_messages == 3
+    marks = []
+    session = Session(store, GatedWrites(3, before_write=lambda n: marks.append(store.processed_mark())), graph)
+    msgs = batch(8)
+    out = session.run_batch(msgs, "20-0", now=lambda: 0.0)  # entries after the last message: bad ones
+    assert out.rest is None and out.steps == 3 and out.delivered == 8
+    assert marks == [None, "3-0", "6-0"]
+    assert store.processed_mark() == "20-0"
+    assert claimed(out) == [m.id for m in msgs]
+
+
 def test_a_refused_write_ends_the_batch_and_the_step_built_after_it_is_never_sent(store):
     msgs = batch(2 * DELIVER_MAX_MESSAGES + 5)
 

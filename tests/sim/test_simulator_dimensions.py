@@ -1,6 +1,6 @@
 """The simulator's dimensions beyond the pair on one flow (docs/contributing/simulator.md):
-sharded flows on executors, COMMITs held in flight, trimming, ID expiry, hostile producers and
-Redis failover. Each kind keeps its promises over a short seeded form, every dimension is
+sharded flows on executors, COMMITs held in flight, trimming, ID expiry, hostile producers,
+Redis failover and batches in several master steps. Each kind keeps its promises over a short seeded form, every dimension is
 exercised, and for each one a deliberately broken mechanism is caught."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.chaos.sim.simulator import run_once, simulate
+from twinflow.chaos.sim.simulator import draw_dims, run_once, simulate
 from twinflow.runtime.store import scripts
 from twinflow.runtime.store.flow_store import FlowStore
 
@@ -34,6 +34,8 @@ def test_each_kind_keeps_every_promise(kind):
     assert counts["uplink_entries_trimmed"] > 0           # the master's trim
     if kind == "sharded":
         assert counts["lost_attempts_run"] > 0            # task attempts that ran after being declared lost
+    # Some of these runs cut their batches into small master steps.
+    assert any(draw_dims(s, kind == "sharded")[0].step_messages < 10 for s in range(1, RUNS + 1))
 
 
 def test_id_expiry_lets_a_retry_in_again_and_nothing_else():
@@ -69,25 +71,64 @@ def test_outputs_of_the_step_of_a_redis_failover_are_judged_before_the_recount()
 def test_a_session_whose_every_step_moves_the_mark_past_the_whole_batch_is_caught(monkeypatch):
     # MasterSession decides what a step marks processed: only the batch's last step moves the
     # mark past the whole batch. Broken so that every step does, a master that dies between
-    # steps leaves messages at or before the mark that no step ran: lost. The simulator's
-    # batches fit one step at the default step size, so steps of 3 messages are used here.
-    import functools
+    # steps leaves messages at or before the mark that no step ran: lost. Pair seed 7 draws
+    # steps of 3 messages (the step_messages dimension), so its batches take several steps.
     import inspect
     import textwrap
 
     from twinflow.cluster import master_session
 
-    monkeypatch.setattr(master_session, "chunked", functools.partial(master_session.chunked, max_count=3))
-    assert run_once(5, kind="pair").passed  # correct, with small steps
+    seed = 7
+    assert draw_dims(seed, sharded=False)[0].step_messages == 3
+    assert run_once(seed, kind="pair").passed  # correct, with small steps
     src = textwrap.dedent(inspect.getsource(master_session.MasterSession._run_steps))
     line = "mark = last if i == len(chunks) - 1 else chunk[-1].position"
     assert line in src
     broken: dict = {}
     exec(compile(src.replace(line, "mark = last"), "broken", "exec"), vars(master_session), broken)
     monkeypatch.setattr(master_session.MasterSession, "_run_steps", broken["_run_steps"])
-    failed = _first_failure("pair", range(1, 11))
-    assert failed is not None, "every step moving the mark past the batch passed every run"
-    assert any("never left the flow" in p for p in failed.problems)
+    failed = run_once(seed, kind="pair")
+    assert not failed.passed, "every step moving the mark past the batch passed"
+    assert "step_messages=3" in failed.dims
+    assert any("never left the flow" in p for p in failed.problems), failed.problems
+    monkeypatch.undo()
+    assert run_once(seed, kind="pair").passed  # the same seed passes with the real session again
+
+
+def test_entries_of_two_epochs_written_in_one_step_are_judged_in_the_order_redis_wrote_them():
+    # Sharded seed 98 with steps of 2 messages: in one step an attempt of b declared lost runs
+    # as master at epoch 1, and while its COMMITs are in flight a is promoted to epoch 2 and
+    # writes; b's last COMMIT is then fenced. b's epoch-1 outputs in the sink came before a's
+    # epoch-2 outputs in the other outlinks, but the checker read the outlinks one after the
+    # other and took b's as stale writes. It now judges a step's entries in Redis write order.
+    r = run_once(98, kind="sharded", only={"step_messages": 2})
+    assert r.passed, r.problems
+    assert any("lost attempt of b ran as master at epoch 1" in line for line in r.trace)
+    assert any("a promoted, epoch 2" in line for line in r.trace)
+
+
+def test_write_order_across_streams_keeps_each_streams_order():
+    from twinflow.chaos.sim.checker import in_write_order
+    from twinflow.testing.checker import SinkEntry, Tally
+
+    def entries(*rows):
+        return [(f"{ms}-{i}", SinkEntry(mid, epoch, node, ms)) for i, (mid, epoch, node, ms) in enumerate(rows)]
+
+    def judged(new):
+        tally, merged = Tally(), list(in_write_order(new))
+        return [(stream, e.id) for stream, e in merged], [p for _, e in merged for p in tally.add(e)[1]]
+
+    # Read stream by stream, b's epoch-1 sink entries would come after a's later epoch-2 one.
+    order, problems = judged({"dup": entries(("d14", 2, "a", 7729)),
+                              "sink": entries(("o6", 1, "b", 4513), ("o7", 1, "b", 5147), ("o8", 2, "a", 5147))})
+    assert order == [("sink", "o6"), ("sink", "o7"), ("sink", "o8"), ("dup", "d14")] and problems == []
+    # A stale write in one stream is seen, in the same millisecond too; across streams in the
+    # same millisecond, the older epoch is taken first.
+    order, problems = judged({"s1": entries(("x", 2, "a", 5), ("y", 1, "b", 5)), "s2": entries(("z", 1, "b", 5))})
+    assert [mid for _, mid in order] == ["z", "x", "y"]
+    assert problems == ["stale write: b wrote y at epoch 1 after epoch 2 had written"]
+    _, problems = judged({"s1": entries(("x", 2, "a", 5)), "s2": entries(("z", 1, "b", 6))})
+    assert problems == ["stale write: b wrote z at epoch 1 after epoch 2 had written"]
 
 
 def _first_failure(kind: str, seeds: range, only: dict | None = None, wait: bool = True):
