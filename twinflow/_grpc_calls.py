@@ -2,8 +2,8 @@
 encoding and batching of the bodies a publish sends.
 
 It holds the calls :class:`twinflow.client.Client` makes, and the one-call functions
-``publish``, ``peer_status`` (``node_status``, deprecated) and ``request_handover`` that ``twinflow.client`` exposes. Under
-failure each call raises the peer's ``grpc.RpcError`` as it comes and retries nothing: the
+``publish``, ``peer_status`` (``node_status``, deprecated) and ``request_handover`` that
+``twinflow.client`` exposes. Under failure each call raises the peer's ``grpc.RpcError`` as it comes and retries nothing: the
 retrying, the back-off and what a publish that gave up wrote are :class:`twinflow.client.Client`'s
 (``twinflow.client``).
 """
