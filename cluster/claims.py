@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from .escalation import StaleEpoch
+from .escalation_servicer import StaleEpoch
 from .roles import MASTER
 
 log = logging.getLogger("twinflow.peer")

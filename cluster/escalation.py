@@ -1,9 +1,10 @@
-"""Escalation: the master tells the other peers which messages it processed.
+"""Escalation, the sending side: the master tells the other peers which messages it processed.
 
 :class:`EscalationSender` (on the master) keeps one bidirectional ``Escalate``
 stream open to every target peer and sends the processed messages' claims
-(id, key, uplink position) in acknowledged batches. :class:`EscalationServicer`
-(on a worker) hands each batch to the worker's claim logic and acknowledges it.
+(id, key, uplink position) in acknowledged batches. The receiving side,
+:class:`~twinflow.cluster.escalation_servicer.EscalationServicer` (on a
+worker), hands each batch to the worker's claim logic and acknowledges it.
 
 Escalation is the fast path, not the record: the action records every
 processed ID in the Redis ID cache in the same atomic step as the delivery,
@@ -30,6 +31,7 @@ Under failure:
 - The targets callable is re-read every 0.5 s; a target that leaves takes its
   buffer with it, a target that joins receives claims sent from then on.
 
+>>> from twinflow.cluster.escalation_servicer import EscalationServicer
 >>> from twinflow.cluster.grpc_server import create_server
 >>> got = []
 >>> def on_claims(epoch, claims):
@@ -62,9 +64,9 @@ from twinflow.runtime.waiting import Backoff
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
-log = logging.getLogger("twinflow.escalation")
+from twinflow.cluster.escalation_servicer import Claim
 
-Claim = tuple[str, str, str]  # (message id, key as text, uplink position)
+log = logging.getLogger("twinflow.escalation")
 
 # Batches awaiting an ack on one stream. It bounds what a broken stream can
 # leave to resend (and so the duplicates after a restart) to MAX_IN_FLIGHT *
@@ -72,73 +74,7 @@ Claim = tuple[str, str, str]  # (message id, key as text, uplink position)
 # of the next batches.
 MAX_IN_FLIGHT = 16
 TARGETS_REFRESH_S = 0.5
-# The most claims a worker takes in one batch (a flow's escalation_batch is at most 10,000):
-# each costs the worker a bake lookup and an ID-cache read, so a larger batch is refused.
-MAX_CLAIMS_PER_BATCH = 10_000
 MAX_BACKOFF_FACTOR = 10  # at the default 0.2 s a returning target is found within about 2 s
-
-
-
-class StaleEpoch(Exception):
-    """Raised by a worker's claim logic when a batch carries an epoch older than the newest it knows."""
-
-
-class EscalationServicer(pb_grpc.EscalationServicer):
-    """Receives escalation batches for one flow and acknowledges each one.
-
-    ``admit(from_node, epoch)``, when given, says why a batch is refused
-    (not from the master ZooKeeper names, not at its epoch) or None to take
-    it. ``on_claims(epoch, claims)`` returns how many baked messages the
-    claims released. A refused batch (wrong flow, not admitted,
-    :class:`StaleEpoch`, any other error in ``on_claims``) is acknowledged
-    with ``accepted=False`` and the reason, and counted in ``refused``; the
-    stream stays open for the batches that follow.
-    """
-
-    def __init__(self, flow: str, on_claims: Callable[[int, list[Claim]], int],
-                 admit: Callable[[str, int], str | None] | None = None, max_claims: int = MAX_CLAIMS_PER_BATCH):
-        self.flow = flow
-        self._handlers = {flow: (on_claims, admit)}
-        self.max_claims = max_claims
-        self.refused = 0
-
-    @classmethod
-    def for_flows(cls, handlers: dict[str, tuple[Callable[[int, list[Claim]], int],
-                                                 Callable[[str, int], str | None] | None]]) -> "EscalationServicer":
-        """One servicer for several flows (a sharded peer's shards): flow -> (on_claims, admit)."""
-        servicer = cls(", ".join(handlers), lambda epoch, claims: 0)
-        servicer._handlers = dict(handlers)
-        return servicer
-
-    def Escalate(self, request_iterator, context):
-        # Headers now, before any batch, tell the sender the stream is open.
-        context.send_initial_metadata(())
-        for batch in request_iterator:
-            ack = self._ack(batch)
-            if not ack.accepted:
-                self.refused += 1
-            yield ack
-
-    def _ack(self, batch: pb.EscalationBatch) -> pb.EscalationAck:
-        on_claims, admit = self._handlers.get(batch.flow, (None, None))
-        if on_claims is None:
-            reason = f"wrong flow {batch.flow!r}, expected {self.flow!r}"
-            return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
-        if len(batch.claims) > self.max_claims:
-            reason = f"{len(batch.claims)} claims in one batch; at most {self.max_claims}"
-            return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
-        claims = [(e.id, e.key, e.position) for e in batch.claims]
-        try:
-            why = admit(batch.from_node, batch.epoch) if admit is not None else None
-            if why is not None:  # logged by admit, which knows this member and its epoch (escalation_refused)
-                return pb.EscalationAck(seq=batch.seq, accepted=False, reason=why)
-            claimed = on_claims(batch.epoch, claims)
-        except StaleEpoch as exc:
-            return pb.EscalationAck(seq=batch.seq, accepted=False, reason=f"stale epoch {batch.epoch}: {exc}")
-        except Exception as exc:  # one bad batch must not end the stream
-            log.exception("escalation batch %d from %s failed", batch.seq, batch.from_node)
-            return pb.EscalationAck(seq=batch.seq, accepted=False, reason=f"{type(exc).__name__}: {exc}")
-        return pb.EscalationAck(seq=batch.seq, accepted=True, claimed=claimed)
 
 
 class _Batch:

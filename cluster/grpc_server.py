@@ -56,7 +56,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from twinflow.cluster.escalation import EscalationServicer
+from twinflow.cluster.escalation_servicer import EscalationServicer
 from twinflow.grpc_keepalive import SERVER_OPTIONS
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity, SecurityConfigError
 from twinflow.runtime.store.store_errors import RedisUnavailable, StoreClosed

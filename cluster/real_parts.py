@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..runtime.store.flow_store import FlowStore
 from .connect import connect_zookeeper
-from .escalation import EscalationSender, EscalationServicer
+from .escalation import EscalationSender
+from .escalation_servicer import EscalationServicer
 from .grpc_server import AdminServicer, IngestServicer, create_server
 from .leadership import Leadership
 from .master_session import write_pool

@@ -76,7 +76,7 @@ class EscalationClient:
     reconnect by itself. ``security`` needs the ``escalation`` scope's token
     where the peer asks for tokens.
 
-    >>> from twinflow.cluster.escalation import EscalationServicer
+    >>> from twinflow.cluster.escalation_servicer import EscalationServicer
     >>> from twinflow.cluster.grpc_server import create_server
     >>> got = []
     >>> server, port = create_server("127.0.0.1:0", escalation=EscalationServicer(

@@ -13,7 +13,7 @@ import pytest
 import trustme
 
 from twinflow.client import Ack, Client, EscalationClient, PublishError, peer_status, publish, request_handover
-from twinflow.cluster.escalation import EscalationServicer, StaleEpoch
+from twinflow.cluster.escalation_servicer import EscalationServicer, StaleEpoch
 from twinflow.cluster.grpc_server import PUBLISH_ANSWER_MARGIN_S, AdminServicer, IngestServicer, create_server
 from twinflow.grpc_security import GrpcSecurity, TlsFiles
 

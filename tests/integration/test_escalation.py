@@ -12,7 +12,8 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from twinflow.cluster.escalation import MAX_IN_FLIGHT, EscalationSender, EscalationServicer, StaleEpoch
+from twinflow.cluster.escalation import MAX_IN_FLIGHT, EscalationSender
+from twinflow.cluster.escalation_servicer import EscalationServicer, StaleEpoch
 from twinflow.cluster.grpc_server import create_server
 from twinflow.testing.servers import free_port
 
@@ -206,7 +207,7 @@ def test_target_restart_on_the_same_port_loses_no_claim(servers, senders):
 
 SERVER_SCRIPT = """
 import os, time
-from twinflow.cluster.escalation import EscalationServicer
+from twinflow.cluster.escalation_servicer import EscalationServicer
 from twinflow.cluster.grpc_server import create_server
 server, port = create_server("127.0.0.1:0", escalation=EscalationServicer("orders", lambda epoch, claims: len(claims)))
 print(port, flush=True)

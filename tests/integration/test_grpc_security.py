@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from twinflow.cluster.escalation import EscalationServicer
+from twinflow.cluster.escalation_servicer import EscalationServicer
 from twinflow.cluster.grpc_server import AdminServicer, IngestServicer, create_server
 from twinflow.cluster.health import PeerHealth
 from twinflow.grpc_security import GrpcSecurity, SecurityConfigError, TlsFiles, warn_insecure

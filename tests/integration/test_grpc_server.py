@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from tests.conftest import wait_until
-from twinflow.cluster.escalation import EscalationSender, EscalationServicer
+from twinflow.cluster.escalation import EscalationSender
+from twinflow.cluster.escalation_servicer import EscalationServicer
 from twinflow.cluster.grpc_server import (
     DEFAULT_INGEST_LIMIT,
     PUBLISH_ANSWER_MARGIN_S,
