@@ -1,10 +1,12 @@
-"""Connecting to Redis and ZooKeeper, waiting with a deadline when they are down.
+"""Connecting to Redis and ZooKeeper, waiting with a deadline when they are down; a member's store.
 
 A peer that starts while Redis or ZooKeeper is down says which server and
 which address it is trying, retries with a bounded back-off, and gives up with
 :class:`ServiceUnavailable` when its deadline passes, so that a supervisor sees
 one clear failure instead of a crash loop. ``sleep`` and ``monotonic`` are
-injected so that the waiting is testable without waiting.
+injected so that the waiting is testable without waiting. :func:`open_store`
+opens a flow's (or a shard's) store on the Redis that owns its slot, waiting
+the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import time
 from typing import Callable, TypeVar
 
 from ..logs import event
+from ..runtime.cluster_spec import ClusterSpec
+from ..runtime.store.flow_keys import FlowKeys
+from ..runtime.store.flow_store import FlowStore
 from ..runtime.waiting import Backoff, retry
 
 log = logging.getLogger("twinflow.connect")
@@ -115,3 +120,13 @@ def connect_zookeeper(hosts: str, deadline_s: float, session_timeout_s: float = 
         return client
 
     return wait_for_service("ZooKeeper", where, start, deadline_s, **kw)
+
+
+def open_store(redis_url: str, connect_deadline_s: float, keys: FlowKeys, peer_id: str,
+               spec: ClusterSpec) -> FlowStore:
+    """A flow's (or a shard's) store for ``peer_id``, on the Redis that owns its slot."""
+    # Each Redis call is bounded by the lease, so a link that drops packets
+    # shows as failed writes in time for the master to step down.
+    client = connect_redis(redis_url, connect_deadline_s, socket_timeout_s=max(0.5, spec.write_lease),
+                           slot_key=keys.uplink)
+    return FlowStore(client, keys, peer_id, id_ttl=spec.message.id_ttl)

@@ -59,7 +59,7 @@ from .peer_config import PeerConfig
 from .leadership import Leadership
 from .master_session import MasterSession
 from .master_side import MasterSide
-from .metrics import LATENESS_BUCKETS, BatchTimings, Timings
+from .timings import LATENESS_BUCKETS, BatchTimings, Timings
 from .parts import MemberParts
 from .member_timers import MemberTimers
 from .on_cluster import cluster_flow, flow_keys

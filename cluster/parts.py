@@ -15,9 +15,6 @@ servers and Spark; a test or the failover simulator passes its own (an
 in-memory reading that calls ``member.on_batch``, a store on a private
 Redis, a leadership it drives by hand) and drives the same peer and member
 logic without Spark or ZooKeeper.
-
-Under failure: :func:`open_store` waits for Redis up to the peer's
-``connect_deadline_s`` and then raises ServiceUnavailable naming it.
 """
 
 from __future__ import annotations
@@ -25,10 +22,7 @@ from __future__ import annotations
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..runtime.cluster_spec import ClusterSpec
-from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.store.flow_store import FlowStore
-from .connect import connect_redis
 from .escalation import EscalationSender
 from .leadership import Leadership
 
@@ -64,13 +58,3 @@ class PeerParts(Protocol):
     def server(self, peer: "Peer") -> tuple[Any, int]: ...
     def reading(self, peer: "Peer", starts: list[dict]) -> UplinkReading: ...
     def close(self) -> None: ...
-
-
-def open_store(redis_url: str, connect_deadline_s: float, keys: FlowKeys, peer_id: str,
-               spec: ClusterSpec) -> FlowStore:
-    """A flow's (or a shard's) store for ``peer_id``, on the Redis that owns its slot."""
-    # Each Redis call is bounded by the lease, so a link that drops packets
-    # shows as failed writes in time for the master to step down.
-    client = connect_redis(redis_url, connect_deadline_s, socket_timeout_s=max(0.5, spec.write_lease),
-                           slot_key=keys.uplink)
-    return FlowStore(client, keys, peer_id, id_ttl=spec.message.id_ttl)

@@ -30,12 +30,13 @@ from ..runtime.flowgraph import FlowGraph
 from ..runtime.shards import ShardRouter, shard_graph
 from .health import PeerHealth
 from .member import FlowMember
-from .metrics import BatchTimings, MetricsServer
+from .metrics import MetricsServer
 from .metrics import serve as serve_metrics
 from .on_cluster import StartRefused, cluster_flow
 from .parts import PeerParts, UplinkReading
 from .peer_config import PeerConfig
 from .roles import MASTER
+from .timings import BatchTimings
 
 log = logging.getLogger("twinflow.peer")
 

@@ -19,7 +19,8 @@ from .escalation_servicer import EscalationServicer
 from .grpc_server import AdminServicer, IngestServicer, create_server
 from .leadership import Leadership
 from .master_session import write_pool
-from .parts import UplinkReading, open_store
+from .connect import open_store
+from .parts import UplinkReading
 from .shard_reading import ShardReading
 from .spark_reading import SparkReading
 

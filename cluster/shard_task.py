@@ -119,7 +119,7 @@ class _Context:
     def shard(self, k: int) -> tuple[FlowGraph, FlowStore]:
         if k not in self.stores:
             from .on_cluster import flow_keys
-            from .parts import open_store
+            from .connect import open_store
 
             graph = shard_graph(self.graph, k)
             self.stores[k] = (graph, open_store(self.plan.redis_url, self.plan.connect_deadline_s,
