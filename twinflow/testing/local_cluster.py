@@ -83,7 +83,7 @@ flow: {name}
 uplink: {{stream: uplink}}
 message: {{id: id, id_ttl: 86400}}
 input: deliver
-peers:
+nodes:
   deliver: {{type: action, sink: {{stream: sink}}}}
   sort: {{type: sort, pairs_with: deliver, key: seq, key_type: int, bake_time: {bake_time}, unclaimed_outlink: done}}
 cluster: {{session_timeout: 2.0}}
