@@ -127,10 +127,10 @@ class LocalRedisCluster:
 
 SENTINEL_CONF = """\
 port {port}
-bind 127.0.0.1
+bind {bind}
 daemonize no
 dir {dir}
-sentinel monitor {service} 127.0.0.1 {primary} {quorum}
+sentinel monitor {service} {primary_host} {primary} {quorum}
 sentinel down-after-milliseconds {service} {down_after_ms}
 sentinel failover-timeout {service} {failover_timeout_ms}
 sentinel parallel-syncs {service} 1
@@ -200,7 +200,8 @@ class LocalSentinel:
         port = free_port()
         conf = directory / "sentinel.conf"  # Sentinel rewrites it: its own copy, writable
         conf.touch(mode=0o600)
-        conf.write_text(SENTINEL_CONF.format(port=port, dir=directory, service=self.service, primary=primary,
+        conf.write_text(SENTINEL_CONF.format(port=port, bind="127.0.0.1", dir=directory, service=self.service,
+                                             primary_host="127.0.0.1", primary=primary,
                                              quorum=quorum, down_after_ms=self.down_after_ms,
                                              failover_timeout_ms=max(3000, 4 * self.down_after_ms))
                         + (f"sentinel auth-pass {self.service} {conf_quote(self.password)}\n"

@@ -40,7 +40,7 @@ initLimit=25
 syncLimit=10
 dataDir={data_dir}
 clientPort={port}
-clientPortAddress=127.0.0.1
+clientPortAddress={address}
 admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr,mntr
 """
@@ -153,16 +153,19 @@ def start_redis(directory: Path, *extra: str, port: int | None = None, config: P
     directory.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log = directory / "redis.log"
-    listen = ["--port", "0", "--tls-port", str(port)] if tls else ["--port", str(port)]
-    pid = spawn(
-        # What the promises need (docs/operations/redis.md): nothing evicted,
-        # the epoch, ID cache and processed mark kept across a restart.
-        ["redis-server", *([str(config)] if config else []), *listen, "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
-         "--dir", str(directory), "--protected-mode", "yes", *extra],
-        log,
-    )
+    pid = spawn(redis_argv(directory, *extra, port=port, config=config, tls=tls), log)
     return Server("redis", port, pid, str(log))
+
+
+def redis_argv(directory: Path, *extra: str, port: int, bind: str = "127.0.0.1", config: Path | None = None,
+               tls: bool = False) -> list[str]:
+    """The ``redis-server`` command of :func:`start_redis` (and of a lab host's Redis, bound to ``bind``)."""
+    listen = ["--port", "0", "--tls-port", str(port)] if tls else ["--port", str(port)]
+    # What the promises need (docs/operations/redis.md): nothing evicted,
+    # the epoch, ID cache and processed mark kept across a restart.
+    return ["redis-server", *([str(config)] if config else []), *listen, "--bind", bind, "--save", "",
+            "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
+            "--dir", str(directory), "--protected-mode", "yes", *extra]
 
 
 def conf_quote(value: str) -> str:
@@ -210,15 +213,17 @@ def start_zookeeper(directory: Path, port: int | None = None, quorum: str = "", 
         (data / "myid").write_text(f"{myid}\n")
     port = port or free_port()
     cfg = directory / "zoo.cfg"
-    cfg.write_text(ZOO_CFG.format(data_dir=data, port=port) + quorum)
+    cfg.write_text(ZOO_CFG.format(data_dir=data, port=port, address="127.0.0.1") + quorum)
     log = directory / "zookeeper.log"
-    pid = spawn(
-        ["java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-         "-Dzookeeper.log.dir=" + str(directory), "-cp", ZK_CLASSPATH,
-         "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
-        log,
-    )
+    pid = spawn(zookeeper_argv(directory, cfg), log)
     return Server("zookeeper", port, pid, str(log))
+
+
+def zookeeper_argv(directory: Path, cfg: Path) -> list[str]:
+    """The ZooKeeper server command of :func:`start_zookeeper` (and of a lab host's), given its zoo.cfg."""
+    return ["java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            "-Dzookeeper.log.dir=" + str(directory), "-cp", ZK_CLASSPATH,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)]
 
 
 class PortTaken(ServiceError):

@@ -137,27 +137,9 @@ class StandaloneSpark:
 
     # -- start-up ----------------------------------------------------------------------------
 
-    def _env(self) -> dict[str, str]:
-        home = spark_home()
-        return {
-            "SPARK_HOME": home,
-            # Binds the RPC endpoints' and web UIs' listeners (and the executors') to loopback.
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_LOCAL_DIRS": self.local_dir,
-            "SPARK_WORKER_DIR": self.work_dir,
-            # An empty conf dir of our own: no spark-env.sh or defaults from the caller's setup.
-            "SPARK_CONF_DIR": str(Path(self.base_dir) / "conf"),
-            "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
-            "SPARK_DAEMON_JAVA_OPTS": DAEMON_JAVA_OPTS,
-            # Executors start this interpreter for Python tasks (unless the driver names another).
-            "PYSPARK_PYTHON": sys.executable,
-        }
-
     def _spark_class(self, main: str, *args: str) -> list[str]:
-        # `env` passes the variables without touching this process's environment and
-        # exec()s spark-class, which exec()s java: the PID spawn returns is the JVM's.
-        env = [f"{k}={v}" for k, v in self._env().items()]
-        return ["env", *env, str(Path(spark_home()) / "bin" / "spark-class"), main, *args]
+        env = daemon_env("127.0.0.1", self.local_dir, self.work_dir, str(Path(self.base_dir) / "conf"))
+        return spark_class(env, main, *args)
 
     def _start_master(self, end: float) -> None:
         self.master_log = str(Path(self.base_dir) / "master.log")
@@ -218,6 +200,32 @@ class StandaloneSpark:
     def _set_aside(log: str, port: int) -> None:
         # Keep the failed start's log for a reader, out of the next one's way.
         Path(log).replace(f"{log}.port-{port}")
+
+
+def daemon_env(local_ip: str, local_dir: str, work_dir: str, conf_dir: str) -> dict[str, str]:
+    """The environment of a master or worker daemon bound to ``local_ip`` (127.0.0.1 here; a lab
+    host's address in :mod:`.lab_hosts`)."""
+    return {
+        "SPARK_HOME": spark_home(),
+        # Binds the RPC endpoints' and web UIs' listeners (and the executors') to that address.
+        "SPARK_LOCAL_IP": local_ip,
+        "SPARK_LOCAL_DIRS": local_dir,
+        "SPARK_WORKER_DIR": work_dir,
+        # An empty conf dir of our own: no spark-env.sh or defaults from the caller's setup.
+        "SPARK_CONF_DIR": conf_dir,
+        "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+        "SPARK_DAEMON_JAVA_OPTS": DAEMON_JAVA_OPTS,
+        # Executors start this interpreter for Python tasks (unless the driver names another).
+        "PYSPARK_PYTHON": sys.executable,
+    }
+
+
+def spark_class(env: dict[str, str], main: str, *args: str) -> list[str]:
+    """The command that runs the daemon ``main`` with ``env``: ``env`` passes the variables without
+    touching this process's environment and exec()s spark-class, which exec()s java, so the PID of
+    the process started is the JVM's."""
+    return ["env", *(f"{k}={v}" for k, v in env.items()), str(Path(spark_home()) / "bin" / "spark-class"),
+            main, *args]
 
 
 def _kill_group(pgid: int) -> None:
