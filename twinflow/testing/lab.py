@@ -1,0 +1,386 @@
+"""A lab of hosts on this machine: servers, peers and a client, each in a network namespace of
+its own with its own address, all on one private bridge (``twinflow lab up|status|down``).
+
+:meth:`Lab.up` makes the network (:mod:`.lab_network`), the secrets and flow file, then starts
+what each host runs (:mod:`.lab_hosts`), each process through ``ip netns exec`` in a session
+of its own (its PID is its process group's, so a kill takes a peer's JVM along), and waits
+until each answers, as seen from the client host: Redis (and, full form, its replica linked
+and the Sentinels agreeing on the primary), ZooKeeper (the ensemble serving with a leader),
+the Spark master with both workers ALIVE (full form), then both peers streaming with one
+master. The lab's state file (``<dir>/lab.json``) lists every namespace, directory and
+process as it is made or started, so ``twinflow lab down`` (:meth:`Lab.down`) removes
+exactly that, also after a crash of the command that made it.
+
+:meth:`Lab.kill_host` SIGKILLs every process group of one host at once (a machine that dies),
+:meth:`Lab.publisher` runs the client host's publisher (:mod:`.lab_client`), and
+:meth:`Lab.redis` is a Redis client, made in the client host's namespace, on the primary:
+the checker reads the flow's outputs with it (:meth:`Lab.outputs`).
+
+Under failure: not root or no usable ``ip netns`` raises
+:class:`~.lab_network.LabUnavailable` before anything is made; a lab already recorded in the
+directory, or namespaces of the same prefix, raise :class:`LabError` and nothing is touched.
+A server that exits or does not answer before its deadline raises :class:`LabError` with the
+tail of its log, after everything already made is removed (the logs stay in the directory).
+Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from .lab_hosts import (PEERS, REDIS_PORT, SENTINEL_PORTS, SERVICE, SPARK_WEBUI_PORT, ZK_PORT, Launch, LabPlan,
+                        peer_command, publisher_command, redis_launches, spark_launches, zookeeper_launches)
+from .lab_network import (DEFAULT_PREFIX, DEFAULT_SUBNET, HostOps, LabProcess, LabState, check_usable, connect_in,
+                          create, entered, netns_exec, ns_inode, pids_in, teardown)
+from .servers import log_tail
+
+STATE_FILE = "lab.json"
+SERVER_DEADLINE_S = 60.0
+PEER_DEADLINE_S = 120.0
+
+
+class LabError(RuntimeError):
+    """The lab could not be made or used; the message says which host and server, with its log."""
+
+
+class NetnsConnection(redis.Connection):
+    """A redis-py connection whose socket is made in network namespace ``netns`` (each
+    reconnection too): a client in this machine's namespace never dials the lab from here."""
+
+    def __init__(self, netns: str, **kwargs):
+        self.netns = netns
+        super().__init__(**kwargs)
+
+    def _connect(self):
+        with entered(self.netns):
+            return super()._connect()
+
+
+def redis_in(ns: str, host: str, port: int, password: str | None = None, **options) -> redis.Redis:
+    """A Redis client for ``host:port`` whose connections are made in namespace ``ns``."""
+    pool = redis.ConnectionPool(connection_class=NetnsConnection, netns=ns, host=host, port=port,
+                                password=password, socket_timeout=options.pop("socket_timeout", 3),
+                                socket_connect_timeout=options.pop("socket_connect_timeout", 1), **options)
+    return redis.Redis(connection_pool=pool)
+
+
+class _NetnsHttp(http.client.HTTPConnection):
+    def __init__(self, ns: str, host: str, port: int, timeout: float):
+        super().__init__(host, port, timeout=timeout)
+        self.ns = ns
+
+    def connect(self) -> None:
+        self.sock = connect_in(self.ns, self.host, self.port, self.timeout)
+
+
+class Lab:
+    """A lab in ``directory`` (see module): ``short`` for the short form; ``prefix`` begins every
+    namespace name (give each lab running at once its own)."""
+
+    def __init__(self, directory: str | Path, short: bool = False, prefix: str = DEFAULT_PREFIX,
+                 subnet: str = DEFAULT_SUBNET, flow: str = "lab"):
+        self.directory = Path(directory).resolve()
+        state = LabState(prefix=prefix, subnet=subnet, info={"form": "short" if short else "full", "flow": flow})
+        self.plan = LabPlan(self.directory, state, short=short, flow=flow)
+        self._children: dict[int, subprocess.Popen] = {}
+        self._flow = None
+
+    @property
+    def state(self) -> LabState:
+        return self.plan.state
+
+    @property
+    def state_path(self) -> Path:
+        return self.directory / STATE_FILE
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Lab":
+        """The lab recorded in ``directory`` (FileNotFoundError when there is none)."""
+        path = Path(directory).resolve() / STATE_FILE
+        state = LabState.load(path)
+        lab = cls(directory, short=state.info.get("form") == "short", prefix=state.prefix, subnet=state.subnet,
+                  flow=state.info.get("flow", "lab"))
+        lab.plan.state = state
+        return lab
+
+    def save(self) -> None:
+        self.state.save(self.state_path)
+
+    # -- up -----------------------------------------------------------------------------------
+    def up(self, say: Callable[[str], None] = lambda text: None) -> "Lab":
+        """Make the network and start every host's servers, then the peers; return when both
+        peers stream and one is master (see module)."""
+        check_usable(self.state.prefix)
+        if self.state_path.exists():
+            raise LabError(f"a lab is already recorded in {self.state_path} (twinflow lab down --dir {self.directory})")
+        self.plan.add_hosts()
+        taken = sorted(ns for ns in {h.ns for h in self.state.hosts} | {self.state.hub} if ns_inode(ns) is not None)
+        if taken:
+            raise LabError(f"namespaces {', '.join(taken)} exist already: another lab uses the prefix "
+                           f"{self.state.prefix!r} (take it down, or give this one another prefix)")
+        t0 = time.monotonic()
+        try:
+            create(self.state, self.state_path)
+            self.plan.prepare()
+            say(f"network: {len(self.state.hosts)} hosts on {self.state.subnet} ({time.monotonic() - t0:.1f} s)")
+            servers = [self._start(x) for x in redis_launches(self.plan) + zookeeper_launches(self.plan)
+                       + spark_launches(self.plan)]
+            self._wait_servers(servers, time.monotonic() + SERVER_DEADLINE_S)
+            say(f"servers: {len(servers)} answering ({time.monotonic() - t0:.1f} s)")
+            peers = [self._start(peer_command(self.plan, p)) for p in PEERS]
+            master = self._wait_peers(peers, time.monotonic() + PEER_DEADLINE_S)
+            self.state.info["up_s"] = round(time.monotonic() - t0, 1)
+            self.save()
+            say(f"peers: both stream, {master} is master ({self.state.info['up_s']} s)")
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _start(self, launch: Launch) -> LabProcess:
+        """Start ``launch`` in its host's namespace, in a session of its own; recorded at once."""
+        Path(launch.cwd).mkdir(parents=True, exist_ok=True)
+        ns = self.state.host(launch.host).ns
+        with open(launch.log, "ab") as log:
+            proc = subprocess.Popen(netns_exec(ns, launch.argv), env=launch.env, cwd=launch.cwd, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    executable=shutil.which("ip"))
+        self._children[proc.pid] = proc
+        record = LabProcess(launch.host, launch.name, proc.pid, launch.log, launch.port)
+        self.state.processes.append(record)
+        self.save()
+        return record
+
+    def alive(self, p: LabProcess) -> bool:
+        """The process still runs in its host's namespace (a PID reused since does not count)."""
+        child = self._children.get(p.pid)
+        if child is not None and child.poll() is not None:
+            return False
+        return p.pid in pids_in(self.state.host(p.host).ns)
+
+    def _wait(self, what: str, ready: Callable[[], object], end: float, watch: list[LabProcess]):
+        while True:
+            for p in watch:
+                if not self.alive(p):
+                    raise LabError(f"{p.name} on {p.host} (pid {p.pid}) exited while waiting for {what}; "
+                                   f"log {p.log}:\n{log_tail(p.log)}")
+            value = ready()
+            if value:
+                return value
+            if time.monotonic() > end:
+                raise LabError(f"no {what} before the deadline; logs:\n" + self.logs(watch))
+            time.sleep(0.1)
+
+    def _wait_servers(self, servers: list[LabProcess], end: float) -> None:
+        for p in servers:
+            self._wait(f"{p.name} answering on {p.host}", lambda p=p: self.answers(p), end, servers)
+        if not self.plan.short:
+            self._wait("the Sentinels agreeing on the primary and its replica", self._sentinels_ready, end, servers)
+            self._wait("both Spark workers ALIVE", lambda: len(self._spark_workers()) == 2, end, servers)
+
+    def _wait_peers(self, peers: list[LabProcess], end: float) -> str:
+        def ready():
+            rows = self.peer_statuses()
+            streaming = all(rows.get(p.host, {}).get("streaming") == "1"
+                            and rows[p.host].get("pid") == str(p.pid) for p in peers)
+            return streaming and self.master()
+        return self._wait("both peers streaming with one master", ready, end, peers)
+
+    # -- asking the lab (from the client host's namespace) --------------------------------------
+    @property
+    def client_ns(self) -> str:
+        return self.state.host("client").ns
+
+    def answers(self, p: LabProcess) -> bool:
+        """Whether the server ``p`` answers its protocol on its address, seen from the client host."""
+        addr = self.state.host(p.host).address
+        try:
+            if p.name in ("redis", "replica"):
+                return self._ping(addr, p.port, self.plan.redis_password())
+            if p.name.startswith("sentinel"):
+                return self._ping(addr, p.port)
+            if p.name == "zookeeper":
+                return self._zk_mode(addr) in ("leader", "follower", "standalone")
+            if p.name == "spark-master":
+                return (self._spark_state() or {}).get("status") == "ALIVE"
+            if p.name == "spark-worker":
+                return any(w.get("host") == f"{p.host}.lab" for w in self._spark_workers())
+            if p.host in PEERS:
+                return self.peer_statuses().get(p.host, {}).get("pid") == str(p.pid)
+        except (OSError, redis.RedisError):
+            return False
+        return False
+
+    def _ping(self, address: str, port: int, password: str | None = None) -> bool:
+        client = redis_in(self.client_ns, address, port, password)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+
+    def _zk_mode(self, address: str) -> str | None:
+        with connect_in(self.client_ns, address, ZK_PORT) as sock:
+            sock.sendall(b"srvr")
+            reply = b""
+            while chunk := sock.recv(4096):
+                reply += chunk
+        for line in reply.decode(errors="replace").splitlines():
+            if line.startswith("Mode: "):
+                return line[6:].strip()
+        return None
+
+    def _spark_state(self) -> dict | None:
+        conn = _NetnsHttp(self.client_ns, self.plan.address("spark"), SPARK_WEBUI_PORT, 2.0)
+        try:
+            conn.request("GET", "/json/")
+            return json.loads(conn.getresponse().read())
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        finally:
+            conn.close()
+
+    def _spark_workers(self) -> list[dict]:
+        return [w for w in (self._spark_state() or {}).get("workers", []) if w.get("state") == "ALIVE"]
+
+    def _sentinels_ready(self) -> bool:
+        addr = self.plan.address("redis")
+        for port in SENTINEL_PORTS:
+            client = redis_in(self.client_ns, addr, port, decode_responses=True)
+            try:
+                view = client.execute_command("SENTINEL MASTER", SERVICE)
+            except (OSError, redis.RedisError):
+                return False
+            finally:
+                client.close()
+            if isinstance(view, list):
+                view = dict(zip(view[::2], view[1::2]))
+            if view.get("flags") != "master" or int(view.get("num-slaves", 0)) < 1 \
+                    or int(view.get("num-other-sentinels", 0)) < 2:
+                return False
+        return True
+
+    def redis(self) -> redis.Redis:
+        """A client on the Redis primary (the one the Sentinels name, full form), its connections
+        made in the client host's namespace."""
+        addr, port = self.plan.address("redis"), REDIS_PORT
+        if not self.plan.short:
+            sentinel = redis_in(self.client_ns, addr, SENTINEL_PORTS[0], decode_responses=True)
+            try:
+                addr, port = sentinel.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", SERVICE)
+            finally:
+                sentinel.close()
+        return redis_in(self.client_ns, addr, port, self.plan.redis_password())
+
+    def _keys(self):
+        """The flow's graph and Redis keys (read once from the lab's flow file)."""
+        if self._flow is None:
+            from ..cluster.on_cluster import flow_keys
+            from ..runtime.flowgraph import load_graph
+
+            graph = load_graph(self.plan.flow_path)
+            self._flow = graph, flow_keys(graph)
+        return self._flow
+
+    def peer_statuses(self) -> dict[str, dict]:
+        """Each peer's status hash in Redis, as ``twinflow status`` reads it ({} for a peer without one)."""
+        _, keys = self._keys()
+        client = self.redis()
+        try:
+            return {p: {k.decode(): v.decode() for k, v in client.hgetall(keys.peer(p)).items()} for p in PEERS}
+        finally:
+            client.close()
+
+    def master(self) -> str | None:
+        """The peer whose status says master and whose process runs, or None."""
+        rows = self.peer_statuses()
+        for p in self.state.processes:
+            if p.host in PEERS and rows.get(p.host, {}).get("role") == "master" and self.alive(p):
+                return p.host
+        return None
+
+    def outputs(self) -> dict:
+        """What left the flow through each outlink so far ("node.outlink" -> SinkEntry list)."""
+        from ..cluster.master_flow import outlink_streams
+        from .checker import read_outputs
+
+        graph, keys = self._keys()
+        client = self.redis()
+        try:
+            return read_outputs(client, outlink_streams(graph, keys))
+        finally:
+            client.close()
+
+    # -- acting on it ---------------------------------------------------------------------------
+    def publisher(self, count: int, rate: float, acked: str | Path, first: int = 0) -> LabProcess:
+        """Start the client host publishing (see :func:`.lab_hosts.publisher_command`)."""
+        return self._start(publisher_command(self.plan, count, rate, acked, first))
+
+    def wait_exit(self, p: LabProcess, deadline_s: float) -> int | None:
+        """The exit status of a process this object started, once it ends (None at the deadline)."""
+        try:
+            return self._children[p.pid].wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill_host(self, host: str, deadline_s: float = 10.0) -> float:
+        """SIGKILL every process group the lab started on ``host`` at once, as when the machine
+        dies; return the time of the kill (epoch s) once no process is left in its namespace."""
+        ns = self.state.host(host).ns
+        ops = HostOps()
+        groups = [p.pid for p in self.state.processes if p.host == host]
+        members = [pid for g in groups for pid in ops.group_in(g, ns)]
+        killed_at = time.time()
+        for pid in members:
+            ops.signal(pid, signal.SIGKILL)
+        for g in groups:
+            child = self._children.get(g)
+            if child is not None:
+                child.wait(timeout=deadline_s)
+        if not ops.wait(lambda: not pids_in(ns), deadline_s):
+            raise LabError(f"processes {pids_in(ns)} still in {ns} {deadline_s:.0f} s after the kill")
+        return killed_at
+
+    def status(self) -> list[dict]:
+        """One row per process the lab started: host, address, name, port, PID, alive, answers,
+        and a peer's role and epoch."""
+        try:
+            roles = self.peer_statuses()
+        except (OSError, redis.RedisError, KeyError):
+            roles = {}
+        rows = []
+        for p in self.state.processes:
+            alive = self.alive(p)
+            row = {"host": f"{p.host}.lab", "address": self.state.host(p.host).address, "process": p.name,
+                   "port": p.port or "", "pid": p.pid, "alive": alive,
+                   "answers": (alive and self.answers(p)) if p.port else None,
+                   "role": "", "epoch": ""}
+            if p.host in PEERS and roles.get(p.host, {}).get("pid") == str(p.pid):
+                row["role"], row["epoch"] = roles[p.host].get("role", ""), roles[p.host].get("epoch", "")
+            rows.append(row)
+        return rows
+
+    def logs(self, processes: list[LabProcess] | None = None, lines: int = 25) -> str:
+        return "\n".join(f"--- {p.name} on {p.host} ({p.log}) ---\n{log_tail(p.log, lines)}"
+                         for p in (processes if processes is not None else self.state.processes))
+
+    # -- down -----------------------------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Remove what the state file lists (processes, veths, namespaces, /etc/netns dirs), then
+        the state file; the lab directory (logs, secrets) stays. Returns what was done."""
+        done = teardown(self.state)
+        for child in self._children.values():
+            try:
+                child.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        self.state_path.unlink(missing_ok=True)
+        return done
