@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 
-from twinflow.cli_common import SERVICES_STATE
+from twinflow.cli_common import LAB_DIR, SERVICES_STATE
+from twinflow.cli_lab import cmd_lab
 from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
 from twinflow.cli_tools import (cmd_bench, cmd_certs, cmd_demo, cmd_drill, cmd_proxy, cmd_replay, cmd_services,
                                 cmd_simulate)
@@ -117,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--state", default=str(SERVICES_STATE))
     sv.set_defaults(fn=cmd_services)
 
+    lb = sub.add_parser("lab", help="a lab of hosts on this machine: each a network namespace with its own "
+                                     "address on a private bridge (root; docs/contributing/lab.md)")
+    lb.add_argument("action", choices=["up", "status", "down"])
+    lb.add_argument("--short", action="store_true",
+                    help="up: the short form (one Redis, one ZooKeeper, two peers with Spark in local mode, the "
+                         "client) instead of the full one (Sentinels, a ZooKeeper ensemble, a Spark cluster)")
+    lb.add_argument("--dir", default=str(LAB_DIR), help="the lab's state file, secrets and logs (default .twinflow/lab)")
+    lb.add_argument("--prefix", default="tflab-",
+                    help="up: the start of every namespace name (default tflab-); two labs at once need two")
+    lb.set_defaults(fn=cmd_lab)
+
     x = sub.add_parser("proxy", help="run the Toxiproxy-compatible fault proxy in the foreground")
     x.add_argument("--host", default="127.0.0.1")
     x.add_argument("--port", type=int, default=8474, help="the HTTP API's port (default 8474; 0: any free one)")
@@ -188,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     from twinflow import logs
 
     logs.configure(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
-    if args.fn in (cmd_drill, cmd_demo, cmd_bench):
+    if args.fn in (cmd_drill, cmd_demo, cmd_bench, cmd_lab):
         # SIGTERM unwinds like Ctrl-C, so the servers and peers these started are stopped by PID.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     return args.fn(args)

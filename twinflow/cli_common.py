@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 SERVICES_STATE = Path(".twinflow") / "services.json"
+LAB_DIR = Path(".twinflow") / "lab"
 
 EXIT_BAD_FLOW = 2
 EXIT_UNAVAILABLE = 3
