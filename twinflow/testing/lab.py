@@ -319,6 +319,17 @@ class Lab:
         finally:
             client.close()
 
+    def sink_entries(self) -> list:
+        """The flow's sink (the paired action's) in write order, for :func:`~.checker.failover_seconds`."""
+        from .checker import read_sink
+
+        _, keys = self._keys()
+        client = self.redis()
+        try:
+            return read_sink(client, keys.sink)
+        finally:
+            client.close()
+
     # -- acting on it ---------------------------------------------------------------------------
     def publisher(self, count: int, rate: float, acked: str | Path, first: int = 0) -> LabProcess:
         """Start the client host publishing (see :func:`.lab_hosts.publisher_command`)."""

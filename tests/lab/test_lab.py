@@ -1,0 +1,88 @@
+"""The short lab: two peers, Redis and ZooKeeper on hosts of their own (network namespaces on a
+private bridge), a client host publishing over mutual TLS; the master's host dies mid-stream
+(every process of it SIGKILLed at once), the other peer takes over, and every message leaves
+the flow exactly once, as the one checker judges it.
+
+Runs as root only (network namespaces): skipped elsewhere, with the reason. The namespaces'
+prefix carries this process's PID, so a lab test on another xdist worker never meets them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+import pytest
+
+from tests.conftest import wait_until
+from twinflow.testing.checker import check, check_outputs, failover_seconds
+from twinflow.testing.lab import Lab
+from twinflow.testing.lab_network import LabUnavailable, check_usable, entered, ns_inode, pids_in
+
+pytestmark = [pytest.mark.cluster, pytest.mark.lab, pytest.mark.timeout(170)]
+
+MESSAGES = 2000
+RATE = 200.0          # messages per second: 10 s of publishing
+KILL_AFTER = 300      # the master has delivered this many when its host dies
+
+
+@pytest.fixture
+def lab(tmp_path):
+    prefix = f"tft{os.getpid()}-"
+    try:
+        check_usable(prefix)
+    except LabUnavailable as exc:
+        pytest.skip(f"no lab on this machine: {exc}")
+    lab = Lab(tmp_path / "lab", short=True, prefix=prefix)
+    try:
+        lab.up()
+        yield lab
+    finally:
+        lab.down()
+        left = [ns for ns in [lab.state.hub, *(h.ns for h in lab.state.hosts)] if ns_inode(ns) is not None]
+        assert left == [], f"lab down left namespaces {left}"
+
+
+def acked(path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def test_the_master_host_dies_and_the_other_peer_delivers_every_message(lab, tmp_path, record_property):
+    record_property("lab_up_s", lab.state.info["up_s"])
+    # Nothing leaves the lab: no route out of a host.
+    with entered(lab.client_ns), pytest.raises(OSError) as no_route:
+        socket.create_connection(("192.0.2.1", 80), timeout=2)
+    assert no_route.value.errno == errno.ENETUNREACH
+
+    old = lab.master()
+    other = next(p for p in ("peer-a", "peer-b") if p != old)
+    old_epoch = int(lab.peer_statuses()[old]["epoch"])
+    sent_file = tmp_path / "acked.txt"
+    publisher = lab.publisher(MESSAGES, RATE, sent_file)
+
+    wait_until(lambda: sum(e.peer == old for e in lab.outputs()["deliver.done"]) >= KILL_AFTER, 60, 0.2,
+               what=f"{old}, the master, delivering {KILL_AFTER} joined pairs")
+    killed_at = lab.kill_host(old)
+    sent_before_kill = len(acked(sent_file))
+    assert pids_in(lab.state.host(old).ns) == []  # every process of the host, its Spark JVM too
+
+    wait_until(lambda: lab.master() == other, 30, 0.1, what=f"{other} becoming master")
+    assert lab.wait_exit(publisher, 60) == 0, open(publisher.log).read()[-3000:]
+    sent = acked(sent_file)
+    assert len(sent) == MESSAGES and sent_before_kill < MESSAGES  # it kept publishing, to the survivor
+    # Every sent message out of the flow: a lone order leaves through `expired` 10 s after it came.
+    wait_until(lambda: check_outputs(lab.outputs(), sent).delivered == len(sent), 60, 0.5,
+               what="every sent message out of the flow")
+
+    outputs = lab.outputs()
+    report = check(outputs, sent, faults=[killed_at])
+    assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report
+    assert report.promises_kept, report
+    assert {e.peer for e in outputs["deliver.done"]} == {old, other}
+    failover_s = failover_seconds(lab.sink_entries(), old_epoch, killed_at)
+    assert failover_s is not None and failover_s < 10.0
+    record_property("failover_s", round(failover_s, 2))
+    print(f"lab up {lab.state.info['up_s']} s; {old} killed after {sent_before_kill} sent; failover "
+          f"{failover_s:.2f} s; rto {report.rto_s} s; outlinks "
+          f"{ {k: len(v) for k, v in outputs.items() if v} }")
