@@ -161,10 +161,12 @@ class Lab:
         return record
 
     def alive(self, p: LabProcess) -> bool:
-        """The process still runs in its host's namespace (a PID reused since does not count)."""
+        """The process still runs: one this object started, by its exit status (until ``ip netns
+        exec`` has entered the namespace, the process is not in it yet); any other only while it
+        is in its host's namespace (a PID reused since does not count)."""
         child = self._children.get(p.pid)
-        if child is not None and child.poll() is not None:
-            return False
+        if child is not None:
+            return child.poll() is None
         return p.pid in pids_in(self.state.host(p.host).ns)
 
     def _wait(self, what: str, ready: Callable[[], object], end: float, watch: list[LabProcess]):

@@ -239,7 +239,7 @@ def spark_launches(plan: LabPlan) -> list[Launch]:
             argv = spark_class(env, "org.apache.spark.deploy.worker.Worker", "--host", f"{host}.lab",
                                "--cores", "1", "--memory", "1g", "--webui-port", str(WORKER_WEBUI_PORT),
                                "--work-dir", str(d / "work"), plan.spark_master)
-            port = 0
+            port = WORKER_WEBUI_PORT
         out.append(_launch(plan, host, name, argv, port))
     return out
 

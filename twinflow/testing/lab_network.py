@@ -10,8 +10,8 @@ leaving the machine.
   lab's /24 and there is no default route, so a packet for anything outside the lab fails
   at once (``Network is unreachable``) instead of leaving;
 - ``/etc/netns/<ns>/hosts`` per host (``ip netns exec`` bind-mounts it over ``/etc/hosts``):
-  ``localhost``, this machine's hostname as the host's own address (Spark resolves it), and
-  ``<host>.lab`` for every host of the lab.
+  ``localhost``, ``<host>.lab`` for every host of the lab, and this machine's hostname as the
+  host's own address (Spark resolves it), after the host's own ``.lab`` name (:func:`hosts_file`).
 
 Everything it makes is written to the state file (:class:`LabState`) before it is made, and
 so are the processes the lab starts in the namespaces (:class:`LabProcess`).
@@ -36,10 +36,11 @@ reports) a listed name outside the lab's prefix.
 >>> host = state.add_host("redis", 10)
 >>> host.ns, host.address, host.veth
 ('tflab-redis', '10.213.47.10', 'v-redis')
->>> print(hosts_file(state, host, "box"))
+>>> peer = state.add_host("peer-a", 31)
+>>> print(hosts_file(state, peer, "box"))
 127.0.0.1 localhost
-10.213.47.10 box
 10.213.47.10 redis.lab
+10.213.47.31 peer-a.lab box
 <BLANKLINE>
 """
 
@@ -215,10 +216,12 @@ def create(state: LabState, state_path: str | os.PathLike, hostname: str | None 
 
 
 def hosts_file(state: LabState, host: HostNet, hostname: str) -> str:
-    """The /etc/hosts a host sees: localhost, this machine's hostname as the host's own address,
-    and every lab host by ``<name>.lab``."""
-    lines = ["127.0.0.1 localhost", f"{host.address} {hostname}"]
-    lines += [f"{h.address} {h.fqdn}" for h in state.hosts]
+    """The /etc/hosts a host sees: localhost, every lab host by ``<name>.lab``, and this
+    machine's hostname as the host's own address, after its ``.lab`` name: the first name of an
+    address is its canonical name, which Spark's driver advertises to executors on other hosts,
+    where the machine's hostname is their own address."""
+    lines = ["127.0.0.1 localhost"]
+    lines += [f"{h.address} {h.fqdn}" + (f" {hostname}" if h is host else "") for h in state.hosts]
     return "\n".join(lines) + "\n"
 
 
