@@ -18,6 +18,10 @@ STATUS_COLUMNS = ["host", "address", "process", "port", "pid", "alive", "answers
 
 
 def cmd_lab(args) -> int:
+    if os.geteuid() != 0:
+        print(f"twinflow: twinflow lab {args.action} needs root: it makes and enters network namespaces "
+              f"(this process runs as uid {os.geteuid()})", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     from twinflow.testing.lab import Lab, LabError
     from twinflow.testing.lab_network import LabNetError, LabUnavailable
 
@@ -36,10 +40,6 @@ def cmd_lab(args) -> int:
         print(_status_table(lab.status()))
         print(f"lab up in {lab.state.info['up_s']} s ({lab.state.info['form']} form); state {lab.state_path}")
         return 0
-    if os.geteuid() != 0:
-        print(f"twinflow: twinflow lab {args.action} needs root (it enters the lab's network namespaces)",
-              file=sys.stderr)
-        return EXIT_UNAVAILABLE
     try:
         lab = Lab.load(args.dir)
     except FileNotFoundError:
