@@ -6,6 +6,8 @@
 - :mod:`.processes`: ``twinflow run`` peer processes;
 - :mod:`.local_cluster`: one local cluster of N peers, optionally with the fault proxy
   on every link;
+- :mod:`.lab_network`, :mod:`.lab_hosts`, :mod:`.lab`, :mod:`.lab_client`: a lab of hosts on
+  this machine (network namespaces on a private bridge), ``twinflow lab``;
 - :mod:`.checker`: the one invariant checker (lost, duplicated, out of order, stale
   writes, RTO);
 - :mod:`.messages`, :mod:`.demo`, :mod:`.flow_bench`: the demo's messages, the demo and
