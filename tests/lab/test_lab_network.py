@@ -49,11 +49,12 @@ class FakeMachine(HostOps):
 
 
 def half_made_lab(tmp_path) -> LabState:
-    """A lab whose `up` died while making the client host: redis and peer-a exist, client does
-    not; the state file says so. Saved and loaded, as `down` reads it."""
+    """A lab whose `up` died before it made the client host: the hub, redis and peer-a were made,
+    client not; the state file says so. Saved and loaded, as `down` reads it."""
     state = LabState(prefix="tflab-t-")
     for name, octet in (("redis", 10), ("peer-a", 31), ("client", 40)):
         state.add_host(name, octet)
+    state.namespaces = ["tflab-t-hub", "tflab-t-redis", "tflab-t-peer-a"]
     state.netns_dirs = ["/etc/netns/tflab-t-redis", "/etc/netns/tflab-t-peer-a", "/etc/netns/tflab-t-client",
                         "/etc/hosts"]  # the last one tampered with: never removed
     state.processes = [LabProcess("redis", "redis", 101), LabProcess("redis", "old-redis", 303),
@@ -64,11 +65,13 @@ def half_made_lab(tmp_path) -> LabState:
 
 def test_down_removes_what_the_state_lists_and_exists_processes_first(tmp_path):
     machine = FakeMachine(
-        namespaces={"tflab-t-hub", "tflab-t-redis", "tflab-t-peer-a", "tflab-t-stranger", "tflab-other-redis"},
+        # tflab-t-client exists, but this lab did not make it (another `up` with the same prefix did)
+        namespaces={"tflab-t-hub", "tflab-t-redis", "tflab-t-peer-a", "tflab-t-client", "tflab-t-stranger",
+                    "tflab-other-redis"},
         links={"tflab-t-hub": {"lo", "br0", "v-redis", "v-peer-a", "v-stranger"}},
-        # 202 (a peer) and 203 (its JVM) share a group; 404 was reused by a process outside the lab
-        # (not in the client's namespace, so not in any group of the lab's); 303 is gone.
-        groups={(101, "tflab-t-redis"): [101], (202, "tflab-t-peer-a"): [202, 203]},
+        # 202 (a peer) and 203 (its JVM) share a group; 303 is gone; 404 runs in tflab-t-client,
+        # which this lab did not make: not its to signal.
+        groups={(101, "tflab-t-redis"): [101], (202, "tflab-t-peer-a"): [202, 203], (404, "tflab-t-client"): [404]},
         paths={"/etc/netns/tflab-t-redis", "/etc/netns/tflab-t-peer-a", "/etc/netns/tflab-t-stranger", "/etc/hosts"},
         obeys_term={101},  # redis ends on SIGTERM; the peer does not, so its whole group is killed
     )
@@ -80,25 +83,28 @@ def test_down_removes_what_the_state_lists_and_exists_processes_first(tmp_path):
         ("signal", 101, signal.SIGTERM),
         ("ip", "-n", "tflab-t-hub", "link", "del", "v-redis"),
         ("ip", "-n", "tflab-t-hub", "link", "del", "v-peer-a"),
-        ("ip", "netns", "del", "tflab-t-redis"),
         ("ip", "netns", "del", "tflab-t-peer-a"),
+        ("ip", "netns", "del", "tflab-t-redis"),
         ("ip", "netns", "del", "tflab-t-hub"),
         ("rmtree", "/etc/netns/tflab-t-redis"),
         ("rmtree", "/etc/netns/tflab-t-peer-a"),
     ]
     assert "refused: /etc/hosts is not an /etc/netns directory of the lab" in report
-    assert report[:2] == ["killed twinflow-run (pid 202, its process group) on peer-a", "stopped redis (pid 101) on redis"]
+    assert report[:3] == ["refused: process 404 (publisher) is on client, not in a namespace this lab made",
+                          "killed twinflow-run (pid 202, its process group) on peer-a", "stopped redis (pid 101) on redis"]
 
 
 def test_down_of_a_lab_already_gone_does_nothing(tmp_path):
     machine = FakeMachine(namespaces={"tflab-other-hub"}, links={}, groups={}, paths=set(), obeys_term=())
-    assert teardown(half_made_lab(tmp_path), machine) == ["refused: /etc/hosts is not an /etc/netns directory of the lab"]
+    assert teardown(half_made_lab(tmp_path), machine) == [
+        "refused: process 404 (publisher) is on client, not in a namespace this lab made",
+        "refused: /etc/hosts is not an /etc/netns directory of the lab"]
     assert machine.calls == []
 
 
 def test_a_listed_namespace_outside_the_prefix_is_refused(tmp_path):
     state = half_made_lab(tmp_path)
-    state.hosts[0].ns = "production"  # a state file edited by hand
+    state.hosts[0].ns = state.namespaces[1] = "production"  # a state file edited by hand
     machine = FakeMachine(namespaces={"production", "tflab-t-hub"}, links={}, groups={(101, "production"): [101]},
                           paths=set(), obeys_term={101})
     report = teardown(state, machine)

@@ -39,8 +39,8 @@ import redis
 
 from .lab_hosts import (PEERS, REDIS_PORT, SENTINEL_PORTS, SERVICE, SPARK_WEBUI_PORT, ZK_PORT, Launch, LabPlan,
                         peer_command, publisher_command, redis_launches, spark_launches, zookeeper_launches)
-from .lab_network import (DEFAULT_PREFIX, DEFAULT_SUBNET, HostOps, LabProcess, LabState, check_usable, connect_in,
-                          create, entered, netns_exec, ns_inode, pids_in, teardown)
+from .lab_network import (DEFAULT_PREFIX, DEFAULT_SUBNET, NETNS_ETC, HostOps, LabProcess, LabState, check_usable,
+                          connect_in, create, entered, netns_exec, ns_inode, pids_in, teardown)
 from .servers import log_tail
 
 STATE_FILE = "lab.json"
@@ -123,9 +123,12 @@ class Lab:
         if self.state_path.exists():
             raise LabError(f"a lab is already recorded in {self.state_path} (twinflow lab down --dir {self.directory})")
         self.plan.add_hosts()
-        taken = sorted(ns for ns in {h.ns for h in self.state.hosts} | {self.state.hub} if ns_inode(ns) is not None)
+        names = sorted({h.ns for h in self.state.hosts} | {self.state.hub})
+        taken = [ns for ns in names if ns_inode(ns) is not None] + [
+            str(NETNS_ETC / ns) for ns in names if (NETNS_ETC / ns).exists()]
         if taken:
-            raise LabError(f"namespaces {', '.join(taken)} exist already: another lab uses the prefix "
+            more = f" and {len(taken) - 3} more" if len(taken) > 3 else ""
+            raise LabError(f"{', '.join(taken[:3])}{more} exist already: another lab uses the prefix "
                            f"{self.state.prefix!r} (take it down, or give this one another prefix)")
         t0 = time.monotonic()
         try:
@@ -233,7 +236,7 @@ class Lab:
         with connect_in(self.client_ns, address, ZK_PORT) as sock:
             sock.sendall(b"srvr")
             reply = b""
-            while chunk := sock.recv(4096):
+            while len(reply) < 65536 and (chunk := sock.recv(4096)):  # each recv within the socket's time-out
                 reply += chunk
         for line in reply.decode(errors="replace").splitlines():
             if line.startswith("Mode: "):
@@ -277,9 +280,12 @@ class Lab:
         if not self.plan.short:
             sentinel = redis_in(self.client_ns, addr, SENTINEL_PORTS[0], decode_responses=True)
             try:
-                addr, port = sentinel.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", SERVICE)
+                named = sentinel.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", SERVICE)
             finally:
                 sentinel.close()
+            if not named:
+                raise LabError(f"the Sentinel on redis.lab:{SENTINEL_PORTS[0]} names no primary for {SERVICE}")
+            addr, port = named
         return redis_in(self.client_ns, addr, port, self.plan.redis_password())
 
     def _keys(self):
@@ -367,7 +373,7 @@ class Lab:
         and a peer's role and epoch."""
         try:
             roles = self.peer_statuses()
-        except (OSError, redis.RedisError, KeyError):
+        except (OSError, redis.RedisError, LabError):  # Redis down: no roles, the rest still shown
             roles = {}
         rows = []
         for p in self.state.processes:

@@ -176,9 +176,11 @@ def redis_launches(plan: LabPlan) -> list[Launch]:
     auth.touch(mode=0o600)
     password = conf_quote(plan.redis_password())
     auth.write_text(f"requirepass {password}\nmasterauth {password}\n")
+    data = [("redis", REDIS_PORT, ())]
+    if not plan.short:
+        data.append(("replica", REPLICA_PORT, ("--replicaof", addr, str(REDIS_PORT))))
     out = []
-    for name, port, extra in (("redis", REDIS_PORT, ()),
-                              *(() if plan.short else (("replica", REPLICA_PORT, ("--replicaof", addr, str(REDIS_PORT))),))):
+    for name, port, extra in data:
         d = plan.host_dir("redis") / name
         d.mkdir(parents=True, exist_ok=True)
         out.append(_launch(plan, "redis", name, redis_argv(d, *extra, port=port, bind=addr, config=auth), port))

@@ -13,13 +13,15 @@ leaving the machine.
   ``localhost``, ``<host>.lab`` for every host of the lab, and this machine's hostname as the
   host's own address (Spark resolves it), after the host's own ``.lab`` name (:func:`hosts_file`).
 
-Everything it makes is written to the state file (:class:`LabState`) before it is made, and
-so are the processes the lab starts in the namespaces (:class:`LabProcess`).
-:func:`teardown` removes exactly what the state lists and nothing else: processes first (by
-PID, SIGTERM then SIGKILL of their process group; only a process still in the lab's namespace
-counts as one the lab started, so a PID reused since is never signalled), then the veths,
-the namespaces and the ``/etc/netns`` directories. Anything listed that does not exist (a
-half-made lab, a second ``down``) is passed over.
+Each namespace and ``/etc/netns`` directory is written to the state file (:class:`LabState`)
+the moment it is made, and made exclusively (``ip netns add`` and ``mkdir`` fail on one that
+exists), so the file never lists one that anything else made; so are the processes the lab
+starts in the namespaces (:class:`LabProcess`). :func:`teardown` removes exactly what the
+state lists and nothing else: processes first (by PID, SIGTERM then SIGKILL of their process
+group; only a process still in a namespace the lab made counts as one the lab started, so a
+PID reused since is never signalled), then the veths in the hub, the namespaces and the
+``/etc/netns`` directories. Anything listed that does not exist (a half-made lab, a second
+``down``) is passed over.
 
 From this machine's own namespace nothing may dial a lab address: its default route would
 carry the packet off the machine. :func:`entered` puts one thread into a host's namespace for
@@ -115,8 +117,9 @@ class LabState:
     prefix: str = DEFAULT_PREFIX
     subnet: str = DEFAULT_SUBNET
     hub: str = ""
-    hosts: list[HostNet] = field(default_factory=list)
-    netns_dirs: list[str] = field(default_factory=list)
+    hosts: list[HostNet] = field(default_factory=list)      # the plan: every host, made or not
+    namespaces: list[str] = field(default_factory=list)     # made by this lab, in order
+    netns_dirs: list[str] = field(default_factory=list)     # made by this lab
     processes: list[LabProcess] = field(default_factory=list)
     info: dict = field(default_factory=dict)
 
@@ -194,24 +197,31 @@ def _ip(*args: str) -> str:
 # -- building -----------------------------------------------------------------------------------
 def create(state: LabState, state_path: str | os.PathLike, hostname: str | None = None) -> None:
     """Make the hub, its bridge and every host of ``state`` (see module); each namespace and
-    directory is saved to ``state_path`` before it is made."""
+    directory is saved to ``state_path`` as soon as it is made."""
     hostname = hostname or socket.gethostname()
     state.save(state_path)
-    _ip("netns", "add", state.hub)
+
+    def add_namespace(ns: str) -> None:
+        _ip("netns", "add", ns)  # fails on a namespace that exists: never one another lab made
+        state.namespaces.append(ns)
+        state.save(state_path)
+
+    add_namespace(state.hub)
     _ip("-n", state.hub, "link", "set", "lo", "up")
     _ip("-n", state.hub, "link", "add", BRIDGE, "type", "bridge")
     _ip("-n", state.hub, "link", "set", BRIDGE, "up")
+    NETNS_ETC.mkdir(exist_ok=True)
     for host in state.hosts:
-        _ip("netns", "add", host.ns)
+        add_namespace(host.ns)
         _ip("-n", state.hub, "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.ns)
         _ip("-n", state.hub, "link", "set", host.veth, "master", BRIDGE, "up")
         _ip("-n", host.ns, "link", "set", "lo", "up")
         _ip("-n", host.ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
         _ip("-n", host.ns, "link", "set", "eth0", "up")
         directory = NETNS_ETC / host.ns
+        directory.mkdir()  # FileExistsError on one left by something else: not ours to list
         state.netns_dirs.append(str(directory))
         state.save(state_path)
-        directory.mkdir(parents=True, exist_ok=True)
         (directory / "hosts").write_text(hosts_file(state, host, hostname))
 
 
@@ -358,13 +368,15 @@ def teardown(state: LabState, ops: HostOps | None = None, term_deadline_s: float
     ops = ops or HostOps()
     done: list[str] = []
     ns_of = {h.name: h.ns for h in state.hosts}
+    made = set(state.namespaces)
     mine = lambda name: name.startswith(state.prefix)  # noqa: E731
     # Processes, the last started first: SIGTERM the leader (a peer hands over; its JVM follows),
     # then SIGKILL whatever of its group is still in the lab's namespace.
     for proc in reversed(state.processes):
         ns = ns_of.get(proc.host, "")
-        if not mine(ns):
-            done.append(f"refused: process {proc.pid} ({proc.name}) names a host outside the lab")
+        if not (mine(ns) and ns in made):
+            done.append(f"refused: process {proc.pid} ({proc.name}) is on {proc.host}, not in a namespace "
+                        f"this lab made")
             continue
         group = ops.group_in(proc.pid, ns)
         if not group:
@@ -380,13 +392,13 @@ def teardown(state: LabState, ops: HostOps | None = None, term_deadline_s: float
         ops.wait(gone, 10.0)
         done.append(f"killed {proc.name} (pid {proc.pid}, its process group) on {proc.host}")
     present = ops.namespaces()
-    if state.hub in present and mine(state.hub):
+    if state.hub in present and state.hub in made and mine(state.hub):
         links = ops.links(state.hub)
         for host in state.hosts:
             if host.veth in links:
                 ops.ip("-n", state.hub, "link", "del", host.veth)
                 done.append(f"deleted veth {host.veth} (in {state.hub})")
-    for ns in [h.ns for h in state.hosts] + [state.hub]:
+    for ns in reversed(state.namespaces):  # the hosts, then the hub
         if not mine(ns):
             done.append(f"refused: namespace {ns} is outside the lab's prefix {state.prefix}")
         elif ns in present:
