@@ -29,6 +29,12 @@ class FakeMachine(HostOps):
             if pid in pids and (sig == signal.SIGKILL or pid in self.obeys_term):
                 self.groups[key] = [] if sig == signal.SIGTERM else [p for p in pids if p != pid]
 
+    def signal_group(self, pgid, sig):
+        self.calls.append(("group", pgid, sig))
+        for key in self.groups:
+            if key[0] == pgid:
+                self.groups[key] = []
+
     def wait(self, condition, deadline_s):
         return bool(condition())  # no time passes here
 
@@ -79,7 +85,7 @@ def test_down_removes_what_the_state_lists_and_exists_processes_first(tmp_path):
 
     assert machine.calls == [
         # the last started first: the peer ignores SIGTERM, so its group (peer and JVM) is killed
-        ("signal", 202, signal.SIGTERM), ("signal", 202, signal.SIGKILL), ("signal", 203, signal.SIGKILL),
+        ("signal", 202, signal.SIGTERM), ("group", 202, signal.SIGKILL),
         ("signal", 101, signal.SIGTERM),
         ("ip", "-n", "tflab-t-hub", "link", "del", "v-redis"),
         ("ip", "-n", "tflab-t-hub", "link", "del", "v-peer-a"),

@@ -355,11 +355,10 @@ class Lab:
         dies; return the time of the kill (epoch s) once no process is left in its namespace."""
         ns = self.state.host(host).ns
         ops = HostOps()
-        groups = [p.pid for p in self.state.processes if p.host == host]
-        members = [pid for g in groups for pid in ops.group_in(g, ns)]
+        groups = [p.pid for p in self.state.processes if p.host == host and ops.group_in(p.pid, ns)]
         killed_at = time.time()
-        for pid in members:
-            ops.signal(pid, signal.SIGKILL)
+        for g in groups:
+            ops.signal_group(g, signal.SIGKILL)
         for g in groups:
             child = self._children.get(g)
             if child is not None:

@@ -326,10 +326,17 @@ class HostOps:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
-        try:  # our own child (lab up run in this process): reap it, or it lingers as a zombie
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
+        _reap(pid)
+
+    def signal_group(self, pgid: int, sig: int) -> None:
+        """``sig`` to every process of group ``pgid`` in one call (a child forked meanwhile too).
+        Called only while :meth:`group_in` finds the group in a lab namespace, so its ID cannot
+        have been given to another group."""
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
             pass
+        _reap(pgid)
 
     def wait(self, condition, deadline_s: float) -> bool:
         end = time.monotonic() + deadline_s
@@ -362,6 +369,15 @@ class HostOps:
         shutil.rmtree(path)
 
 
+def _reap(pid: int) -> None:
+    """Collect ``pid``'s exit status when it is a child of this process (the lab made by this
+    process), so it does not linger as a zombie; nothing for anyone else's."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
 def teardown(state: LabState, ops: HostOps | None = None, term_deadline_s: float = 15.0) -> list[str]:
     """Remove what ``state`` lists and still exists (see module); returns one line per thing
     removed or refused, in the order done."""
@@ -387,8 +403,8 @@ def teardown(state: LabState, ops: HostOps | None = None, term_deadline_s: float
             if ops.wait(gone, term_deadline_s):
                 done.append(f"stopped {proc.name} (pid {proc.pid}) on {proc.host}")
                 continue
-        for pid in ops.group_in(proc.pid, ns):
-            ops.signal(pid, signal.SIGKILL)
+        if not gone():
+            ops.signal_group(proc.pid, signal.SIGKILL)
         ops.wait(gone, 10.0)
         done.append(f"killed {proc.name} (pid {proc.pid}, its process group) on {proc.host}")
     present = ops.namespaces()
