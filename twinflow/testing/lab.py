@@ -9,7 +9,9 @@ and the Sentinels agreeing on the primary), ZooKeeper (the ensemble serving with
 the Spark master with both workers ALIVE (full form), then both peers streaming with one
 master. The lab's state file (``<dir>/lab.json``) lists every namespace, directory and
 process as it is made or started, so ``twinflow lab down`` (:meth:`Lab.down`) removes
-exactly that, also after a crash of the command that made it.
+exactly that, also after a crash of the command that made it. Each ``up`` starts every server
+on empty data: the ``hosts/`` directory (data and logs) of a lab taken down before in the same
+directory goes first; the secrets are kept and reused.
 
 :meth:`Lab.kill_host` SIGKILLs every process group of one host at once (a machine that dies),
 :meth:`Lab.publisher` runs the client host's publisher (:mod:`.lab_client`), and
@@ -130,6 +132,9 @@ class Lab:
             more = f" and {len(taken) - 3} more" if len(taken) > 3 else ""
             raise LabError(f"{', '.join(taken[:3])}{more} exist already: another lab uses the prefix "
                            f"{self.state.prefix!r} (take it down, or give this one another prefix)")
+        # Every server starts on empty data: a lab taken down before in this directory left its
+        # servers' data (Redis's append-only file, ZooKeeper's epochs, the peers' checkpoints).
+        shutil.rmtree(self.directory / "hosts", ignore_errors=True)
         t0 = time.monotonic()
         try:
             create(self.state, self.state_path)
