@@ -97,7 +97,8 @@ def test_down_removes_what_the_state_lists_and_exists_processes_first(tmp_path):
     ]
     assert "refused: /etc/hosts is not an /etc/netns directory of the lab" in report
     assert report[:3] == ["refused: process 404 (publisher) is on client, not in a namespace this lab made",
-                          "killed twinflow-run (pid 202, its process group) on peer-a", "stopped redis (pid 101) on redis"]
+                          "killed twinflow-run (pid 202, its process group) on peer-a",
+                          "stopped redis (pid 101) on redis"]
 
 
 def test_down_of_a_lab_already_gone_does_nothing(tmp_path):
