@@ -28,6 +28,7 @@ from ..logs import event
 from ..runtime.clock import Clock
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.shards import ShardRouter, shard_graph
+from .advertise import advertised, check_advertise
 from .health import PeerHealth
 from .member import FlowMember
 from .metrics import MetricsServer
@@ -93,6 +94,8 @@ class Peer:
         """Connect (Redis, then ZooKeeper, each waiting up to the deadline), prepare every member
         (Redis checks, epoch, start position), start the engine, serve gRPC, join the elections, read."""
         cfg, parts = self.cfg, self.parts
+        check_advertise(cfg.listen, cfg.advertise, redis_url=cfg.redis_url, zk_hosts=cfg.zk_hosts,
+                        tls=cfg.security.tls)  # first: nothing is started for a start that cannot work
         if cfg.metrics_listen:  # first: a bad metrics address stops nothing half started
             self.metrics = start_metrics(cfg, lambda: self.members, lambda: self.server, self.name,
                                          frames=(self.name, self.frame_timings) if self.sharded else None)
@@ -103,8 +106,7 @@ class Peer:
         parts.engine(self)
         self.server, port = parts.server(self)
         cfg.security.warn_if_insecure(cfg.listen, self._stop)
-        host = cfg.listen.rsplit(":", 1)[0]
-        self.address = cfg.advertise or f"{host}:{port}"
+        self.address = advertised(cfg.listen, cfg.advertise, port)
         for member in self.members:
             member.serve(self)
         self.reading = parts.reading(self, starts)
