@@ -48,6 +48,7 @@ from .messages import CHAINED
 from .redis_ha import SENTINEL_CONF
 from .servers import ZOO_CFG, conf_quote, redis_argv, zookeeper_argv
 from .spark_standalone import daemon_env, spark_class
+from .systemd_unit import ServiceUnit, UnitError, read_environment_file
 
 # name -> last octet of its address, in the order the hosts are made.
 FULL_HOSTS = {"redis": 10, "zk1": 11, "zk2": 12, "zk3": 13, "spark": 20, "sw1": 21, "sw2": 22,
@@ -61,6 +62,8 @@ SPARK_PORT, SPARK_WEBUI_PORT, WORKER_WEBUI_PORT = 7077, 8080, 8081
 PEER_PORT = 7070
 SCOPES = ("ingest", "escalation", "admin")
 # Each peer's share of the full form's two one-core workers.
+# The deployment guide's unit and environment file, which the lab's peers run (a source checkout).
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 PEER_SPARK_CONF = {"spark.cores.max": "1", "spark.executor.memory": "512m"}
 
 
@@ -248,24 +251,41 @@ def spark_launches(plan: LabPlan) -> list[Launch]:
 
 # -- peers and the client -------------------------------------------------------------------------
 def peer_command(plan: LabPlan, host: str) -> Launch:
-    """The command and environment peer host ``host`` runs: ``twinflow run`` on the lab's flow,
-    listening on 0.0.0.0:7070 of its namespace, advertising ``<host>.lab:7070``, mutual TLS and a
-    token per scope, every secret by reference. The one seam for a peer's command."""
+    """The command and environment peer host ``host`` runs, as the deployment guide's systemd unit
+    (``deploy/systemd/twinflow-peer@.service``) runs it: its ``ExecStart`` expanded with an
+    environment file made from the guide's example (``peer.env.example``) with this lab's values
+    (listening on 0.0.0.0:7070 of its namespace, advertising ``<host>.lab:7070``, mutual TLS and a
+    token per scope, every secret by reference). The one seam for a peer's command."""
+    unit = ServiceUnit.read(DEPLOY / "twinflow-peer@.service")
+    env_file = plan.host_dir(host) / "twinflow-run" / f"{host}.env"
+    env_file.parent.mkdir(parents=True, exist_ok=True)
+    env_file.write_text(peer_environment(plan, host))
+    env = read_environment_file(env_file)
+    return _launch(plan, host, "twinflow-run", unit.start_argv(host, env), PEER_PORT, env)
+
+
+def peer_environment(plan: LabPlan, host: str) -> str:
+    """The guide's example environment file, every value this lab's (each key must be one the
+    example has, so the example cannot lose one the lab needs)."""
     s = plan.secrets
     spark_conf = {} if plan.short else {
         **PEER_SPARK_CONF, "spark.executorEnv.TWINFLOW_REDIS_PASSWORD": f"file:{s / 'redis.pw'}"}
-    argv = [sys.executable, "-m", "twinflow.cli", "run", str(plan.flow_path), "--peer-id", host,
-            "--redis", plan.redis_url, "--zk", plan.zk_hosts, "--spark-master", plan.spark_master,
-            "--state-dir", str(plan.host_dir(host) / "state"),
-            "--listen", f"0.0.0.0:{PEER_PORT}", "--advertise", f"{host}.lab:{PEER_PORT}",
-            "--tls-cert", str(s / f"{host}.pem"), "--tls-key", str(s / f"{host}-key.pem"),
-            "--tls-ca", str(s / "ca.pem"), "--tls-mutual",
-            *[a for scope in SCOPES for a in ("--token", f"{scope}=file:{s / f'{scope}.token'}")],
-            *[a for k, v in spark_conf.items() for a in ("--spark-conf", f"{k}={v}")]]
-    env = {"TWINFLOW_REDIS_PASSWORD": f"file:{s / 'redis.pw'}", "TWINFLOW_ZK_AUTH": f"file:{s / 'zk.auth'}",
-           # The driver binds, and tells executors, its host's address (the hostname resolves to it too).
-           "SPARK_LOCAL_IP": plan.address(host), "PYSPARK_PYTHON": sys.executable}
-    return _launch(plan, host, "twinflow-run", argv, PEER_PORT, env)
+    values = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "FLOW": str(plan.flow_path),
+        "REDIS": plan.redis_url, "TWINFLOW_REDIS_PASSWORD": f"file:{s / 'redis.pw'}",
+        "ZK": plan.zk_hosts, "TWINFLOW_ZK_AUTH": f"file:{s / 'zk.auth'}",
+        "LISTEN": f"0.0.0.0:{PEER_PORT}", "ADVERTISE": f"{host}.lab:{PEER_PORT}",
+        "STATE_DIR": str(plan.host_dir(host) / "state"), "TLS_DIR": str(s), "TOKEN_DIR": str(s),
+        "METRICS": "127.0.0.1:9464", "SPARK_MASTER": plan.spark_master,
+        # The driver binds, and tells executors, its host's address (the hostname resolves to it too).
+        "SPARK_LOCAL_IP": plan.address(host), "PYSPARK_PYTHON": sys.executable,
+        "EXTRA_ARGS": " ".join(f"--spark-conf {k}={v}" for k, v in spark_conf.items()),
+    }
+    example = read_environment_file(DEPLOY / "peer.env.example")
+    if set(example) != set(values):
+        raise UnitError(f"deploy/systemd/peer.env.example and the lab disagree on the settings: "
+                       f"{sorted(set(example) ^ set(values))}")
+    return "".join(f"{k}={v}\n" for k, v in values.items())
 
 
 def publisher_command(plan: LabPlan, count: int, rate: float, acked: str | Path, first: int = 0) -> Launch:
