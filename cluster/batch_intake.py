@@ -62,8 +62,9 @@ class BatchIntake:
         with self._lock:
             if self.role != MASTER:
                 return False
-        try:
-            self.store.record_handled(last, deadline_s=self.lease_s)
+        try:  # on every replica asked for: a failover must not take it back (FlowStore.record_handled)
+            self.store.record_handled(last, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
+                                      replica_wait_ms=self.spec.replica_wait_ms)
         except RedisUnavailable:
             return False
         return True

@@ -252,10 +252,19 @@ class FlowStore(RedisCalls, UplinkAccess):
         return [v is not None or (after is not None and position_order(m.position) <= after)
                 for m, v in zip(messages, out[1])]
 
-    def record_handled(self, position: str, deadline_s: float | None = None) -> None:
-        """Record that this peer has handled the uplink up to ``position`` (see :meth:`processed`)."""
+    def record_handled(self, position: str, deadline_s: float | None = None, *, replicas: int = 0,
+                       replica_wait_ms: int = 1000) -> None:
+        """Record that this peer has handled the uplink up to ``position`` (see :meth:`processed`).
+
+        With ``replicas`` > 0 it returns only once ``WAIT`` confirms that many replicas have it,
+        else raises RedisUnavailable at ``deadline_s``: a master's batch runs ahead of its
+        checkpoint only once this is recorded, and a Redis failover that erased it would leave
+        a restarted peer whose checkpoint is past the batch and whose catch-up stops before it.
+        """
         self._call("record handled", lambda: self._scripts["record_handled"](
             keys=[self.keys.read(self.peer_id)], args=[position]), deadline_s)
+        if replicas:
+            self._await_replicas(replicas, replica_wait_ms, deadline_s)
 
     def handled_position(self, peer_id: str | None = None) -> str | None:
         """How far ``peer_id`` (default: this peer) has handled the uplink in any role, or None."""
