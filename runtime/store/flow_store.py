@@ -259,11 +259,26 @@ class FlowStore(RedisCalls, UplinkAccess):
         With ``replicas`` > 0 it returns only once ``WAIT`` confirms that many replicas have it,
         else raises RedisUnavailable at ``deadline_s``: a master's batch runs ahead of its
         checkpoint only once this is recorded, and a Redis failover that erased it would leave
-        a restarted peer whose checkpoint is past the batch and whose catch-up stops before it.
+        a restarted peer whose checkpoint is past the batch and whose catch-up stops before it
+        (pair seed 206 with steps of 1 message, tests/sim). The WAIT rides in the record's own
+        round trip, as a COMMIT's does; it waits for the replica's acknowledgement, not for a
+        second round trip.
         """
-        self._call("record handled", lambda: self._scripts["record_handled"](
-            keys=[self.keys.read(self.peer_id)], args=[position]), deadline_s)
-        if replicas:
+        keys = [self.keys.read(self.peer_id)]
+
+        def write() -> int:
+            if not replicas:
+                self._scripts["record_handled"](keys=keys, args=[position])
+                return 0
+            pipe = self.r.pipeline(transaction=False)
+            # The record may change nothing (handled_id is further already, written perhaps
+            # without a WAIT): _then_wait's own write makes the WAIT cover it all the same.
+            self._scripts["record_handled"](keys=keys, args=[position], client=pipe)
+            self._then_wait(pipe, replicas, replica_wait_ms)
+            return int(pipe.execute()[-1])
+
+        acked = self._call("record handled", write, deadline_s)
+        if acked < replicas:
             self._await_replicas(replicas, replica_wait_ms, deadline_s)
 
     def handled_position(self, peer_id: str | None = None) -> str | None:
