@@ -204,7 +204,7 @@ class BatchIntake:
 
     def _bake(self, msgs: list[Message], last: str) -> None:
         """Bake as worker (caller holds batch_lock); records how far this member handled the uplink."""
-        self._offer(*processed_as_worker(self.store, msgs, last), last)
+        self._offer(*processed_as_worker(self.store, msgs, last, self.spec), last)
 
     def _offer(self, msgs: list[Message], done: list[bool], last: str) -> None:
         now = self.clock.now()

@@ -234,6 +234,15 @@ def test_a_handled_position_with_wait_replicas_is_on_a_replica_when_recorded(own
     s.record_handled("7-0", replicas=1, replica_wait_ms=5000)
     assert on_replica.hget(s.keys.read("node-a"), "handled_id") == b"9-0"
     assert s.handled_position() == "9-0"
+    # A worker's record, as it bakes a batch, likewise (in the same round trip as its reads).
+    assert s.processed(msgs("a"), handled_upto="12-0", replicas=1, replica_wait_ms=2000) == [False]
+    assert on_replica.hget(s.keys.read("node-a"), "handled_id") == b"12-0"
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(RedisUnavailable):
+            s.processed(msgs("a"), handled_upto="13-0", deadline_s=1.0, replicas=1, replica_wait_ms=200)
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
 
 
 def test_failure_stream_is_capped_and_keeps_at_most_max_body_bytes(store):
