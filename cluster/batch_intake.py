@@ -3,10 +3,11 @@
 Under failure (promise 1, no loss): a batch is either processed whole
 (delivered, baked or sent to the failure stream) or ``on_batch`` raises, so
 Spark does not commit it and reads it again. A master's batch may run ahead
-of Spark only once ``handled_id`` in Redis covers it; if it then fails, the
-next batch raises and the peer stops with exit code 1. A batch held while
-ZooKeeper is suspended waits for the connection or the session's loss; it
-is never dropped.
+of Spark only once ``handled_id`` in Redis covers it (on the replicas
+``wait_replicas`` asks for, as a worker's does once it baked a batch); if it
+then fails, the next batch raises and the peer stops with exit code 1. A
+batch held while ZooKeeper is suspended waits for the connection or the
+session's loss; it is never dropped.
 """
 
 from __future__ import annotations
