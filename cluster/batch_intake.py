@@ -3,10 +3,11 @@
 Under failure (promise 1, no loss): a batch is either processed whole
 (delivered, baked or sent to the failure stream) or ``on_batch`` raises, so
 Spark does not commit it and reads it again. A master's batch may run ahead
-of Spark only once ``handled_id`` in Redis covers it; if it then fails, the
-next batch raises and the peer stops with exit code 1. A batch held while
-ZooKeeper is suspended waits for the connection or the session's loss; it
-is never dropped.
+of Spark only once ``handled_id`` in Redis covers it (on the replicas
+``wait_replicas`` asks for, as a worker's does once it baked a batch); if it
+then fails, the next batch raises and the peer stops with exit code 1. A
+batch held while ZooKeeper is suspended waits for the connection or the
+session's loss; it is never dropped.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class BatchIntake:
         with self._lock:
             if self.role != MASTER:
                 return False
-        try:
-            self.store.record_handled(last, deadline_s=self.lease_s)
+        try:  # on every replica asked for: a failover must not take it back (FlowStore.record_handled)
+            self.store.record_handled(last, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
+                                      replica_wait_ms=self.spec.replica_wait_ms)
         except RedisUnavailable:
             return False
         return True
@@ -203,7 +205,7 @@ class BatchIntake:
 
     def _bake(self, msgs: list[Message], last: str) -> None:
         """Bake as worker (caller holds batch_lock); records how far this member handled the uplink."""
-        self._offer(*processed_as_worker(self.store, msgs, last), last)
+        self._offer(*processed_as_worker(self.store, msgs, last, self.spec), last)
 
     def _offer(self, msgs: list[Message], done: list[bool], last: str) -> None:
         now = self.clock.now()

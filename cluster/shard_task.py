@@ -168,7 +168,7 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
     if r.last is None:
         return r
     if role == WORKER:
-        r.msgs, r.done = processed_as_worker(store, msgs, r.last)
+        r.msgs, r.done = processed_as_worker(store, msgs, r.last, spec)
         return r
     if role != MASTER:
         r.rows = rows

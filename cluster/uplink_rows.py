@@ -46,17 +46,22 @@ def last_position(rows) -> str | None:
     return next((r[0] for r in reversed(rows) if r[0] != WARMUP_POSITION), None)
 
 
-def processed_as_worker(store: FlowStore, msgs: list[Message], last: str) -> tuple[list[Message], list[bool]]:
+def processed_as_worker(store: FlowStore, msgs: list[Message], last: str,
+                        spec: ClusterSpec | None = None) -> tuple[list[Message], list[bool]]:
     """The messages a worker bakes and which of them are processed, recording how far it
-    handled the uplink (``FlowStore.processed``). A message whose ID no Redis key can be made
-    of is left out (the master sends it to the failure stream): one such message must not
-    fail the worker's batch, for ever, as it would fail the call for all of them."""
+    handled the uplink (``FlowStore.processed``), on the replicas ``spec.wait_replicas`` asks
+    for: the worker's checkpoint moves past the batch next, and its in-memory bake is gone
+    after a restart, so the record is all that makes its promotion catch-up cover the batch.
+    A message whose ID no Redis key can be made of is left out (the master sends it to the
+    failure stream): one such message must not fail the worker's batch, for ever, as it would
+    fail the call for all of them."""
+    wait = {} if spec is None else {"replicas": spec.wait_replicas, "replica_wait_ms": spec.replica_wait_ms}
     try:
-        return msgs, store.processed(msgs, handled_upto=last)
+        return msgs, store.processed(msgs, handled_upto=last, **wait)
     except (UnicodeError, redis.DataError):
         usable = [m for m in msgs if _usable_id(m.id)]
         log.error("%d message(s) with an ID no Redis key can hold are not baked", len(msgs) - len(usable))
-        return usable, store.processed(usable, handled_upto=last)
+        return usable, store.processed(usable, handled_upto=last, **wait)
 
 
 def _usable_id(msg_id: str) -> bool:

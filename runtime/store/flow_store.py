@@ -228,13 +228,20 @@ class FlowStore(RedisCalls, UplinkAccess):
 
     # -- worker: the ID cache ---------------------------------------------
     def processed(self, messages: list[Message], handled_upto: str | None = None,
-                  deadline_s: float | None = None) -> list[bool]:
+                  deadline_s: float | None = None, *, replicas: int = 0, replica_wait_ms: int = 1000) -> list[bool]:
         """Per message, whether the flow already processed it: its ID is in the
         ID cache or its position is at or before the processed mark (one round trip).
 
         ``handled_upto``, when given, is recorded as how far this peer has
-        handled the uplink in the same round trip (see :meth:`handled_position`).
+        handled the uplink in the same round trip (see :meth:`handled_position`);
+        with ``replicas`` > 0 the call returns only once ``WAIT`` confirms that
+        many replicas have the record (as :meth:`record_handled`), in the same
+        round trip too: a worker's checkpoint moves past the batch next, and a
+        failover that erased the record would leave a restarted worker whose
+        catch-up, once promoted, stops before the batch (pair seed 528, tests/sim).
         """
+        wait = bool(handled_upto and replicas)
+
         def read():
             pipe = self.r.pipeline(transaction=False)
             pipe.get(self.keys.processed)
@@ -242,9 +249,13 @@ class FlowStore(RedisCalls, UplinkAccess):
                 pipe.mget([self.keys.id_prefix + m.id for m in messages])
             if handled_upto:
                 self._scripts["record_handled"](keys=[self.keys.read(self.peer_id)], args=[handled_upto], client=pipe)
+            if wait:
+                self._then_wait(pipe, replicas, replica_wait_ms)
             return pipe.execute()
 
         out = self._call("processed", read, deadline_s)
+        if wait and int(out[-1]) < replicas:
+            self._await_replicas(replicas, replica_wait_ms, deadline_s)
         if not messages:
             return []
         mark = out[0].decode() if out[0] else None
@@ -252,10 +263,34 @@ class FlowStore(RedisCalls, UplinkAccess):
         return [v is not None or (after is not None and position_order(m.position) <= after)
                 for m, v in zip(messages, out[1])]
 
-    def record_handled(self, position: str, deadline_s: float | None = None) -> None:
-        """Record that this peer has handled the uplink up to ``position`` (see :meth:`processed`)."""
-        self._call("record handled", lambda: self._scripts["record_handled"](
-            keys=[self.keys.read(self.peer_id)], args=[position]), deadline_s)
+    def record_handled(self, position: str, deadline_s: float | None = None, *, replicas: int = 0,
+                       replica_wait_ms: int = 1000) -> None:
+        """Record that this peer has handled the uplink up to ``position`` (see :meth:`processed`).
+
+        With ``replicas`` > 0 it returns only once ``WAIT`` confirms that many replicas have it,
+        else raises RedisUnavailable at ``deadline_s``: a master's batch runs ahead of its
+        checkpoint only once this is recorded, and a Redis failover that erased it would leave
+        a restarted peer whose checkpoint is past the batch and whose catch-up stops before it
+        (pair seed 30, tests/sim). The WAIT rides in the record's own round trip, as a COMMIT's
+        does: what it adds per batch run ahead is the replica's acknowledgement, not a second
+        round trip.
+        """
+        keys = [self.keys.read(self.peer_id)]
+
+        def write() -> int:
+            if not replicas:
+                self._scripts["record_handled"](keys=keys, args=[position])
+                return 0
+            pipe = self.r.pipeline(transaction=False)
+            # The record may change nothing (handled_id is further already, written perhaps
+            # without a WAIT): _then_wait's own write makes the WAIT cover it all the same.
+            self._scripts["record_handled"](keys=keys, args=[position], client=pipe)
+            self._then_wait(pipe, replicas, replica_wait_ms)
+            return int(pipe.execute()[-1])
+
+        acked = self._call("record handled", write, deadline_s)
+        if acked < replicas:
+            self._await_replicas(replicas, replica_wait_ms, deadline_s)
 
     def handled_position(self, peer_id: str | None = None) -> str | None:
         """How far ``peer_id`` (default: this peer) has handled the uplink in any role, or None."""

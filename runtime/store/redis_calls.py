@@ -153,17 +153,21 @@ class RedisCalls:
     def _await_replicas(self, replicas: int, wait_ms: int, deadline_s: float | None) -> None:
         """Wait until ``replicas`` replicas have everything written so far, or RedisUnavailable."""
         began = self._monotonic()
-        sync_key = self.keys.prefix + "sync:" + self.peer_id
 
         def confirm():
-            # A write on this connection moves its offset past the delivery
-            # (replication is ordered), so WAIT covers the delivery too.
             pipe = self.r.pipeline(transaction=False)
-            pipe.incr(sync_key)
-            pipe.execute_command("WAIT", replicas, wait_ms)
+            self._then_wait(pipe, replicas, wait_ms)
             acked = int(pipe.execute()[1])
             if acked < replicas:
                 raise redis.ResponseError(f"NOREPLICAS {acked} of {replicas} replicas confirmed within {wait_ms} ms")
 
         left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
         self._call("wait for replicas", confirm, left)
+
+    def _then_wait(self, pipe, replicas: int, wait_ms: int) -> None:
+        """Queue on ``pipe`` a write and ``WAIT``: the write moves this connection's offset to
+        the primary's (replication is ordered), so the WAIT's answer (the last reply) covers
+        everything written so far, by any connection, even where the pipeline's own commands
+        changed nothing."""
+        pipe.incr(self.keys.prefix + "sync:" + self.peer_id)
+        pipe.execute_command("WAIT", replicas, wait_ms)

@@ -207,6 +207,44 @@ def test_wait_replicas_confirms_the_delivery_reached_a_replica(own_redis, flow_n
     assert s.r.xlen(s.keys.sink) == 2
 
 
+def test_a_handled_position_with_wait_replicas_is_on_a_replica_when_recorded(own_redis, flow_name):
+    """A master's batch runs ahead of its checkpoint once its handled position is recorded: with
+    wait_replicas the record is on the replica by then, also when it changed nothing because a
+    further position, written without WAIT by another connection, was there already (WAIT is
+    documented for the client's own writes; the redis-server of these tests, 7.0, waits for
+    everything written so far anyway, so this part checks the behaviour, not the INCR)."""
+    port, _ = own_redis()
+    rport, replica = own_redis("--replicaof", "127.0.0.1", str(port))
+    s = FlowStore(redis.Redis(port=port, socket_timeout=2), FlowKeys(flow_name), "node-a")
+    on_replica = redis.Redis(port=rport)
+    wait_until(lambda: s.r.info("replication")["connected_slaves"] == 1
+               and on_replica.info("replication")["master_link_status"] == "up",
+               20, what="the replica to sync")
+    s.record_handled("5-0", replicas=1, replica_wait_ms=2000)
+    assert on_replica.hget(s.keys.read("node-a"), "handled_id") == b"5-0"  # there when it returned
+
+    os.kill(replica.pid, signal.SIGSTOP)  # the replica stops acknowledging
+    try:
+        # A worker's record (no WAIT), on a connection of its own.
+        FlowStore(redis.Redis(port=port), FlowKeys(flow_name), "node-a").processed([], handled_upto="9-0")
+        with pytest.raises(RedisUnavailable):  # 7-0 changes nothing, but 9-0 is not on the replica yet
+            s.record_handled("7-0", deadline_s=1.0, replicas=1, replica_wait_ms=200)
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    s.record_handled("7-0", replicas=1, replica_wait_ms=5000)
+    assert on_replica.hget(s.keys.read("node-a"), "handled_id") == b"9-0"
+    assert s.handled_position() == "9-0"
+    # A worker's record, as it bakes a batch, likewise (in the same round trip as its reads).
+    assert s.processed(msgs("a"), handled_upto="12-0", replicas=1, replica_wait_ms=2000) == [False]
+    assert on_replica.hget(s.keys.read("node-a"), "handled_id") == b"12-0"
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(RedisUnavailable):
+            s.processed(msgs("a"), handled_upto="13-0", deadline_s=1.0, replicas=1, replica_wait_ms=200)
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+
+
 def test_failure_stream_is_capped_and_keeps_at_most_max_body_bytes(store):
     """Defect 6: the failure stream is bounded in entries and in body bytes."""
     bad = [(f"{n}-0", "body is not JSON", b"{" * 10, 10) for n in range(1, 1001)]
