@@ -194,11 +194,22 @@ def cluster_ok(port: int) -> bool:
 
 
 def server_reply(port: int, request: bytes, timeout: float = 0.5) -> bytes:
+    """The reply to ``request`` (b"" when the server does not answer within ``timeout``); a RESP
+    bulk string (``$<n>``) is read whole, however many segments it comes in."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
             sock.sendall(request)
-            return sock.recv(65536)
-    except OSError:
+            reply = sock.recv(65536)
+            if reply.startswith(b"$") and b"\r\n" in reply:
+                head, _, _ = reply.partition(b"\r\n")
+                whole = len(head) + 2 + max(0, int(head[1:])) + 2
+                while len(reply) < whole:  # each recv bounded by the socket's timeout
+                    more = sock.recv(65536)
+                    if not more:
+                        break
+                    reply += more
+            return reply
+    except (OSError, ValueError):
         return b""
 
 
