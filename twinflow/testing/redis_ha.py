@@ -33,6 +33,7 @@ class LocalRedisCluster:
     servers: list[Server] = field(default_factory=list)
     bus_ports: list[int] = field(default_factory=list)
     node_timeout_ms: int = 2000
+    replicas: int = 0         # per primary, as started: wait_ok waits until each primary lists them
 
     @property
     def urls(self) -> list[str]:
@@ -41,7 +42,7 @@ class LocalRedisCluster:
     @classmethod
     def start(cls, base_dir: str, n: int = 3, deadline_s: float = 30.0, replicas: int = 0,
               node_timeout_ms: int = 2000) -> "LocalRedisCluster":
-        cluster = cls(base_dir, node_timeout_ms=node_timeout_ms)
+        cluster = cls(base_dir, node_timeout_ms=node_timeout_ms, replicas=replicas)
         try:
             for i in range(n * (1 + replicas)):
                 # The bus port explicitly: the default (port + 10000) fails above port 55535.
@@ -53,7 +54,7 @@ class LocalRedisCluster:
                                    "--cluster-yes"], capture_output=True, text=True, timeout=deadline_s)
             if done.returncode != 0:
                 raise ServiceError(f"redis-cli --cluster create failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
-            cluster.wait_ok(deadline_s)
+            cluster.wait_ok(deadline_s, replicas_listed=True)
         except BaseException:
             cluster.stop()
             raise
@@ -64,17 +65,33 @@ class LocalRedisCluster:
                             "--cluster-config-file", str(directory / "nodes.conf"),
                             "--cluster-port", str(self.bus_ports[i]), port=port)
 
-    def wait_ok(self, deadline_s: float = 30.0) -> None:
-        """Until every live node says cluster_state:ok and every live replica's link to its
-        primary is up, or ServiceError."""
+    def wait_ok(self, deadline_s: float = 30.0, replicas_listed: bool = False) -> None:
+        """Until every live node says cluster_state:ok, every live replica's link to its primary
+        is up and, with ``replicas_listed`` (at start), every primary lists its replicas in its own
+        CLUSTER NODES (it learns them by gossip, later than they link up), or ServiceError."""
         end = time.monotonic() + deadline_s
         while True:
             live = [s for s in self.servers if pid_alive(s.pid)]
-            if all(cluster_ok(s.port) for s in live) and all(replica_synced(s.port) for s in live):
+            if all(cluster_ok(s.port) for s in live) and all(replica_synced(s.port) for s in live) \
+                    and (not replicas_listed or self._primaries_know_their_replicas()):
                 return
             if time.monotonic() > end:
                 raise ServiceError(f"the Redis Cluster did not reach cluster_state:ok within {deadline_s:.0f} s")
             time.sleep(0.05)
+
+    def _primaries_know_their_replicas(self) -> bool:
+        """Every live primary that serves slots lists ``replicas`` replicas in its own view."""
+        for i, server in enumerate(self.servers):
+            if not pid_alive(server.pid):
+                continue
+            raw = server_reply(server.port, b"*2\r\n$7\r\nCLUSTER\r\n$5\r\nNODES\r\n").decode(errors="replace")
+            mine = [line.split() for line in raw.splitlines()[1:] if "myself" in line]
+            if not mine:
+                return False
+            me = mine[0]
+            if "master" in me[2].split(",") and len(me) > 8 and len(self.replicas_of(i)) < self.replicas:
+                return False
+        return True
 
     def owner(self, key: str) -> int:
         """The index in ``servers`` of the primary that serves ``key``'s slot, as a live node says."""
