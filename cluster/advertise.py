@@ -31,7 +31,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from ..grpc_security import TlsFiles
+from ..grpc_security import TlsFiles, loopback_host
 from .on_cluster import StartRefused
 
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
@@ -95,16 +95,6 @@ def check_advertise(listen: str, advertise: str | None, *, redis_url: str, zk_ho
                 f"the TLS certificate {tls.cert} names {', '.join(names) or 'no host'}, not {name}, the "
                 f"name the other peers check when they dial {advertise}: make one for it (twinflow certs DIR "
                 f"--peer NAME --name {name}) or advertise a name the certificate has")
-
-
-def loopback_host(host: str) -> bool:
-    """A host name or address that reaches only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def certificate_names(cert_path: str) -> list[str]:

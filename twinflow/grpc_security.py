@@ -212,7 +212,11 @@ def is_loopback(address: str) -> bool:
     if address.startswith("unix:"):
         return True
     host = address.rsplit(":", 1)[0] if ":" in address else address
-    host = host.strip("[]")
+    return loopback_host(host.strip("[]"))
+
+
+def loopback_host(host: str) -> bool:
+    """A host name or address that reaches only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
     if host == "localhost":
         return True
     try:
