@@ -48,8 +48,44 @@ from .report import timeline
 RTO_TARGET_S = 3.0
 
 
+class FaultRecord:
+    """When each fault began and what it was, and how far the producer got: what a drill on a
+    local cluster (:class:`Drill`) and a drill between lab hosts (``host_drills.HostDrill``)
+    both keep. Needs ``sent``, ``total``, ``faults``, ``windows`` and ``say``."""
+
+    sent: Callable[[], int]
+    total: int
+    faults: list[float]
+    windows: list[list]
+    say: Callable[[str], None]
+
+    def wait_sent(self, share: float, timeout_s: float = 300) -> None:
+        want = int(self.total * share)
+        if not wait_for(lambda: self.sent() >= want, timeout_s, 0.05):
+            raise RuntimeError(f"the producer did not reach {want} messages")
+
+    def fault(self, what: str, lasts: bool = False) -> None:
+        """A fault begins now (its recovery time counts); ``lasts``: until ``healed()``, else an instant."""
+        now = time.time()
+        self.faults.append(now)
+        self.windows.append([now, None if lasts else now, what])
+        self.say(f"  fault: {what} (after {self.sent()} messages)")
+
+    def window(self, what: str) -> None:
+        """A condition from now to the end of the drill (or ``healed()``) that is no fault of its own."""
+        self.windows.append([time.time(), None, what])
+        self.say(f"  {what}")
+
+    def healed(self) -> None:
+        """The last fault still on ends now."""
+        for w in reversed(self.windows):
+            if w[1] is None:
+                w[1] = time.time()
+                return
+
+
 @dataclass
-class Drill:
+class Drill(FaultRecord):
     """What a drill function sees: the cluster, the roles at the start, the seeded random source."""
 
     cluster: LocalCluster
@@ -65,11 +101,6 @@ class Drill:
 
     def __post_init__(self) -> None:
         self.producing.set()
-
-    def wait_sent(self, share: float, timeout_s: float = 300) -> None:
-        want = int(self.total * share)
-        if not wait_for(lambda: self.sent() >= want, timeout_s, 0.05):
-            raise RuntimeError(f"the producer did not reach {want} messages")
 
     def resume(self, share: float = 0.1) -> None:
         """Let a held producer go on, and wait until ``share`` more of the messages went out, so
@@ -90,25 +121,6 @@ class Drill:
         self.fault(f"SIGKILL master {master}")
         self.cluster.peers[master].kill()
         self.cluster.wait_role(heir, "master")
-
-    def fault(self, what: str, lasts: bool = False) -> None:
-        """A fault begins now (its recovery time counts); ``lasts``: until ``healed()``, else an instant."""
-        now = time.time()
-        self.faults.append(now)
-        self.windows.append([now, None if lasts else now, what])
-        self.say(f"  fault: {what} (after {self.sent()} messages)")
-
-    def window(self, what: str) -> None:
-        """A condition from now to the end of the drill (or ``healed()``) that is no fault of its own."""
-        self.windows.append([time.time(), None, what])
-        self.say(f"  {what}")
-
-    def healed(self) -> None:
-        """The last fault still on ends now."""
-        for w in reversed(self.windows):
-            if w[1] is None:
-                w[1] = time.time()
-                return
 
 
 # -- the drills ------------------------------------------------------------------------------------
@@ -402,7 +414,12 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
 
 def check(cluster: LocalCluster, sent: list[str], faults: list[float], kills_master: bool) -> dict:
     """The promises, counted over every outlink by the one checker (see the module docstring)."""
-    report = checker.check(cluster.outputs(), sent, faults, sequences=cluster.sequences())
+    return verdict(checker.check(cluster.outputs(), sent, faults, sequences=cluster.sequences()), kills_master)
+
+
+def verdict(report: checker.SinkReport, kills_master: bool) -> dict:
+    """A checker's report as a drill's result: its counts, and passed when every promise is
+    kept and, for a drill that kills the master, the recovery is under the target."""
     rto = report.rto_s
     passed = report.promises_kept and (not kills_master or (rto is not None and rto < RTO_TARGET_S))
     return {"lost": report.lost, "duplicated": report.duplicated, "out_of_order": report.out_of_order,

@@ -139,7 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--seed", type=int, default=1)
     dr.add_argument("--runs", type=int, default=1, help="run each drill this many times, seeds S, S+1, ...")
     dr.add_argument("--messages", type=int, default=10_000)
-    dr.add_argument("--rate", type=float, default=1000.0, help="messages per second the producer sends")
+    dr.add_argument("--rate", type=float, default=None,
+                    help="messages per second the producer sends (default 1000; between hosts, the drill's own)")
+    dr.add_argument("--hosts", action="store_true",
+                    help="a drill between the hosts of a fresh full lab (root): host-partition, "
+                         "asymmetric-partition, host-crash, spark-worker-crash, rolling-restart, clock-skew, or all")
     dr.add_argument("--flow", help="flow file (default: the chained flow)")
     dr.add_argument("--wait-replicas", type=int, default=None,
                     help="cluster.wait_replicas for the flow and the producer's WAIT (default: 1 for "

@@ -18,6 +18,10 @@ from twinflow.cli_common import (EXIT_BAD_FLOW, EXIT_UNAVAILABLE, _load_flow, _n
 # --json prints these (stale writes count into "passed"; the table shows them too).
 DRILL_KEYS = ["drill", "seed", "messages", "lost", "duplicated", "out_of_order", "rto_s", "passed"]
 DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
+# ... and these where a drill has them (the Redis failover drills, the drills between hosts).
+DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "max_gap_s", "stop_status",
+                    "skew_s", "timeouts_after_failover", "timeout_error_ms_p50", "timeout_error_ms_min",
+                    "timeout_error_ms_max", "error"]
 
 
 # -- services ----------------------------------------------------------------
@@ -95,13 +99,18 @@ def cmd_proxy(args) -> int:
 
 
 def cmd_drill(args) -> int:
+    if args.hosts:
+        from twinflow.cli_lab import cmd_host_drill
+
+        return cmd_host_drill(args)
     _need_extra("chaos", "toxiproxy", *(["matplotlib"] if args.report or args.name == "all" else []))
     from twinflow.chaos.drills import DRILLS, IN_NETNS, run_drill
     from twinflow.chaos.kernel_faults import KernelFaultsUnavailable, in_private_netns, netns_command
 
     names = list(DRILLS) if args.name == "all" else [args.name]
     if names[0] not in DRILLS:
-        print(f"twinflow: unknown drill {args.name!r} (known: all, {', '.join(DRILLS)})", file=sys.stderr)
+        print(f"twinflow: unknown drill {args.name!r} (known: all, {', '.join(DRILLS)}; "
+              f"between hosts, with --hosts: see twinflow drill --help)", file=sys.stderr)
         return EXIT_BAD_FLOW
     if IN_NETNS & set(names) and not in_private_netns():
         # Kernel faults never touch this machine's own network: run the drills in a namespace of their own.
@@ -119,23 +128,32 @@ def cmd_drill(args) -> int:
     if args.flow:
         _load_flow(args.flow)  # refused here, with file, line and field, before anything starts
         flow_text = Path(args.flow).read_text()
+
+    def run_one(name: str, seed: int, say) -> dict:
+        return run_drill(name, seed=seed, messages=args.messages, flow_text=flow_text, rate=args.rate or 1000.0,
+                         say=say, wait_replicas=args.wait_replicas)
+    return drill_series(args, names, run_one, lambda name, seed: f"twinflow drill {name} --seed {seed} "
+                                                                  f"--messages {args.messages}")
+
+
+def drill_series(args, names: list[str], run_one, rerun) -> int:
+    """Run ``names`` ``args.runs`` times each (``run_one(name, seed, say)`` -> result), round by
+    round so a stopped series covers every drill; print each result (``--json``: a line each),
+    then the table and, when asked, the report. 0 when every run passed."""
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     results = []
-    # --runs N: every drill with seeds S .. S+N-1, round by round, so a stopped batch covers every drill.
     plan = [(seed, name) for seed in range(args.seed, args.seed + args.runs) for name in names]
     for i, (seed, name) in enumerate(plan, 1):
         say(f"[{i}/{len(plan)}] drill {name} (seed {seed}, {args.messages} messages)...")
         try:
-            result = run_drill(name, seed=seed, messages=args.messages, flow_text=flow_text, rate=args.rate,
-                               say=say, wait_replicas=args.wait_replicas)
+            result = run_one(name, seed, say)
         except Exception as exc:  # the drill could not run to its check: a failure, with its reason
-            rerun = f"twinflow drill {name} --seed {seed} --messages {args.messages}"
             result = {"drill": name, "seed": seed, "messages": args.messages, "lost": None, "duplicated": None,
-                      "out_of_order": None, "rto_s": None, "passed": False, "rerun": rerun,
+                      "out_of_order": None, "rto_s": None, "passed": False, "rerun": rerun(name, seed),
                       "error": f"{type(exc).__name__}: {exc}"[:2000]}
         results.append(result)
         if args.json:
-            keys = DRILL_KEYS + [k for k in ("wait_replicas", "lost_in_uplink", "error") if k in result]
+            keys = DRILL_KEYS + [k for k in DRILL_EXTRA_KEYS if k in result]
             print(json.dumps({k: result.get(k) for k in keys}), flush=True)
         else:
             say(f"  {'passed' if result['passed'] else 'FAILED'}: lost {result['lost']}, duplicated "

@@ -40,7 +40,8 @@ from pathlib import Path
 import redis
 
 from .lab_hosts import (PEERS, REDIS_PORT, SENTINEL_PORTS, SERVICE, SPARK_WEBUI_PORT, ZK_PORT, Launch, LabPlan,
-                        peer_command, publisher_command, redis_launches, spark_launches, zookeeper_launches)
+                        peer_command, peer_stop_command, publisher_command, redis_launches, spark_launches,
+                        zookeeper_launches)
 from .lab_network import (DEFAULT_PREFIX, DEFAULT_SUBNET, NETNS_ETC, HostOps, LabProcess, LabState, check_usable,
                           connect_in, create, entered, netns_exec, ns_inode, pids_in, teardown)
 from .servers import log_tail
@@ -89,10 +90,11 @@ class Lab:
     namespace name (give each lab running at once its own)."""
 
     def __init__(self, directory: str | Path, short: bool = False, prefix: str = DEFAULT_PREFIX,
-                 subnet: str = DEFAULT_SUBNET, flow: str = "lab"):
+                 subnet: str = DEFAULT_SUBNET, flow: str = "lab", shards: int = 1):
         self.directory = Path(directory).resolve()
-        state = LabState(prefix=prefix, subnet=subnet, info={"form": "short" if short else "full", "flow": flow})
-        self.plan = LabPlan(self.directory, state, short=short, flow=flow)
+        state = LabState(prefix=prefix, subnet=subnet,
+                         info={"form": "short" if short else "full", "flow": flow, "shards": shards})
+        self.plan = LabPlan(self.directory, state, short=short, flow=flow, shards=shards)
         self._children: dict[int, subprocess.Popen] = {}
         self._flow = None
 
@@ -110,7 +112,7 @@ class Lab:
         path = Path(directory).resolve() / STATE_FILE
         state = LabState.load(path)
         lab = cls(directory, short=state.info.get("form") == "short", prefix=state.prefix, subnet=state.subnet,
-                  flow=state.info.get("flow", "lab"))
+                  flow=state.info.get("flow", "lab"), shards=state.info.get("shards", 1))
         lab.plan.state = state
         return lab
 
@@ -221,7 +223,7 @@ class Lab:
             if p.name == "zookeeper":
                 return self._zk_mode(addr) in ("leader", "follower", "standalone")
             if p.name == "spark-master":
-                return (self._spark_state() or {}).get("status") == "ALIVE"
+                return (self.spark_state() or {}).get("status") == "ALIVE"
             if p.name == "spark-worker":
                 return any(w.get("host") == f"{p.host}.lab" for w in self._spark_workers())
             if p.host in PEERS:
@@ -248,7 +250,8 @@ class Lab:
                 return line[6:].strip()
         return None
 
-    def _spark_state(self) -> dict | None:
+    def spark_state(self) -> dict | None:
+        """The Spark master's view (its web UI's ``/json/``), None when it does not answer."""
         conn = _NetnsHttp(self.client_ns, self.plan.address("spark"), SPARK_WEBUI_PORT, 2.0)
         try:
             conn.request("GET", "/json/")
@@ -259,7 +262,7 @@ class Lab:
             conn.close()
 
     def _spark_workers(self) -> list[dict]:
-        return [w for w in (self._spark_state() or {}).get("workers", []) if w.get("state") == "ALIVE"]
+        return [w for w in (self.spark_state() or {}).get("workers", []) if w.get("state") == "ALIVE"]
 
     def _sentinels_ready(self) -> bool:
         addr = self.plan.address("redis")
@@ -343,6 +346,25 @@ class Lab:
         finally:
             client.close()
 
+    def uplink_times(self) -> dict[str, int]:
+        """Each uplink entry's message ID -> the entry's time (ms since the epoch, Redis's clock)."""
+        _, keys = self._keys()
+        client = self.redis()
+        out, start = {}, "-"
+        try:
+            while True:
+                page = client.xrange(keys.uplink, min=start, max="+", count=10_000)
+                for eid, fields in page:
+                    try:
+                        out[str(json.loads(fields[b"data"])["id"])] = int(eid.split(b"-")[0])
+                    except (ValueError, KeyError, TypeError):
+                        pass  # an entry that is no message of ours
+                if len(page) < 10_000:
+                    return out
+                start = "(" + page[-1][0].decode()
+        finally:
+            client.close()
+
     # -- acting on it ---------------------------------------------------------------------------
     def publisher(self, count: int, rate: float, acked: str | Path, first: int = 0) -> LabProcess:
         """Start the client host publishing (see :func:`.lab_hosts.publisher_command`)."""
@@ -356,14 +378,17 @@ class Lab:
             return None
 
     def kill_host(self, host: str, deadline_s: float = 10.0) -> float:
-        """SIGKILL every process group the lab started on ``host`` at once, as when the machine
-        dies; return the time of the kill (epoch s) once no process is left in its namespace."""
+        """SIGKILL every process on ``host`` at once, as when the machine dies: each process group
+        the lab started there, then anything else left in its namespace (a Spark worker's
+        executors); return the time of the kill (epoch s) once no process is left in it."""
         ns = self.state.host(host).ns
         ops = HostOps()
         groups = [p.pid for p in self.state.processes if p.host == host and ops.group_in(p.pid, ns)]
         killed_at = time.time()
         for g in groups:
             ops.signal_group(g, signal.SIGKILL)
+        for pid in pids_in(ns):  # started by a process of the host, in a group of their own
+            ops.signal(pid, signal.SIGKILL)
         for g in groups:
             child = self._children.get(g)
             if child is not None:
@@ -371,6 +396,50 @@ class Lab:
         if not ops.wait(lambda: not pids_in(ns), deadline_s):
             raise LabError(f"processes {pids_in(ns)} still in {ns} {deadline_s:.0f} s after the kill")
         return killed_at
+
+    def process(self, host: str, name: str) -> LabProcess:
+        """The newest process called ``name`` the lab started on ``host``."""
+        for p in reversed(self.state.processes):
+            if p.host == host and p.name == name:
+                return p
+        raise LabError(f"the lab started no {name} on {host}")
+
+    def start_peer(self, host: str, env: dict[str, str] | None = None) -> LabProcess:
+        """Start peer ``host`` as its unit's ``ExecStart`` does (``env`` added to its environment,
+        e.g. a fake clock); returns at once (see :meth:`wait_streaming`)."""
+        launch = peer_command(self.plan, host)
+        launch.env.update(env or {})
+        return self._start(launch)
+
+    def stop_peer(self, host: str, deadline_s: float = 30.0) -> int | None:
+        """Stop peer ``host`` as its unit's ``ExecStop`` does (``kill -TERM $MAINPID``: a master
+        hands over first), then, as ``TimeoutStopSec`` says, SIGKILL its group after
+        ``deadline_s``; returns its exit status (None when it had to be killed)."""
+        p = self.process(host, "twinflow-run")
+        argv = peer_stop_command(self.plan, host, p.pid)
+        subprocess.run(netns_exec(self.state.host(host).ns, argv), check=True, timeout=10,
+                       executable=shutil.which("ip"))
+        status = self.wait_exit(p, deadline_s)
+        if status is None:
+            HostOps().signal_group(p.pid, signal.SIGKILL)
+            self.wait_exit(p, 10)
+        return status
+
+    def start_server(self, host: str, name: str) -> LabProcess:
+        """Start server ``name`` on ``host`` again, on the data it left (a host that came back)."""
+        launches = redis_launches(self.plan) + zookeeper_launches(self.plan) + spark_launches(self.plan)
+        launch = next((x for x in launches if x.host == host and x.name == name), None)
+        if launch is None:
+            raise LabError(f"no server {name} on {host} in the {self.state.info['form']} form")
+        p = self._start(launch)
+        self._wait_servers([p], time.monotonic() + SERVER_DEADLINE_S)
+        return p
+
+    def wait_streaming(self, host: str, deadline_s: float = PEER_DEADLINE_S) -> None:
+        """Wait until peer ``host``'s newest process streams (its status in Redis says so)."""
+        p = self.process(host, "twinflow-run")
+        self._wait(f"{host} streaming", lambda: (lambda r: r.get("streaming") == "1" and r.get("pid") == str(p.pid))(
+            self.peer_statuses().get(host, {})), time.monotonic() + deadline_s, [p])
 
     def status(self) -> list[dict]:
         """One row per process the lab started: host, address, name, port, PID, alive, answers,

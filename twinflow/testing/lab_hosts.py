@@ -88,6 +88,7 @@ class LabPlan:
     state: LabState = field(default_factory=LabState)
     short: bool = False
     flow: str = "lab"
+    shards: int = 1  # the chained flow in this many uplink shards (keyed by order_id)
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
@@ -155,7 +156,11 @@ class LabPlan:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "w") as f:
                     f.write(value + "\n")
-        self.flow_path.write_text(re.sub(r"(?m)^flow: .*$", f"flow: {self.flow}", CHAINED.read_text(), count=1))
+        text = re.sub(r"(?m)^flow: .*$", f"flow: {self.flow}", CHAINED.read_text(), count=1)
+        if self.shards > 1:
+            sharded = rf'uplink: {{\1, shards: {self.shards}, shard_key: "{{order_id}}"}}'
+            text = re.sub(r"(?m)^uplink: \{(.*)\}$", sharded, text, count=1)
+        self.flow_path.write_text(text)
 
 
 def base_env() -> dict[str, str]:
@@ -241,8 +246,10 @@ def spark_launches(plan: LabPlan) -> list[Launch]:
                                "--port", str(SPARK_PORT), "--webui-port", str(SPARK_WEBUI_PORT))
             port = SPARK_PORT
         else:
+            # Two cores each (the machine's own): when one worker dies, the other has room for
+            # the executor each peer's application loses with it.
             argv = spark_class(env, "org.apache.spark.deploy.worker.Worker", "--host", f"{host}.lab",
-                               "--cores", "1", "--memory", "1g", "--webui-port", str(WORKER_WEBUI_PORT),
+                               "--cores", "2", "--memory", "1g", "--webui-port", str(WORKER_WEBUI_PORT),
                                "--work-dir", str(d / "work"), plan.spark_master)
             port = WORKER_WEBUI_PORT
         out.append(_launch(plan, host, name, argv, port))
@@ -262,6 +269,16 @@ def peer_command(plan: LabPlan, host: str) -> Launch:
     env_file.write_text(peer_environment(plan, host))
     env = read_environment_file(env_file)
     return _launch(plan, host, "twinflow-run", unit.start_argv(host, env), PEER_PORT, env)
+
+
+def peer_stop_command(plan: LabPlan, host: str, main_pid: int) -> list[str]:
+    """The unit's ``ExecStop`` for peer ``host`` whose main process is ``main_pid``."""
+    unit = ServiceUnit.read(DEPLOY / "twinflow-peer@.service")
+    env = read_environment_file(plan.host_dir(host) / "twinflow-run" / f"{host}.env")
+    argv = unit.stop_argv(host, env, main_pid)
+    if argv is None:
+        raise UnitError("the peer's unit has no ExecStop")
+    return argv
 
 
 def peer_environment(plan: LabPlan, host: str) -> str:
