@@ -12,6 +12,9 @@ in its own steps, on its virtual clock, instead of the thread.
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as PingTimeout
 
 from .membership import MembersUnknown
 from .roles import MASTER
@@ -23,6 +26,9 @@ log = logging.getLogger("twinflow.peer")
 # (whose executor would have fired it): the most a time-out waits for that under no load.
 REMOTE_FIRE_AFTER_S = 0.25
 BUSY_RETRY_S = 0.05  # how soon the timer looks again at a deadline a batch in progress holds up
+# How long the lease watch waits for its PING: one still stuck in reconnecting (packets dropped,
+# the Sentinels asked in vain, redis-py's own retries) is no answer.
+LEASE_PING_S = 0.5
 
 
 class MemberTimers:
@@ -30,7 +36,9 @@ class MemberTimers:
 
     # -- timers -----------------------------------------------------------
     def run_timers(self) -> None:
-        """The timer thread: a round (see ``timer_round``), then wait for the next one or a wake-up."""
+        """The timer thread: a round (see ``timer_round``), then wait for the next one or a wake-up.
+        It starts the lease watch beside it (see ``run_lease_watch``)."""
+        threading.Thread(target=self.run_lease_watch, name="lease", daemon=True).start()
         while not self._stop.is_set():
             wait = self.timer_round()
             if wait is None:
@@ -116,15 +124,42 @@ class MemberTimers:
         finally:
             self.batch_lock.release()
 
-    def _check_lease(self) -> None:
-        """A master that has not reached Redis for longer than its lease steps down."""
+    def run_lease_watch(self) -> None:
+        """The lease thread: the lease check every quarter lease, its PING waited for at most
+        LEASE_PING_S. A timer round can wait on Redis far longer than the lease (with packets
+        dropped, each call's reconnection asks every Sentinel in turn, and redis-py retries), so a
+        master cut from Redis must not depend on that round to step down."""
+        pings = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-ping")
+        pending = None
+
+        def ping_within() -> bool:
+            nonlocal pending
+            if pending is None or pending.done():  # never more than one PING waiting
+                pending = pings.submit(self.store.ping)
+            try:
+                return pending.result(timeout=LEASE_PING_S)
+            except PingTimeout:
+                return False
+
+        try:
+            while not self._stop.wait(self.lease_s / 4):
+                try:
+                    self._check_lease(ping_within)
+                except Exception as exc:  # the watch must keep watching
+                    log.warning("lease watch: %s: %s", type(exc).__name__, exc)
+        finally:
+            pings.shutdown(wait=False)
+
+    def _check_lease(self, ping=None) -> None:
+        """A master that has not reached Redis for longer than its lease steps down. ``ping``:
+        how to ask Redis once more (default: the store's PING, as long as it takes)."""
         if self.leadership is None or not self.leadership.is_master or self.store.silent_s() <= self.lease_s:
             return
         # A starved timer thread also looks silent: ask Redis once more first.
-        if self.store.ping():
+        if (ping or self.store.ping)():
             return
         silent = self.store.silent_s()
-        if silent > self.lease_s:
+        if silent > self.lease_s and self.leadership.is_master:
             self._event(logging.ERROR, "lease_expired",
                         "%s: no answer from Redis for %.1f s, over the write lease (%.1f s): stepping down",
                         self.cfg.peer_id, silent, self.lease_s, seconds=round(silent, 3), lease=self.lease_s)
