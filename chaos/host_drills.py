@@ -84,14 +84,8 @@ class HostDrill(FaultRecord):
         return self.lab.peer_statuses().get(host, {}).get("role")
 
     def wait_role(self, host: str, role: str, deadline_s: float = ROLE_DEADLINE_S) -> None:
-        """Wait until ``host``'s status in Redis says ``role`` (and no other peer's says master,
-        when ``role`` is master: a cut-off master's status keeps its last word until it expires)."""
-        def there() -> bool:
-            rows = self.lab.peer_statuses()
-            if rows.get(host, {}).get("role") != role:
-                return False
-            return role != "master" or self.lab.master() == host
-        if not wait_for(there, deadline_s, 0.1):
+        """Wait until ``host``'s status in Redis says ``role``."""
+        if not wait_for(lambda: self.role(host) == role, deadline_s, 0.1):
             raise RuntimeError(f"{host} was not {role} {deadline_s:.0f} s on (statuses "
                                f"{ {h: r.get('role') for h, r in self.lab.peer_statuses().items()} }):\n"
                                + self.lab.logs(lines=30))
@@ -145,7 +139,7 @@ def asymmetric_partition(d: HostDrill) -> None:
     cut.drop([d.address(b)], direction="out")
     # Longer than the worker's bake time (5 s): what it holds unclaimed is released by the
     # processed mark, or rolled back when it takes over.
-    d.wait_sent(0.2 + 7.0 * d.rate / d.total)
+    d.wait_sent(min(0.8, 0.2 + 7.0 * d.rate / d.total))
     d.crash(a)
     cut.heal()
     d.healed()
