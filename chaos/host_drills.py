@@ -2,9 +2,10 @@
 (:mod:`twinflow.testing.lab`: servers, peers and a client, each in a network namespace of its
 own with its own address) while the client host publishes, then the one checker.
 
-Each run makes a fresh full lab (Redis behind three Sentinels, a three-server ZooKeeper
+Each drill runs on a full lab (Redis behind three Sentinels, a three-server ZooKeeper
 ensemble, a Spark standalone cluster of two workers, two peers run through the deployment
-guide's systemd unit, mutual TLS and tokens on every link), publishes ``messages`` orders and
+guide's systemd unit, mutual TLS and tokens on every link; made for the drill's first run and
+kept for its next, see :class:`HostDrillRunner`), publishes ``messages`` orders and
 payments of the chained flow from the client host at ``rate`` per second, injects the drill's
 fault, waits until every acknowledged message left the flow, and counts what the local
 drills count (:func:`.drills.verdict`: lost, duplicated, out of order, stale writes, RTO),
@@ -48,10 +49,11 @@ from typing import Callable
 
 from ..runtime.waiting import wait_for
 from ..testing import checker
-from ..testing.checker import check_outputs, in_time_order
+from ..testing.checker import check_outputs, in_time_order, recovery_s
 from ..testing.lab import Lab, LabError
 from ..testing.lab_faults import HostFirewall, executor_hosts, fake_clock_env
 from ..testing.lab_hosts import PEERS
+from ..testing.messages import order_or_payment
 from .drills import FaultRecord, verdict
 from .report import timeline
 
@@ -223,49 +225,102 @@ HOST_DRILLS: dict[str, HostDrillSpec] = {
 }
 
 
-# -- running one ------------------------------------------------------------------------------------
-def run_host_drill(name: str, seed: int = 1, messages: int = 10_000, rate: float | None = None,
-                   directory: str | Path = ".twinflow/drill-lab", prefix: str = "tfdr-",
-                   settle_s: float = 90.0, say: Callable[[str], None] = lambda text: None) -> dict:
-    """Run host drill ``name`` on a fresh lab in ``directory`` and check it (see module)."""
-    if name not in HOST_DRILLS:
-        raise KeyError(f"unknown host drill {name!r} (known: {', '.join(HOST_DRILLS)})")
-    spec = HOST_DRILLS[name]
-    rate = rate or spec.rate
-    lab = Lab(directory, prefix=prefix, flow="drill", shards=spec.shards)
-    lab.up(say)
-    try:
+# -- running them ----------------------------------------------------------------------------------
+class HostDrillRunner:
+    """Runs drills between hosts, the runs of one drill on one lab: made for its first run, taken
+    down when another drill begins or at :meth:`close` (a full lab takes over a minute to come
+    up on two cores). Each run publishes message IDs of its own (the next ``messages`` of
+    :func:`~twinflow.testing.messages.order_or_payment`) and is judged on what left the flow
+    of those alone, from a lab where both peers stream and one is master. A run that cannot
+    reach its check takes its lab down: the next run makes a fresh one."""
+
+    def __init__(self, messages: int = 10_000, rate: float | None = None,
+                 directory: str | Path = ".twinflow/drill-lab", prefix: str = "tfdr-", settle_s: float = 90.0,
+                 say: Callable[[str], None] = lambda text: None):
+        self.messages, self.rate, self.settle_s, self.say = messages, rate, settle_s, say
+        self.directory, self.prefix = directory, prefix
+        self.lab: Lab | None = None
+        self.drill: str | None = None
+        self.published = 0  # messages the lab's runs have published: the next run's first
+
+    def close(self) -> None:
+        if self.lab is not None:
+            self.lab.down()
+        self.lab, self.drill, self.published = None, None, 0
+
+    def _lab_for(self, name: str) -> Lab:
+        if self.drill != name:
+            self.close()
+            lab = Lab(self.directory, prefix=self.prefix, flow="drill", shards=HOST_DRILLS[name].shards)
+            lab.up(self.say)
+            self.lab, self.drill = lab, name
+        return self.lab
+
+    def run(self, name: str, seed: int) -> dict:
+        """Run drill ``name`` once and check it (see module)."""
+        if name not in HOST_DRILLS:
+            raise KeyError(f"unknown host drill {name!r} (known: {', '.join(HOST_DRILLS)})")
+        try:
+            return self._run(self._lab_for(name), name, seed)
+        except BaseException:
+            self.close()
+            raise
+
+    def _run(self, lab: Lab, name: str, seed: int) -> dict:
+        spec, messages = HOST_DRILLS[name], self.messages
+        rate = self.rate or spec.rate
+        if not wait_for(lambda: lab.master() and all(r.get("streaming") == "1" for r in lab.peer_statuses().values())
+                        and len(lab.peer_statuses()) == len(PEERS), 120, 0.2):
+            raise LabError("the lab has no master with both peers streaming:\n" + lab.logs(lines=30))
+        first, self.published = self.published, self.published + messages
+        ids = {order_or_payment(i)["id"] for i in range(first, first + messages)}
+        acked = lab.directory / f"acked-{first}.txt"
+        acked.unlink(missing_ok=True)  # left by an earlier lab in the same directory
         master = lab.master()
-        acked = lab.directory / "acked.txt"
-        acked.unlink(missing_ok=True)
         d = HostDrill(lab, master, next(p for p in PEERS if p != master), seed, lambda: _count(acked), messages,
-                      rate, say=say)
+                      rate, say=self.say)
         if spec.setup is not None:
             spec.setup(d)
-        publisher = lab.publisher(messages, rate, acked)
+        publisher = lab.publisher(messages, rate, acked, first)
         spec.run(d)
         status = lab.wait_exit(publisher, messages / rate + 180)
         if status != 0:
             raise LabError(f"the client host's publisher ended with {status}:\n" + lab.logs([publisher], 20))
         sent = acked.read_text().split()
-        wait_for(lambda: check_outputs(lab.outputs(), sent).delivered >= len(sent), settle_s, 0.5)
-        outputs = lab.outputs()
-        report = checker.check(outputs, sent, d.faults)
-        result = verdict(report, spec.kills_master)
+        outputs = lambda: this_run(lab.outputs(), ids)  # noqa: E731
+        wait_for(lambda: check_outputs(outputs(), sent).delivered >= len(sent), self.settle_s, 0.5)
+        out = outputs()
+        result = verdict(checker.check(out, sent, d.faults), spec.kills_master)
+        writes = in_time_order(out)
+        rtos = (recovery_s(writes, at) for at in d.faults)
+        result["rto_each_s"] = [None if r is None else round(r, 3) for r in rtos]
         if name == "rolling-restart":
-            gap = max_gap_s(in_time_order(outputs), d.faults[0])
+            gap = max_gap_s(writes, d.faults[0])
             d.figures["max_gap_s"] = round(gap, 3)
             result["passed"] = result["passed"] and gap <= MAX_GAP_TARGET_S
         if name == "clock-skew":
-            d.figures.update(timeout_errors(lab, outputs, d.faults[-1]))
+            d.figures.update(timeout_errors(lab, out, d.faults[-1]))
         result.update(drill=name, hosts=True, seed=seed, messages=messages, rate=rate, **d.figures)
-        result["timeline"] = timeline(outputs, d.windows)
+        result["timeline"] = timeline(out, d.windows)
         result["rerun"] = f"twinflow drill {name} --hosts --seed {seed} --messages {messages} --rate {rate:g}"
         if not result["passed"]:
             result["logs"] = lab.logs(lines=20)
         return result
+
+
+def run_host_drill(name: str, seed: int = 1, messages: int = 10_000, rate: float | None = None,
+                   say: Callable[[str], None] = lambda text: None, **lab_options) -> dict:
+    """Run host drill ``name`` once on a fresh lab and check it (see module)."""
+    runner = HostDrillRunner(messages, rate, say=say, **lab_options)
+    try:
+        return runner.run(name, seed)
     finally:
-        lab.down()
+        runner.close()
+
+
+def this_run(outputs: dict, ids: set[str]) -> dict:
+    """The entries of ``outputs`` with a member among ``ids`` (a run's own messages)."""
+    return {k: [e for e in v if any(m in ids for m in e.id.split("+"))] for k, v in outputs.items()}
 
 
 def _count(path: Path) -> int:

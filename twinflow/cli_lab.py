@@ -63,12 +63,12 @@ def _status_table(rows: list[dict]) -> str:
 
 
 def cmd_host_drill(args) -> int:
-    """``twinflow drill NAME --hosts``: each run on a fresh full lab (chaos/host_drills.py)."""
+    """``twinflow drill NAME --hosts``: each drill's runs on a full lab of their own (chaos/host_drills.py)."""
     if os.geteuid() != 0:
         print(f"twinflow: twinflow drill --hosts needs root: it makes a lab of network namespaces "
               f"(this process runs as uid {os.geteuid()})", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    from twinflow.chaos.host_drills import HOST_DRILLS, run_host_drill
+    from twinflow.chaos.host_drills import HOST_DRILLS, HostDrillRunner
     from twinflow.cli_tools import drill_series
 
     names = list(HOST_DRILLS) if args.name == "all" else [args.name]
@@ -77,7 +77,11 @@ def cmd_host_drill(args) -> int:
               file=sys.stderr)
         return EXIT_BAD_FLOW
 
-    def run_one(name: str, seed: int, say) -> dict:
-        return run_host_drill(name, seed=seed, messages=args.messages, rate=args.rate, say=say)
-    return drill_series(args, names, run_one,
-                        lambda name, seed: f"twinflow drill {name} --hosts --seed {seed} --messages {args.messages}")
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    runner = HostDrillRunner(args.messages, args.rate, say=say)
+    try:
+        # Drill by drill (each drill's runs on one lab), not round by round.
+        rerun = lambda name, seed: f"twinflow drill {name} --hosts --seed {seed} --messages {args.messages}"  # noqa: E731
+        return drill_series(args, names, lambda name, seed, say: runner.run(name, seed), rerun, by_drill=True)
+    finally:
+        runner.close()

@@ -19,7 +19,7 @@ from twinflow.cli_common import (EXIT_BAD_FLOW, EXIT_UNAVAILABLE, _load_flow, _n
 DRILL_KEYS = ["drill", "seed", "messages", "lost", "duplicated", "out_of_order", "rto_s", "passed"]
 DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 # ... and these where a drill has them (the Redis failover drills, the drills between hosts).
-DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "max_gap_s", "stop_status",
+DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "rto_each_s", "max_gap_s", "stop_status",
                     "skew_s", "timeouts_after_failover", "timeout_error_ms_p50", "timeout_error_ms_min",
                     "timeout_error_ms_max", "error"]
 
@@ -136,13 +136,16 @@ def cmd_drill(args) -> int:
                                                                   f"--messages {args.messages}")
 
 
-def drill_series(args, names: list[str], run_one, rerun) -> int:
+def drill_series(args, names: list[str], run_one, rerun, by_drill: bool = False) -> int:
     """Run ``names`` ``args.runs`` times each (``run_one(name, seed, say)`` -> result), round by
-    round so a stopped series covers every drill; print each result (``--json``: a line each),
-    then the table and, when asked, the report. 0 when every run passed."""
+    round so a stopped series covers every drill (``by_drill``: a drill's runs one after another);
+    print each result (``--json``: a line each), then the table and, when asked, the report.
+    0 when every run passed."""
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     results = []
-    plan = [(seed, name) for seed in range(args.seed, args.seed + args.runs) for name in names]
+    seeds = range(args.seed, args.seed + args.runs)
+    plan = [(seed, name) for name in names for seed in seeds] if by_drill else [
+        (seed, name) for seed in seeds for name in names]
     for i, (seed, name) in enumerate(plan, 1):
         say(f"[{i}/{len(plan)}] drill {name} (seed {seed}, {args.messages} messages)...")
         try:

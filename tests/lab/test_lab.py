@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import wait_until
 from twinflow.testing.checker import check, check_outputs, failover_seconds
 from twinflow.testing.lab import Lab
-from twinflow.testing.lab_network import LabUnavailable, check_usable, entered, ns_inode, pids_in
+from twinflow.testing.lab_network import LabUnavailable, check_usable, connect_in, entered, ns_inode, pids_in
 
 pytestmark = [pytest.mark.cluster, pytest.mark.lab, pytest.mark.timeout(170)]
 
@@ -44,6 +44,16 @@ def lab(tmp_path):
         assert left == [], f"lab down left namespaces {left}"
 
 
+def metrics_in(lab, host: str) -> str:
+    """The peer's Prometheus page, fetched inside its host (it listens on 127.0.0.1:9464 there)."""
+    with connect_in(lab.state.host(host).ns, "127.0.0.1", 9464, timeout_s=5) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        reply = b""
+        while len(reply) < 1 << 22 and (chunk := sock.recv(65536)):
+            reply += chunk
+    return reply.decode(errors="replace")
+
+
 def acked(path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
@@ -57,6 +67,14 @@ def test_the_master_host_dies_and_the_other_peer_delivers_every_message(lab, tmp
 
     old = lab.master()
     other = next(p for p in ("peer-a", "peer-b") if p != old)
+    # Every peer listens on 0.0.0.0 and is known by the name it advertises: in its status (what
+    # `twinflow status` and the clients read) and in its metrics' labels.
+    statuses = lab.peer_statuses()
+    for p in ("peer-a", "peer-b"):
+        assert statuses[p]["grpc_address"] == f"{p}.lab:7070"
+        page = metrics_in(lab, p)
+        master_line = next(line for line in page.splitlines() if line.startswith("twinflow_is_master"))
+        assert f'peer="{p}"' in master_line and master_line.endswith(" 1.0" if p == old else " 0.0"), master_line
     old_epoch = int(lab.peer_statuses()[old]["epoch"])
     sent_file = tmp_path / "acked.txt"
     publisher = lab.publisher(MESSAGES, RATE, sent_file)
