@@ -251,6 +251,9 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         out["streaming"] = int(self.streaming)
         out["streaming_since"] = self.streaming_since
         out["pid"] = os.getpid()
+        offset = getattr(self.clock, "offset_s", None)  # a flow clock on Redis's time knows it (flow_clock.py)
+        if offset is not None:
+            out["clock_offset_s"] = round(offset, 3)
         if self.task_pid:
             out["task_pid"] = self.task_pid
             out["state_loads"] = self.state_loads

@@ -139,6 +139,10 @@ class PeerCollector(Collector):
             ("twinflow_epoch", "epoch", "The master's epoch (a worker: the newest it has seen)"),
         ):
             family(GaugeMetricFamily, name, doc).add_metric(who, int(s.get(key) or 0))
+        if s.get("clock_offset_s") is not None:  # known once the flow's clock sampled Redis's time
+            family(GaugeMetricFamily, "twinflow_clock_offset_seconds",
+                   "This machine's wall clock minus the Redis server's time, as the flow's clock last "
+                   "sampled it (the flow's time follows Redis's)").add_metric(who, float(s["clock_offset_s"]))
         role = s.get("role", "starting")
         family(GaugeMetricFamily, "twinflow_is_master", "1 while this peer is the flow's master"
                ).add_metric(who, int(role == "master"))

@@ -1,9 +1,11 @@
 """What a peer and its members are built from: their collaborators, passed in rather than built inside.
 
 A :class:`~twinflow.cluster.peer.Peer` (one ``twinflow run`` process) asks
-its :class:`PeerParts`, in this order, for its ZooKeeper session, its
-uplink engine (the JVM), its gRPC server and, last, its uplink reading
-(one query for all its members). Each
+its :class:`PeerParts` for the flow's clock, which all its members share
+(``Peer.for_flow``, unless it is given one; None: the wall clock), then at
+start, in this order, for its ZooKeeper session, its uplink engine (the
+JVM), its gRPC server and, last, its uplink reading (one query for all its
+members). Each
 :class:`~twinflow.cluster.member.FlowMember` (the peer's part in one flow,
 or one shard of it) asks its :class:`MemberParts` for its Redis store, its
 escalation sender, its leadership, its timers, where its master's COMMITs
@@ -13,8 +15,8 @@ Spark (``batches_ahead``, or None).
 :class:`~twinflow.cluster.real_parts.RealParts` fills both with real
 servers and Spark; a test or the failover simulator passes its own (an
 in-memory reading that calls ``member.on_batch``, a store on a private
-Redis, a leadership it drives by hand) and drives the same peer and member
-logic without Spark or ZooKeeper.
+Redis, a leadership it drives by hand, a virtual clock) and drives the same
+peer and member logic without Spark or ZooKeeper.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from __future__ import annotations
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..runtime.clock import Clock
+from ..runtime.flowgraph import FlowGraph
 from ..runtime.store.flow_store import FlowStore
 from .escalation import EscalationSender
 from .leadership import Leadership
+from .peer_config import PeerConfig
 
 if TYPE_CHECKING:
     from .member import FlowMember
@@ -53,6 +58,7 @@ class MemberParts(Protocol):
 
 
 class PeerParts(Protocol):
+    def clock(self, graph: FlowGraph, config: PeerConfig) -> Clock | None: ...
     def zookeeper(self, peer: "Peer") -> Any: ...
     def engine(self, peer: "Peer") -> None: ...
     def server(self, peer: "Peer") -> tuple[Any, int]: ...

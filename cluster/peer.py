@@ -72,9 +72,12 @@ class Peer:
     def for_flow(cls, graph: FlowGraph, config: PeerConfig, *, parts: Any, clock: Clock | None = None,
                  **member_options) -> "Peer":
         """A peer of ``graph`` with one member, or one per shard; ``parts`` fills both the
-        peer's and the members' parts (``real_parts.RealParts``, or a test's or simulator's)."""
+        peer's and the members' parts (``real_parts.RealParts``, or a test's or simulator's).
+        The members share one clock: ``clock``, else the one ``parts`` gives for the first
+        member's flow (Redis's time, ``flow_clock.py``), else the wall clock."""
         spec = cluster_flow(graph)
         graphs = [shard_graph(graph, k) for k in range(spec.shards)]
+        clock = clock or parts.clock(graphs[0], config)
         members = [FlowMember(g, config, parts=parts, clock=clock, **member_options) for g in graphs]
         return cls(graph, config, parts=parts, members=members)
 

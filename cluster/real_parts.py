@@ -3,7 +3,9 @@
 
 Under failure: every connection waits for its server up to the peer's
 ``connect_deadline_s`` and then raises ServiceUnavailable naming it. The JVM
-is started before any gRPC thread exists.
+is started before any gRPC thread exists. The flow's clock is Redis's time
+(``flow_clock.py``): it connects at its first sample, once the first store
+has, and runs on the local clock until then.
 """
 
 from __future__ import annotations
@@ -12,15 +14,19 @@ import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from ..runtime.flowgraph import FlowGraph
 from ..runtime.store.flow_store import FlowStore
 from .connect import connect_zookeeper
 from .escalation import EscalationSender
 from .escalation_servicer import EscalationServicer
+from .flow_clock import RedisTime, RedisTimeClock
 from .grpc_server import AdminServicer, IngestServicer, create_server
 from .leadership import Leadership
 from .master_session import write_pool
 from .connect import open_store
+from .on_cluster import flow_keys
 from .parts import UplinkReading
+from .peer_config import PeerConfig
 from .shard_reading import ShardReading
 from .spark_reading import SparkReading
 
@@ -34,8 +40,18 @@ class RealParts:
 
     def __init__(self) -> None:
         self.spark = None
+        self.flow_clock: RedisTimeClock | None = None
+        self._redis_time: RedisTime | None = None
 
     # -- the peer's -----------------------------------------------------------
+    def clock(self, graph: FlowGraph, config: PeerConfig) -> RedisTimeClock:
+        """The flow's clock, one per peer: Redis's ``TIME`` on the primary that holds ``graph``'s
+        uplink (the first member's), through a client made as its store's is."""
+        if self.flow_clock is None:
+            self._redis_time = RedisTime(config.redis_url, slot_key=flow_keys(graph).uplink)
+            self.flow_clock = RedisTimeClock(self._redis_time, peer=config.peer_id)
+        return self.flow_clock
+
     def zookeeper(self, peer: "Peer") -> Any:
         return connect_zookeeper(peer.cfg.zk_hosts, peer.cfg.connect_deadline_s, peer.spec.session_timeout)
 
@@ -66,11 +82,18 @@ class RealParts:
     def close(self) -> None:
         if self.spark is not None:
             self.spark.stop()
+        if self._redis_time is not None:
+            self._redis_time.close()
 
     # -- each member's ----------------------------------------------------------
     def store(self, member: "FlowMember") -> FlowStore:
         cfg = member.cfg
-        return open_store(cfg.redis_url, cfg.connect_deadline_s, member.keys, cfg.peer_id, member.spec)
+        store = open_store(cfg.redis_url, cfg.connect_deadline_s, member.keys, cfg.peer_id, member.spec)
+        if member.clock is self.flow_clock and self.flow_clock.offset_s is None:
+            # Redis answers now: the clock's first sample, before any time-out is set or fired,
+            # so that none is on this machine's clock (a failure is retried at the first now()).
+            self.flow_clock.sample()
+        return store
 
     def sender(self, member: "FlowMember") -> EscalationSender:
         return EscalationSender(member.name, member.cfg.peer_id, lambda: member.epoch, member.escalation_targets,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 from ..runtime.positions import position_order
@@ -83,7 +82,8 @@ class StartPosition:
                 f"choice for a new or rebuilt peer) or --start-from beginning (re-read the whole uplink; "
                 f"entries up to {mark} are never delivered again)")
         oldest = self.store.oldest_after(mark)
-        if oldest is not None and time.time() - position_order(oldest)[0] / 1000 > self.spec.message.id_ttl:
+        # The entry's ID is Redis's time, as the flow's clock is (flow_clock.py).
+        if oldest is not None and self.clock.now() - position_order(oldest)[0] / 1000 > self.spec.message.id_ttl:
             log.warning("the oldest unprocessed uplink entry (%s) is older than id_ttl (%d s): a re-published "
                         "duplicate of a message processed before it may no longer be recognised by its ID",
                         oldest, self.spec.message.id_ttl)

@@ -4,7 +4,9 @@ Every time-out in twinflow reads time from a :class:`Clock`, never from the
 ``time`` module directly, so that tests move time by hand (``FakeClock``) and
 replays move it by the recorded timestamps. ``now()`` is epoch seconds
 because deadlines are stored and shared between peers; local waits use
-``time.monotonic`` where nothing is shared.
+``time.monotonic`` where nothing is shared. A peer's clock is the Redis
+server's, as it estimates it (``cluster/flow_clock.py``), so that both peers
+read those deadlines on the same clock.
 
 >>> clock = FakeClock(100.0)
 >>> clock.advance(2.5)
