@@ -269,14 +269,13 @@ class HostDrillRunner:
     def _run(self, lab: Lab, name: str, seed: int) -> dict:
         spec, messages = HOST_DRILLS[name], self.messages
         rate = self.rate or spec.rate
-        if not wait_for(lambda: lab.master() and all(r.get("streaming") == "1" for r in lab.peer_statuses().values())
-                        and len(lab.peer_statuses()) == len(PEERS), 120, 0.2):
+        if not wait_for(lab.ready, 120, 0.2):
             raise LabError("the lab has no master with both peers streaming:\n" + lab.logs(lines=30))
         first, self.published = self.published, self.published + messages
         ids = {order_or_payment(i)["id"] for i in range(first, first + messages)}
         acked = lab.directory / f"acked-{first}.txt"
         acked.unlink(missing_ok=True)  # left by an earlier lab in the same directory
-        master = lab.master()
+        master = lab.master() or lab.shard_masters()[0]  # of a sharded flow, shard 0's
         d = HostDrill(lab, master, next(p for p in PEERS if p != master), seed, lambda: _count(acked), messages,
                       rate, say=self.say)
         if spec.setup is not None:
@@ -290,7 +289,8 @@ class HostDrillRunner:
         outputs = lambda: this_run(lab.outputs(), ids)  # noqa: E731
         wait_for(lambda: check_outputs(outputs(), sent).delivered >= len(sent), self.settle_s, 0.5)
         out = outputs()
-        result = verdict(checker.check(out, sent, d.faults), spec.kills_master)
+        result = verdict(checker.check_shards([this_run(o, ids) for o in lab.shard_outputs()], sent, d.faults),
+                         spec.kills_master)
         writes = in_time_order(out)
         rtos = (recovery_s(writes, at) for at in d.faults)
         result["rto_each_s"] = [None if r is None else round(r, 3) for r in rtos]

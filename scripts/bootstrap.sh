@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what twinflow needs on a fresh Debian 12 machine, idempotently:
-# Debian's redis-server, zookeeper, nftables, iproute2 and faketime (only when absent), a virtual
+# Debian's redis-server, zookeeper, nftables and iproute2 (only when absent), a virtual
 # environment at .venv/ and the package with its test extras (only when
 # pyproject.toml changed since the last install).
 set -euo pipefail
@@ -12,8 +12,6 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 # The kernel-fault drill (zk-drop-master): nftables rules in a network namespace of its own.
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need_apt+=(nftables)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need_apt+=(iproute2)
-# The clock-skew drill between lab hosts: a peer's wall clock off by a few seconds (libfaketime).
-compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null || need_apt+=(faketime)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "bootstrap: installing ${need_apt[*]} with apt" >&2
     sudo_cmd=""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from twinflow.cli_common import EXIT_BAD_FLOW, EXIT_UNAVAILABLE, _table
+from twinflow.cli_common import EXIT_UNAVAILABLE, _table
 
 STATUS_COLUMNS = ["host", "address", "process", "port", "pid", "alive", "answers", "role", "epoch"]
 
@@ -61,27 +61,3 @@ def _status_table(rows: list[dict]) -> str:
     return _table(STATUS_COLUMNS, [[shown[r[c]] if r[c] is None or isinstance(r[c], bool) else r[c]
                                     for c in STATUS_COLUMNS] for r in rows])
 
-
-def cmd_host_drill(args) -> int:
-    """``twinflow drill NAME --hosts``: each drill's runs on a full lab of their own (chaos/host_drills.py)."""
-    if os.geteuid() != 0:
-        print(f"twinflow: twinflow drill --hosts needs root: it makes a lab of network namespaces "
-              f"(this process runs as uid {os.geteuid()})", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    from twinflow.chaos.host_drills import HOST_DRILLS, HostDrillRunner
-    from twinflow.cli_tools import drill_series
-
-    names = list(HOST_DRILLS) if args.name == "all" else [args.name]
-    if names[0] not in HOST_DRILLS:
-        print(f"twinflow: unknown drill between hosts {args.name!r} (known: all, {', '.join(HOST_DRILLS)})",
-              file=sys.stderr)
-        return EXIT_BAD_FLOW
-
-    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
-    runner = HostDrillRunner(args.messages, args.rate, say=say)
-    try:
-        # Drill by drill (each drill's runs on one lab), not round by round.
-        rerun = lambda name, seed: f"twinflow drill {name} --hosts --seed {seed} --messages {args.messages}"  # noqa: E731
-        return drill_series(args, names, lambda name, seed, say: runner.run(name, seed), rerun, by_drill=True)
-    finally:
-        runner.close()

@@ -8,6 +8,7 @@ ends, also on SIGTERM or Ctrl-C.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -100,8 +101,6 @@ def cmd_proxy(args) -> int:
 
 def cmd_drill(args) -> int:
     if args.hosts:
-        from twinflow.cli_lab import cmd_host_drill
-
         return cmd_host_drill(args)
     _need_extra("chaos", "toxiproxy", *(["matplotlib"] if args.report or args.name == "all" else []))
     from twinflow.chaos.drills import DRILLS, IN_NETNS, run_drill
@@ -134,6 +133,30 @@ def cmd_drill(args) -> int:
                          say=say, wait_replicas=args.wait_replicas)
     return drill_series(args, names, run_one, lambda name, seed: f"twinflow drill {name} --seed {seed} "
                                                                   f"--messages {args.messages}")
+
+
+def cmd_host_drill(args) -> int:
+    """``twinflow drill NAME --hosts``: each drill's runs on a full lab of their own (chaos/host_drills.py)."""
+    if os.geteuid() != 0:
+        print(f"twinflow: twinflow drill --hosts needs root: it makes a lab of network namespaces "
+              f"(this process runs as uid {os.geteuid()})", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    from twinflow.chaos.host_drills import HOST_DRILLS, HostDrillRunner
+
+    names = list(HOST_DRILLS) if args.name == "all" else [args.name]
+    if names[0] not in HOST_DRILLS:
+        print(f"twinflow: unknown drill between hosts {args.name!r} (known: all, {', '.join(HOST_DRILLS)})",
+              file=sys.stderr)
+        return EXIT_BAD_FLOW
+
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    runner = HostDrillRunner(args.messages, args.rate, say=say)
+    try:
+        # Drill by drill (each drill's runs on one lab), not round by round.
+        rerun = lambda name, seed: f"twinflow drill {name} --hosts --seed {seed} --messages {args.messages}"  # noqa: E731
+        return drill_series(args, names, lambda name, seed, say: runner.run(name, seed), rerun, by_drill=True)
+    finally:
+        runner.close()
 
 
 def drill_series(args, names: list[str], run_one, rerun, by_drill: bool = False) -> int:

@@ -214,6 +214,30 @@ def check(outputs: dict[str, list[SinkEntry]], sent_ids: list[str], faults: Iter
     return report
 
 
+def merge_outputs(shard_outputs: list[dict]) -> dict:
+    """Every shard's outputs as one ("node.outlink" -> entries of every shard)."""
+    out: dict = {}
+    for shard in shard_outputs:
+        for name, entries in shard.items():
+            out.setdefault(name, []).extend(entries)
+    return out
+
+
+def check_shards(shard_outputs: list[dict], sent_ids: list[str], faults: Iterable[float] = (),
+                 sequences: dict | None = None) -> SinkReport:
+    """:func:`check` over what left every shard of a flow; one writer per epoch and nothing stale
+    are judged shard by shard, each shard having epochs of its own."""
+    report = check(merge_outputs(shard_outputs), sent_ids, faults, sequences=sequences)
+    if len(shard_outputs) > 1:
+        tallies = [Tally() for _ in shard_outputs]
+        for tally, outputs in zip(tallies, shard_outputs):
+            for entry in in_time_order(outputs):
+                tally.judge_writer(entry)
+        report.stale_writes = sum(t.stale for t in tallies)
+        report.two_writers = sum(t.split for t in tallies)
+    return report
+
+
 def count_out_of_order(rows: Iterable[tuple[object, object]]) -> int:
     """Outputs whose sequence number is not above the one before in their group.
 

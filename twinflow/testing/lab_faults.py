@@ -10,18 +10,20 @@ executors are on.
   made, and the table goes with it.
 - :func:`fake_clock_env` is the environment that runs a process and its children (a peer's
   JVM too) under libfaketime with its wall clock ``offset_s`` off; the monotonic clock stays
-  true, as NTP would leave it.
+  true, as NTP would leave it. The library is the one the PyPI package ``libfaketime`` ships
+  (the ``chaos`` extra): Debian 12's 0.9.10 with a true monotonic clock makes Python 3.11's
+  ``time.sleep`` fail with EINVAL (its absolute ``clock_nanosleep`` on the monotonic clock).
 - :func:`executor_hosts` finds the Spark worker hosts running an application's executors.
 
-Under failure: a missing ``nft`` or libfaketime raises :class:`LabFaultUnavailable` with the
-Debian package to install; nft refusing a rule raises it with nft's message.
+Under failure: a missing ``nft`` or libfaketime raises :class:`LabFaultUnavailable` with what
+to install; nft refusing a rule raises it with nft's message.
 """
 
 from __future__ import annotations
 
-import glob
 import shutil
 import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .lab_network import netns_exec, pids_in
@@ -30,7 +32,6 @@ if TYPE_CHECKING:
     from .lab import Lab
 
 TABLE = "twinflow_lab"
-FAKETIME_LIBS = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1")
 
 
 class LabFaultUnavailable(RuntimeError):
@@ -78,12 +79,16 @@ class HostFirewall:
 
 
 def fake_clock_env(offset_s: float) -> dict[str, str]:
-    """The environment for a process whose wall clock is ``offset_s`` seconds off (libfaketime,
-    Debian package ``faketime``); its children inherit it."""
-    libs = [p for pattern in FAKETIME_LIBS for p in glob.glob(pattern)]
-    if not libs:
-        raise LabFaultUnavailable("libfaketime is not installed (apt-get install faketime)")
-    return {"LD_PRELOAD": libs[0], "FAKETIME": f"{offset_s:+g}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    """The environment for a process whose wall clock is ``offset_s`` seconds off (see module);
+    its children inherit it."""
+    try:
+        import libfaketime
+    except ImportError:
+        raise LabFaultUnavailable("the libfaketime package is not installed (pip install 'twinflow[chaos]')") from None
+    lib = Path(libfaketime.__file__).parent / "vendor" / "libfaketime" / "src" / "libfaketime.so.1"
+    if not lib.is_file():
+        raise LabFaultUnavailable(f"the libfaketime package has no library at {lib}")
+    return {"LD_PRELOAD": str(lib), "FAKETIME": f"{offset_s:+g}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 def executor_hosts(lab: "Lab", app_name: str) -> list[str]:

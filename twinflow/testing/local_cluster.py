@@ -69,7 +69,7 @@ from ..runtime.flowgraph import load_graph
 from ..runtime.shards import ShardRouter, shard_graph
 from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.waiting import wait_for
-from .checker import SinkReport, Tally, check, in_time_order, read_outputs, read_sequences
+from .checker import SinkReport, check_shards, merge_outputs, read_outputs, read_sequences
 from .processes import PeerProcess
 from .producers import Producing
 from .redis_ha import LocalRedisCluster, LocalSentinel
@@ -400,11 +400,7 @@ class LocalCluster(Producing):
 
     def outputs(self) -> dict:
         """What left through each outlink so far ("peer.outlink" -> entries), of every shard."""
-        out: dict = {}
-        for shard in self.shard_outputs():
-            for name, entries in shard.items():
-                out.setdefault(name, []).extend(entries)
-        return out
+        return merge_outputs(self.shard_outputs())
 
     def shard_outputs(self) -> list[dict]:
         """:meth:`outputs` of each shard (one for an unsharded flow)."""
@@ -419,15 +415,7 @@ class LocalCluster(Producing):
         """Every promise over what left the flow (:func:`~twinflow.testing.checker.check`); on a
         sharded flow one writer per epoch and nothing stale are judged per shard, each shard
         having epochs of its own."""
-        report = check(self.outputs(), sent_ids, faults, sequences=self.sequences())
-        if self.router.shards > 1:
-            tallies = [Tally() for _ in self.shard_keys]
-            for tally, outputs in zip(tallies, self.shard_outputs()):
-                for entry in in_time_order(outputs):
-                    tally.judge_writer(entry)
-            report.stale_writes = sum(t.stale for t in tallies)
-            report.two_writers = sum(t.split for t in tallies)
-        return report
+        return check_shards(self.shard_outputs(), sent_ids, faults, sequences=self.sequences())
 
     def shard_statuses(self, peer_id: str) -> list[dict]:
         """The peer's status hash in each shard."""
