@@ -29,7 +29,8 @@ with the same JSON keys. The drills:
   ``max_gap_s``, the longest time without a sink write from the first restart to the end;
   target 1 s.
 - ``clock-skew``: the worker's host restarted under libfaketime with its wall clock 5 s
-  ahead (odd seeds) or behind (even seeds), then the master's host dies and the skewed peer
+  ahead (odd seeds) or behind (even seeds; its JVM's clock left true, see
+  ``lab_faults.true_clock_java``), then the master's host dies and the skewed peer
   fires the time-outs the old master left. Also measured: ``timeout_error_ms`` (p50 and
   max of how late, negative: early, each lone order's time-out was written after its due
   time, the uplink entry's Redis time plus the join's time-out) for the time-outs fired
@@ -51,7 +52,7 @@ from ..runtime.waiting import wait_for
 from ..testing import checker
 from ..testing.checker import check_outputs, in_time_order, recovery_s
 from ..testing.lab import Lab, LabError
-from ..testing.lab_faults import HostFirewall, executor_hosts, fake_clock_env
+from ..testing.lab_faults import HostFirewall, executor_hosts, fake_clock_env, true_clock_java
 from ..testing.lab_hosts import PEERS
 from ..testing.messages import order_or_payment
 from .drills import FaultRecord, verdict
@@ -192,7 +193,8 @@ def clock_skew_setup(d: HostDrill) -> None:
     offset = SKEW_S if d.seed % 2 else -SKEW_S
     d.figures["skew_s"] = offset
     d.lab.stop_peer(d.worker)
-    d.lab.start_peer(d.worker, fake_clock_env(offset))
+    jvm = true_clock_java(d.lab.plan.host_dir(d.worker) / "true-clock-java")
+    d.lab.start_peer(d.worker, {**fake_clock_env(offset), **jvm})
     d.lab.wait_streaming(d.worker)
     d.wait_role(d.worker, "worker")
     seen = d.lab.peer_statuses()[d.worker].get("clock_offset_s")
@@ -216,12 +218,12 @@ class HostDrillSpec:
 
 
 HOST_DRILLS: dict[str, HostDrillSpec] = {
+    "host-crash": HostDrillSpec(host_crash),
     "host-partition": HostDrillSpec(host_partition, rate=250.0),
     "asymmetric-partition": HostDrillSpec(asymmetric_partition, rate=500.0),
-    "host-crash": HostDrillSpec(host_crash),
     "spark-worker-crash": HostDrillSpec(spark_worker_crash, rate=500.0, shards=2, kills_master=False),
-    "rolling-restart": HostDrillSpec(rolling_restart, rate=100.0, kills_master=False),
     "clock-skew": HostDrillSpec(clock_skew, rate=500.0, setup=clock_skew_setup),
+    "rolling-restart": HostDrillSpec(rolling_restart, rate=100.0, kills_master=False),
 }
 
 

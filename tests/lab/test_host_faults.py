@@ -13,7 +13,7 @@ import pytest
 
 from twinflow.chaos.host_drills import max_gap_s, timeout_errors
 from twinflow.testing.checker import SinkEntry
-from twinflow.testing.lab_faults import HostFirewall, LabFaultUnavailable, fake_clock_env
+from twinflow.testing.lab_faults import HostFirewall, LabFaultUnavailable, fake_clock_env, true_clock_java
 from twinflow.testing.lab_hosts import LabPlan
 from twinflow.testing.lab_network import (LabState, LabUnavailable, check_usable, create, entered, ns_inode,
                                           teardown)
@@ -92,6 +92,24 @@ def test_a_fake_clock_puts_a_child_process_wall_clock_off_and_leaves_its_monoton
     wall, mono = float(out[0]), float(out[1])
     assert before_wall - 5 - 0.5 <= wall <= after_wall - 5 + 0.5  # five seconds behind
     assert before_mono <= mono <= after_mono                      # the monotonic clock is true
+
+
+def test_a_true_clock_java_runs_without_the_fake_clock(tmp_path):
+    import time
+
+    try:
+        env = {**os.environ, **fake_clock_env(60), **true_clock_java(tmp_path / "jh")}
+    except LabFaultUnavailable as exc:
+        pytest.skip(str(exc))
+    source = tmp_path / "Now.java"
+    source.write_text("public class Now { public static void main(String[] a) "
+                      "{ System.out.println(System.currentTimeMillis()); } }")
+    before = time.time()
+    # What spark-class runs: $JAVA_HOME/bin/java, here with the fake clock's variables set.
+    out = subprocess.run([f"{env['JAVA_HOME']}/bin/java", str(source)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert before - 1 <= int(out.stdout) / 1000 <= time.time() + 1  # true, not a minute ahead
 
 
 def test_the_lab_flow_in_shards_is_the_chained_flow_keyed_by_order(tmp_path):

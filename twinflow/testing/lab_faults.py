@@ -13,6 +13,10 @@ executors are on.
   true, as NTP would leave it. The library is the one the PyPI package ``libfaketime`` ships
   (the ``chaos`` extra): Debian 12's 0.9.10 with a true monotonic clock makes Python 3.11's
   ``time.sleep`` fail with EINVAL (its absolute ``clock_nanosleep`` on the monotonic clock).
+- :func:`true_clock_java` is a ``JAVA_HOME`` whose ``java`` runs without libfaketime: under
+  it a peer's JVM took two minutes to start instead of 25 s (every one of its many clock
+  reads goes through the library). The JVM's wall clock does not enter the flow's time, which
+  the peer's Python keeps (``cluster/flow_clock.py``), so a skewed peer keeps it true.
 - :func:`executor_hosts` finds the Spark worker hosts running an application's executors.
 
 Under failure: a missing ``nft`` or libfaketime raises :class:`LabFaultUnavailable` with what
@@ -21,6 +25,7 @@ to install; nft refusing a rule raises it with nft's message.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -89,6 +94,20 @@ def fake_clock_env(offset_s: float) -> dict[str, str]:
     if not lib.is_file():
         raise LabFaultUnavailable(f"the libfaketime package has no library at {lib}")
     return {"LD_PRELOAD": str(lib), "FAKETIME": f"{offset_s:+g}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def true_clock_java(directory: Path) -> dict[str, str]:
+    """The environment (``JAVA_HOME``) whose ``bin/java`` is this machine's java run without
+    libfaketime (see module); written under ``directory``."""
+    java = shutil.which("java")
+    if java is None:
+        raise LabFaultUnavailable("java is not installed (apt-get install openjdk-17-jre-headless)")
+    script = Path(directory) / "bin" / "java"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(f'#!/bin/sh\nunset LD_PRELOAD FAKETIME FAKETIME_DONT_FAKE_MONOTONIC\n'
+                      f'exec {shlex.quote(str(Path(java).resolve()))} "$@"\n')
+    script.chmod(0o755)
+    return {"JAVA_HOME": str(Path(directory).resolve())}
 
 
 def executor_hosts(lab: "Lab", app_name: str) -> list[str]:
