@@ -218,7 +218,7 @@ class HostDrillSpec:
 
 
 HOST_DRILLS: dict[str, HostDrillSpec] = {
-    "host-crash": HostDrillSpec(host_crash),
+    "host-crash": HostDrillSpec(host_crash, rate=500.0),
     "host-partition": HostDrillSpec(host_partition, rate=250.0),
     "asymmetric-partition": HostDrillSpec(asymmetric_partition, rate=500.0),
     "spark-worker-crash": HostDrillSpec(spark_worker_crash, rate=500.0, shards=2, kills_master=False),
