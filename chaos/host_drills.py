@@ -253,7 +253,11 @@ class HostDrillRunner:
     def _lab_for(self, name: str) -> Lab:
         if self.drill != name:
             self.close()
-            lab = Lab(self.directory, prefix=self.prefix, flow="drill", shards=HOST_DRILLS[name].shards)
+            spec = HOST_DRILLS[name]
+            # An unsharded flow's batches in the peer (Spark's local mode), as the deployment guide
+            # advises; a sharded flow's on the Spark cluster's executors.
+            lab = Lab(self.directory, prefix=self.prefix, flow="drill", shards=spec.shards,
+                      spark_cluster=spec.shards > 1)
             lab.up(self.say)
             self.lab, self.drill = lab, name
         return self.lab

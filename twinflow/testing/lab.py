@@ -90,11 +90,11 @@ class Lab:
     namespace name (give each lab running at once its own)."""
 
     def __init__(self, directory: str | Path, short: bool = False, prefix: str = DEFAULT_PREFIX,
-                 subnet: str = DEFAULT_SUBNET, flow: str = "lab", shards: int = 1):
+                 subnet: str = DEFAULT_SUBNET, flow: str = "lab", shards: int = 1, spark_cluster: bool = True):
         self.directory = Path(directory).resolve()
-        state = LabState(prefix=prefix, subnet=subnet,
-                         info={"form": "short" if short else "full", "flow": flow, "shards": shards})
-        self.plan = LabPlan(self.directory, state, short=short, flow=flow, shards=shards)
+        state = LabState(prefix=prefix, subnet=subnet, info={"form": "short" if short else "full", "flow": flow,
+                                                              "shards": shards, "spark_cluster": spark_cluster})
+        self.plan = LabPlan(self.directory, state, short=short, flow=flow, shards=shards, spark_cluster=spark_cluster)
         self._children: dict[int, subprocess.Popen] = {}
         self._flow = None
 
@@ -112,7 +112,8 @@ class Lab:
         path = Path(directory).resolve() / STATE_FILE
         state = LabState.load(path)
         lab = cls(directory, short=state.info.get("form") == "short", prefix=state.prefix, subnet=state.subnet,
-                  flow=state.info.get("flow", "lab"), shards=state.info.get("shards", 1))
+                  flow=state.info.get("flow", "lab"), shards=state.info.get("shards", 1),
+                  spark_cluster=state.info.get("spark_cluster", True))
         lab.plan.state = state
         return lab
 

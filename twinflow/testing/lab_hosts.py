@@ -89,6 +89,9 @@ class LabPlan:
     short: bool = False
     flow: str = "lab"
     shards: int = 1  # the chained flow in this many uplink shards (keyed by order_id)
+    # The full form's peers run their batches on its Spark cluster; False: in Spark's local mode
+    # in the peer, as the deployment guide advises for an unsharded flow (the cluster still runs).
+    spark_cluster: bool = True
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
@@ -130,7 +133,7 @@ class LabPlan:
 
     @property
     def spark_master(self) -> str:
-        return "local[1]" if self.short else f"spark://spark.lab:{SPARK_PORT}"
+        return "local[1]" if self.short or not self.spark_cluster else f"spark://spark.lab:{SPARK_PORT}"
 
     @property
     def peer_addresses(self) -> list[str]:
@@ -285,7 +288,7 @@ def peer_environment(plan: LabPlan, host: str) -> str:
     """The guide's example environment file, every value this lab's (each key must be one the
     example has, so the example cannot lose one the lab needs)."""
     s = plan.secrets
-    spark_conf = {} if plan.short else {
+    spark_conf = {} if plan.spark_master.startswith("local") else {
         **PEER_SPARK_CONF, "spark.executorEnv.TWINFLOW_REDIS_PASSWORD": f"file:{s / 'redis.pw'}"}
     values = {
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "FLOW": str(plan.flow_path),
