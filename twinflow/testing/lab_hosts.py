@@ -133,7 +133,12 @@ class LabPlan:
 
     @property
     def spark_master(self) -> str:
-        return "local[1]" if self.short or not self.spark_cluster else f"spark://spark.lab:{SPARK_PORT}"
+        return "local[1]" if self.short or not self.spark_cluster else self.spark_cluster_url
+
+    @property
+    def spark_cluster_url(self) -> str:
+        """The full form's Spark standalone master (its workers register there)."""
+        return f"spark://spark.lab:{SPARK_PORT}"
 
     @property
     def peer_addresses(self) -> list[str]:
@@ -253,7 +258,7 @@ def spark_launches(plan: LabPlan) -> list[Launch]:
             # the executor each peer's application loses with it.
             argv = spark_class(env, "org.apache.spark.deploy.worker.Worker", "--host", f"{host}.lab",
                                "--cores", "2", "--memory", "1g", "--webui-port", str(WORKER_WEBUI_PORT),
-                               "--work-dir", str(d / "work"), plan.spark_master)
+                               "--work-dir", str(d / "work"), plan.spark_cluster_url)
             port = WORKER_WEBUI_PORT
         out.append(_launch(plan, host, name, argv, port))
     return out
