@@ -111,27 +111,24 @@ def host_partition(d: HostDrill) -> None:
     a, b = d.master, d.worker
     zk = [d.address(h) for h in d.lab.plan.zk_names]
     d.wait_sent(0.25)
-    cut = HostFirewall(d.lab, a)
-    d.fault(f"{a} cut from ZooKeeper and {b} (packets dropped; Redis reachable)", lasts=True)
-    try:
-        cut.drop(zk + [d.address(b)])
-        d.wait_role(b, "master")
-    finally:
-        cut.heal()
-    d.healed()
-    d.wait_role(a, "worker")
-    d.say(f"  healed: {a} is worker")
+    partition(d, a, zk + [d.address(b)], f"ZooKeeper and {b}; Redis reachable", heir=b)
     d.wait_sent(0.6)
-    cut = HostFirewall(d.lab, b)
-    d.fault(f"{b} cut from Redis (packets dropped; ZooKeeper reachable)", lasts=True)
+    partition(d, b, [d.address("redis")], "Redis; ZooKeeper reachable", heir=a)
+
+
+def partition(d: HostDrill, host: str, addresses: list[str], what: str, heir: str) -> None:
+    """``host`` drops every packet to and from ``addresses`` until ``heir`` is master; then
+    healed, until ``host`` is worker again."""
+    cut = HostFirewall(d.lab, host)
+    d.fault(f"{host} cut from {what} (packets dropped)", lasts=True)
     try:
-        cut.drop([d.address("redis")])
-        d.wait_role(a, "master")
+        cut.drop(addresses)
+        d.wait_role(heir, "master")
     finally:
         cut.heal()
     d.healed()
-    d.wait_role(b, "worker")
-    d.say(f"  healed: {b} is worker")
+    d.wait_role(host, "worker")
+    d.say(f"  healed: {host} is worker")
 
 
 def asymmetric_partition(d: HostDrill) -> None:

@@ -15,18 +15,13 @@ from twinflow.chaos.host_drills import max_gap_s, timeout_errors
 from twinflow.testing.checker import SinkEntry
 from twinflow.testing.lab_faults import HostFirewall, LabFaultUnavailable, fake_clock_env, true_clock_java
 from twinflow.testing.lab_hosts import LabPlan
-from twinflow.testing.lab_network import (LabState, LabUnavailable, check_usable, create, entered, ns_inode,
-                                          teardown)
+from tests.lab.conftest import lab_prefix
+from twinflow.testing.lab_network import LabState, create, entered, ns_inode, teardown
 
 
 @pytest.fixture
 def two_hosts(tmp_path):
-    prefix = f"tfhf{os.getpid()}-"
-    try:
-        check_usable(prefix)
-    except LabUnavailable as exc:
-        pytest.skip(f"no lab network on this machine: {exc}")
-    state = LabState(prefix=prefix, subnet="10.213.48.0/24")
+    state = LabState(prefix=lab_prefix("tfhf"), subnet="10.213.48.0/24")
     state.add_host("a", 31)
     state.add_host("b", 32)
     try:

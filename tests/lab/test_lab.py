@@ -10,15 +10,15 @@ prefix carries this process's PID, so a lab test on another xdist worker never m
 from __future__ import annotations
 
 import errno
-import os
 import socket
 
 import pytest
 
 from tests.conftest import wait_until
+from tests.lab.conftest import lab_prefix
 from twinflow.testing.checker import check, check_outputs, failover_seconds
 from twinflow.testing.lab import Lab
-from twinflow.testing.lab_network import LabUnavailable, check_usable, connect_in, entered, ns_inode, pids_in
+from twinflow.testing.lab_network import connect_in, entered, ns_inode, pids_in
 
 pytestmark = [pytest.mark.cluster, pytest.mark.lab, pytest.mark.timeout(170)]
 
@@ -29,12 +29,7 @@ KILL_AFTER = 300      # the master has delivered this many when its host dies
 
 @pytest.fixture
 def lab(tmp_path):
-    prefix = f"tft{os.getpid()}-"
-    try:
-        check_usable(prefix)
-    except LabUnavailable as exc:
-        pytest.skip(f"no lab on this machine: {exc}")
-    lab = Lab(tmp_path / "lab", short=True, prefix=prefix)
+    lab = Lab(tmp_path / "lab", short=True, prefix=lab_prefix("tft"))
     try:
         lab.up()
         yield lab
