@@ -176,7 +176,11 @@ def rolling_restart(d: HostDrill) -> None:
     d.wait_sent(0.1)
     statuses = {}
     for host in (d.worker, d.master):
-        d.fault(f"{host} restarted through its unit (ExecStop, then ExecStart)", lasts=True)
+        what = f"{host} restarted through its unit (ExecStop, then ExecStart)"
+        if host == d.master:  # its handover is the recovery that counts
+            d.fault(what, lasts=True)
+        else:  # the master writes on: no recovery to time
+            d.window(what)
         statuses[host] = d.lab.stop_peer(host)
         d.lab.start_peer(host)
         d.lab.wait_streaming(host)
@@ -298,7 +302,7 @@ class HostDrillRunner:
         rtos = (recovery_s(writes, at) for at in d.faults)
         result["rto_each_s"] = [None if r is None else round(r, 3) for r in rtos]
         if name == "rolling-restart":
-            gap = max_gap_s(writes, d.faults[0])
+            gap = max_gap_s(writes, d.windows[0][0])
             d.figures["max_gap_s"] = round(gap, 3)
             result["passed"] = result["passed"] and gap <= MAX_GAP_TARGET_S
         if name == "clock-skew":
