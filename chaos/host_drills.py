@@ -43,6 +43,7 @@ taken down in any case, and a drill that cannot reach its check raises with the 
 
 from __future__ import annotations
 
+import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,10 +269,25 @@ class HostDrillRunner:
         if name not in HOST_DRILLS:
             raise KeyError(f"unknown host drill {name!r} (known: {', '.join(HOST_DRILLS)})")
         try:
-            return self._run(self._lab_for(name), name, seed)
+            result = self._run(self._lab_for(name), name, seed)
         except BaseException:
+            if self.lab is not None:
+                self._keep_logs(name, seed)
             self.close()
             raise
+        if not result["passed"]:
+            result["kept_logs"] = str(self._keep_logs(name, seed))
+        return result
+
+    def _keep_logs(self, name: str, seed: int) -> Path:
+        """Copy the lab's logs (every process's, ``hosts/*/*/*.log``) to ``failed-<drill>-<seed>/``
+        beside it: the next lab made in the directory starts by removing them."""
+        kept = self.lab.directory / f"failed-{name}-{seed}"
+        for log in self.lab.directory.glob("hosts/*/*/*.log"):
+            target = kept / log.relative_to(self.lab.directory / "hosts")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, target)
+        return kept
 
     def _run(self, lab: Lab, name: str, seed: int) -> dict:
         spec, messages = HOST_DRILLS[name], self.messages

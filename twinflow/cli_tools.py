@@ -22,7 +22,7 @@ DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 # ... and these where a drill has them (the Redis failover drills, the drills between hosts).
 DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "rto_each_s", "max_gap_s", "stop_status",
                     "skew_s", "timeouts_after_failover", "timeout_error_ms_p50", "timeout_error_ms_min",
-                    "timeout_error_ms_max", "error"]
+                    "timeout_error_ms_max", "kept_logs", "lost_ids", "duplicated_ids", "error"]
 
 
 # -- services ----------------------------------------------------------------
@@ -179,7 +179,8 @@ def drill_series(args, names: list[str], run_one, rerun, by_drill: bool = False)
                       "error": f"{type(exc).__name__}: {exc}"[:2000]}
         results.append(result)
         if args.json:
-            keys = DRILL_KEYS + [k for k in DRILL_EXTRA_KEYS if k in result]
+            # The IDs a failed run lost or doubled (the first 20), only when there are some.
+            keys = DRILL_KEYS + [k for k in DRILL_EXTRA_KEYS if k in result and (result[k] or not k.endswith("_ids"))]
             print(json.dumps({k: result.get(k) for k in keys}), flush=True)
         else:
             say(f"  {'passed' if result['passed'] else 'FAILED'}: lost {result['lost']}, duplicated "
