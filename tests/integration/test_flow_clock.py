@@ -74,14 +74,19 @@ def locked_redis(tmp_path_factory):
     server.stop()
 
 
-def test_the_peers_clock_reads_time_with_the_stores_password(locked_redis, flow_name, tmp_path, monkeypatch,
-                                                             caplog):
-    monkeypatch.setenv("TF_TEST_CLOCK_PW", locked_redis.password)
+def peer_clock(url: str, password: str, flow_name: str, tmp_path, monkeypatch):
+    """A peer's parts and flow clock on ``url``, the password given as the peers are (by reference)."""
+    monkeypatch.setenv("TF_TEST_CLOCK_PW", password)
     monkeypatch.setenv(ENV_PASSWORD, "env:TF_TEST_CLOCK_PW")
     graph = parse_graph(FLOW.format(name=flow_name, shards=""))
-    cfg = PeerConfig(peer_id="a", redis_url=locked_redis.url, zk_hosts="unused", state_dir=str(tmp_path))
+    cfg = PeerConfig(peer_id="a", redis_url=url, zk_hosts="unused", state_dir=str(tmp_path))
     parts = RealParts()
-    clock = parts.clock(graph, cfg)
+    return parts, parts.clock(graph, cfg), (graph, cfg)
+
+
+def test_the_peers_clock_reads_time_with_the_stores_password(locked_redis, flow_name, tmp_path, monkeypatch,
+                                                             caplog):
+    parts, clock, (graph, cfg) = peer_clock(locked_redis.url, locked_redis.password, flow_name, tmp_path, monkeypatch)
     assert parts.clock(graph, cfg) is clock  # one per peer
     try:
         assert clock.sample() and abs(clock.offset_s) < CLOSE_S
@@ -137,12 +142,7 @@ def sentinel_group(tmp_path_factory):
 def test_under_sentinel_it_follows_the_primary_through_a_failover(sentinel_group, flow_name, tmp_path,
                                                                   monkeypatch):
     group = sentinel_group
-    monkeypatch.setenv("TF_TEST_CLOCK_PW", group.password)
-    monkeypatch.setenv(ENV_PASSWORD, "env:TF_TEST_CLOCK_PW")
-    graph = parse_graph(FLOW.format(name=flow_name, shards=""))
-    cfg = PeerConfig(peer_id="a", redis_url=group.url, zk_hosts="unused", state_dir=str(tmp_path))
-    parts = RealParts()
-    clock = parts.clock(graph, cfg)
+    parts, clock, _ = peer_clock(group.url, group.password, flow_name, tmp_path, monkeypatch)
     source = parts._redis_time  # noqa: SLF001 (which server it reads)
 
     def served_by() -> int:
