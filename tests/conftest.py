@@ -53,3 +53,17 @@ def pytest_runtest_makereport(item, call):
         svc = item.funcargs.get("services")
         if svc is not None:
             report.sections.append(("server logs", svc.logs()))
+
+
+# The folders whose tests start processes and wait on failovers (tens of seconds each) run
+# first: the pytest-xdist workers take files in this order, and the many short files left
+# at the end even out when the workers finish.
+_LONG_FIRST = ("cluster", "sim", "lab")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        parts = item.nodeid.split("/")
+        return _LONG_FIRST.index(parts[1]) if len(parts) > 2 and parts[1] in _LONG_FIRST else len(_LONG_FIRST)
+
+    items.sort(key=rank)  # stable: within a folder, the usual order
