@@ -20,10 +20,13 @@ class Backpressure:
     def _pace(self) -> None:
         """A worker's reader plans at most every ``worker_pace_ms``: its batches only bake, and
         fewer, larger ones leave the cores to the master. A master reads as fast as it can."""
-        want = 0 if self.role == MASTER else self.cfg.worker_pace_ms
-        if want != self._paced_ms and self.reading is not None:
-            self.reading.pace(self, want)
-            self._paced_ms = want
+        # Under the lock, the role read and the file written together: a timer that saw the
+        # worker's role cannot write its pace after a promotion wrote the master's.
+        with self._pace_lock:
+            want = 0 if self.role == MASTER else self.cfg.worker_pace_ms
+            if want != self._paced_ms and self.reading is not None:
+                self.reading.pace(self, want)
+                self._paced_ms = want
 
     # -- backpressure -----------------------------------------------------
     def _update_backpressure(self) -> None:

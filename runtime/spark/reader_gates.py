@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Optional
 
@@ -70,7 +71,7 @@ class ReaderGates:
             self._hold_token, self._held_reads = token, 0
         self._held_reads += 1
         ack = {"hold": token, "held_reads": self._held_reads, "offset": start}
-        _write_atomically(self.hold_file + ".ack", json.dumps(ack))
+        write_atomically(self.hold_file + ".ack", json.dumps(ack))
         until = time.monotonic() + (self.block_ms or DEFAULT_BLOCK_MS) / 1000
         while True:
             self._check_pause()
@@ -124,9 +125,15 @@ class _Held(Exception):
     """A hold is in place: this read() plans no batch."""
 
 
-def _write_atomically(path: str, text: str) -> None:
-    # A reader polling the file sees the old or the new text, never half of it.
-    aside = f"{path}.{os.getpid()}.tmp"
+def write_atomically(path: str, text: str) -> None:
+    """Replace ``path``'s text: a reader polling it sees the old or the new text, never half.
+
+    Writers in several threads or processes may race (a member's timer thread and its
+    promotion both set the pace): each writes aside under a name of its own, so the last
+    replace wins and none fails. With one shared aside name, one writer's replace took the
+    other's file away and a promotion failed with ENOENT (host-crash drill, seed 6).
+    """
+    aside = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
     with open(aside, "w") as out:
         out.write(text)
     os.replace(aside, path)

@@ -51,7 +51,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from twinflow.runtime.positions import WARMUP_POSITION
-from twinflow.runtime.spark.reader_gates import _Paused, _write_atomically
+from twinflow.runtime.spark.reader_gates import _Paused, write_atomically
 from twinflow.runtime.spark.redis_wait import _wait_for_entry
 from twinflow.runtime.spark.source import RedisStreamReader
 from twinflow.runtime.spark.source_options import (
@@ -151,7 +151,7 @@ class RedisShardsReader(DataSourceStreamReader):
         seen here holds every later plan, since plans run one at a time and each reads the file."""
         if not self.hold_file or held == self._acked:
             return
-        _write_atomically(self.hold_file + ".ack", json.dumps(sorted(held)))
+        write_atomically(self.hold_file + ".ack", json.dumps(sorted(held)))
         self._acked = held
 
     def _plan(self, start: dict, held: set[int]) -> list[dict]:

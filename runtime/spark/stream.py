@@ -61,6 +61,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from twinflow.runtime.spark.packed_rows import unpack_rows
+from twinflow.runtime.spark.reader_gates import write_atomically
 from twinflow.runtime.spark.source_options import (
     DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_MAX_BODY_BYTES, SOURCE_NAME)
 
@@ -287,10 +288,7 @@ def _write_control(query: StreamingQuery, name: str, text: str) -> bool:
     if pause_dir is None:
         return False
     os.makedirs(pause_dir, exist_ok=True)  # a /tmp cleaner may have removed it
-    path = os.path.join(pause_dir, name)
-    with open(path + ".tmp", "w") as out:
-        out.write(text)
-    os.replace(path + ".tmp", path)
+    write_atomically(os.path.join(pause_dir, name), text)
     return True
 
 
