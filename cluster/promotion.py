@@ -11,6 +11,7 @@ queues it again.
 from __future__ import annotations
 
 import logging
+import time
 
 from ..runtime.positions import position_order
 from .roles import MASTER, WORKER
@@ -36,8 +37,10 @@ class Promotion:
 
         Raises when that fails; the election demotes the member and queues it again.
         """
+        began = time.monotonic()
         if not self.batch_lock.acquire(timeout=max(5.0, 5 * self.lease_s)):
             raise RuntimeError("a batch in flight did not finish (waiting for Redis?); not taking the role")
+        took = {"batch_wait_s": time.monotonic() - began}  # where a promotion's time goes, for its log line
         try:
             # Confirmed by WAIT with cluster.wait_replicas (as a COMMIT is): else this raises and
             # the election demotes the member and queues it again (issue 18, item 6).
@@ -51,7 +54,9 @@ class Promotion:
                             epoch, in_force, epoch=epoch, newest=in_force)
                 self.leadership.step_down("stale epoch")
                 return
+            took["epoch_s"] = time.monotonic() - began - sum(took.values())
             self._begin_term(epoch)  # a session on the state the old master committed
+            took["state_load_s"] = time.monotonic() - began - sum(took.values())
             self.remote_deadline = None
             with self._lock:
                 self.epoch = epoch
@@ -59,6 +64,7 @@ class Promotion:
                 self.role = MASTER
             self._pace()
             rolled = self._catch_up(epoch)
+            took["catch_up_s"] = time.monotonic() - began - sum(took.values())
             with self._lock:
                 self.sort.rollback()  # every baked message was in the range just delivered
                 self.rolled_back += rolled
@@ -71,7 +77,8 @@ class Promotion:
         finally:
             self.batch_lock.release()
         self._event(logging.INFO, "promoted", "%s is master at epoch %d; delivered %d messages the old master had not",
-                    self.cfg.peer_id, epoch, rolled, epoch=epoch, rolled_back=rolled)
+                    self.cfg.peer_id, epoch, rolled, epoch=epoch, rolled_back=rolled,
+                    **{k: round(v, 3) for k, v in took.items()})
         if rolled:  # its own line, so that rollbacks can be counted and alerted on by name
             self._event(logging.WARNING, "rolled_back", "%s rolled back %d messages at epoch %d",
                         self.cfg.peer_id, rolled, epoch, epoch=epoch, count=rolled)
