@@ -73,6 +73,12 @@ def outlink_streams(graph: FlowGraph, keys: FlowKeys) -> dict[tuple[str, str], s
     return streams
 
 
+def logged_nodes(graph: FlowGraph) -> tuple[str, ...]:
+    """The flow's nodes whose state changes each step also writes to the change log (the
+    history: state that grows with the traffic, kept warm by a worker, ``warm_state.py``)."""
+    return tuple(name for name, node in graph.nodes.items() if node.logs_state_changes)
+
+
 def not_on_cluster(graph: FlowGraph) -> list[str]:
     """The master's nodes whose state cannot live in Redis yet (they run in replay only)."""
     return [f"{name} ({node.kind})" for name, node in graph.nodes.items() if not node.state_in_redis]
@@ -89,7 +95,7 @@ class MessageRefused(RuntimeError):
 
 
 @contextmanager
-def _collector_paused():
+def collector_paused():
     """Python's cyclic garbage collector off for the block (back as it was after).
 
     Loading the state makes a few objects per entry and keeps them all, so the collector
@@ -114,6 +120,7 @@ class MasterFlow:
         self.keys = keys
         self.peer_id = peer_id
         self.engine = Engine(graph, leave=self._leave)
+        self.logged = logged_nodes(graph)
         self._step: Step | None = None
         self._epoch = 0
         self._bodies: dict[str, Message] = {}  # this step's messages by ID: the sink keeps their bytes
@@ -135,7 +142,7 @@ class MasterFlow:
     def load(cls, graph: FlowGraph, store: FlowStore, deadline_s: float | None = None) -> "MasterFlow":
         """A new flow whose nodes continue from the state entries in Redis, with the processed mark."""
         fresh = graph.fresh()
-        with _collector_paused():
+        with collector_paused():
             entries, mark, version = store.load_state_version(fresh.nodes, deadline_s=deadline_s)
             for name, node in fresh.nodes.items():
                 node.load_state(entries[name])
@@ -194,7 +201,7 @@ class MasterFlow:
         return sum(node.pending() for node in self.graph.nodes.values())
 
     def _begin(self, epoch: int) -> Step:
-        self._step, self._epoch = Step(version=self.version), epoch
+        self._step, self._epoch = Step(version=self.version, logged=self.logged), epoch
         if self.version is not None:
             self.version += 1  # the nodes now hold the state this step makes
         return self._step

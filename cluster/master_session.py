@@ -61,6 +61,7 @@ from ..runtime.store.store_errors import Fenced, GuessWrong, RedisUnavailable
 from ..runtime.store.step import Step
 from .master_flow import MasterFlow, MessageRefused
 from .uplink_rows import record_bad
+from .warm_state import WarmState
 
 log = logging.getLogger("twinflow.master")
 
@@ -117,8 +118,9 @@ class MasterSession:
     each outlink. :meth:`end` (from any thread) stops the session between steps."""
 
     def __init__(self, graph: FlowGraph, store: FlowStore, epoch: int, writes: Executor | None = None, *,
-                 flow: MasterFlow | None = None, left: Counter | None = None):
+                 flow: MasterFlow | None = None, left: Counter | None = None, warm: WarmState | None = None):
         self.graph, self.store, self.epoch = graph, store, epoch
+        self.warm = warm  # a worker's warm copy, for the first load of the term (warm_state.py)
         self.spec = graph.cluster
         self.writes = writes if writes is not None else write_pool()
         self.left = left if left is not None else Counter()
@@ -142,8 +144,11 @@ class MasterSession:
         """The flow to build on: the one held, or the state Redis holds (may raise RedisUnavailable)."""
         flow = self.flow
         if flow is None:
-            self.state_loads += 1
-            flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
+            warm, self.warm = self.warm, None  # only the term's first load: the copy is taken whole
+            flow = warm.take(deadline_s=self.spec.write_lease) if warm is not None else None
+            if flow is None:
+                self.state_loads += 1
+                flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
             flow.left = self.left
             self.flow = flow
         return flow

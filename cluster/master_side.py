@@ -37,7 +37,7 @@ class MasterSide:
     def _begin_term(self, epoch: int) -> MasterSession:
         """A new session at ``epoch``, with the state the old master committed loaded."""
         self._end_term()
-        session = MasterSession(self.graph, self.store, epoch, self.writes, left=self.left)
+        session = MasterSession(self.graph, self.store, epoch, self.writes, left=self.left, warm=self.warm)
         self.session = session
         session.load()
         self._note_open()

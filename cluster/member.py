@@ -57,6 +57,7 @@ from .claims import Claims, NoPair
 from .escalation import EscalationSender
 from .peer_config import PeerConfig
 from .leadership import Leadership
+from .master_flow import logged_nodes
 from .master_session import MasterSession
 from .master_side import MasterSide
 from .timings import LATENESS_BUCKETS, BatchTimings, Timings
@@ -66,6 +67,7 @@ from .on_cluster import cluster_flow, flow_keys
 from .promotion import Promotion
 from .roles import MASTER, STARTING, WORKER
 from .start_position import StartPosition
+from .warm_state import WarmState
 
 log = logging.getLogger("twinflow.peer")
 
@@ -139,6 +141,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self._stopped = False
         self._to_surface: list[Message] = []
         self.store: FlowStore | None = None
+        self.warm: WarmState | None = None  # a worker's warm copy of the history (warm_state.py)
         self.zk = None
         self.leadership: Leadership | None = None
         self.sender: EscalationSender | None = None
@@ -151,6 +154,8 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         """Connect to Redis (waiting up to the deadline) and check that it can keep the promises."""
         self.store = self.parts.store(self)
         self._check_redis()
+        if logged_nodes(self.graph):
+            self.warm = WarmState(self.graph, self.store)
 
     def prepare(self, peer) -> dict:
         """Check the fencing epoch against the peer's ZooKeeper, choose where to start reading

@@ -1,4 +1,4 @@
-"""A member's timers: bake expiry, the flow's deadlines, sweep, trim, status, lease.
+"""A member's timers: bake expiry, the flow's deadlines, sweep, trim, status, lease, the warm copy.
 
 They run on their own thread, so they fire with no new input. Under
 failure: a round never raises (a timer must keep firing); a master that has
@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as PingTimeout
 
 from .membership import MembersUnknown
-from .roles import MASTER
+from .roles import MASTER, WORKER
 
 log = logging.getLogger("twinflow.peer")
 
@@ -81,6 +81,9 @@ class MemberTimers:
                 self._next_status = mono + status_every
                 self._guard_epoch(0, deadline_s=0)
                 self.store.write_status(self.status(), ttl_s=max(5, int(4 * self.cfg.status_interval_s)))
+            if self.warm is not None and self.role == WORKER:
+                # Last: it may read the history whole (priming), and a Redis error ends the round.
+                self.warm.follow(deadline_s=0)
         except Exception as exc:
             if self._stop.is_set():
                 return None

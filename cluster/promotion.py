@@ -55,8 +55,9 @@ class Promotion:
                 self.leadership.step_down("stale epoch")
                 return
             took["epoch_s"] = time.monotonic() - began - sum(took.values())
-            self._begin_term(epoch)  # a session on the state the old master committed
+            session = self._begin_term(epoch)  # a session on the state the old master committed
             took["state_load_s"] = time.monotonic() - began - sum(took.values())
+            warm = session.state_loads == 0  # the worker's warm copy, not a whole read (warm_state.py)
             self.remote_deadline = None
             with self._lock:
                 self.epoch = epoch
@@ -76,8 +77,9 @@ class Promotion:
             raise
         finally:
             self.batch_lock.release()
-        self._event(logging.INFO, "promoted", "%s is master at epoch %d; delivered %d messages the old master had not",
-                    self.cfg.peer_id, epoch, rolled, epoch=epoch, rolled_back=rolled,
+        self._event(logging.INFO, "promoted", "%s is master at epoch %d (state: %s); delivered %d messages the "
+                    "old master had not", self.cfg.peer_id, epoch, "warm copy" if warm else "read whole", rolled,
+                    epoch=epoch, rolled_back=rolled, warm_state=warm,
                     **{k: round(v, 3) for k, v in took.items()})
         if rolled:  # its own line, so that rollbacks can be counted and alerted on by name
             self._event(logging.WARNING, "rolled_back", "%s rolled back %d messages at epoch %d",

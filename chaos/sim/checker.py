@@ -4,7 +4,9 @@ and its failure stream) read from where the last check left off, against the ste
 It holds :class:`Checker` only; the run loop (``simulator.py``) calls ``check()`` after each
 step and fails the run on what it returns. Under failure it promises to report, never to
 excuse: a message that left twice, by the flow and by the failure path, or never published;
-two writers at one epoch; a write at a stale epoch. Its only excuses are the ones it names:
+two writers at one epoch; a write at a stale epoch; a document re-sent under a new ID that
+leaves as anything but a duplicate while the history still holds it. Its only excuses are the
+ones it names:
 a re-published ID after its ``id_ttl``, and, after a Redis failover (read again from the
 start), what the failover erased, counted (and a failure with ``wait_replicas`` set).
 """
@@ -13,10 +15,13 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from dataclasses import dataclass
 from typing import Iterator
 
 from ...cluster.master_flow import outlink_streams
 from ...cluster.on_cluster import flow_keys
+from ...runtime.flowgraph import FlowGraph
+from ...runtime.nodes.history import DUPLICATE, HistoryNode
 from ...testing.checker import SinkEntry, Tally, read_sink_after
 from .world import START_TIME, World
 
@@ -37,6 +42,37 @@ def in_write_order(new: dict[str, list[tuple[str, SinkEntry]]]) -> Iterator[tupl
     return heapq.merge(*runs, key=lambda se: (se[1].written_ms, se[1].epoch))
 
 
+@dataclass(frozen=True)
+class DuplicateExit:
+    """Where a document the flow's history has seen must leave when it comes again under a new
+    message ID: the input node's ``duplicate`` stream, while ``retention`` has not passed
+    since the first was published (the history recorded it no earlier)."""
+
+    stream: str
+    retention: float
+    uuid_field: str
+
+    def judge(self, mid: str, stream: str, first_published: float, now: float) -> str | None:
+        """The problem when ``mid``, re-sending a document first published at ``first_published``,
+        left via ``stream`` (seen at ``now``); None when that is how it may leave. The history
+        recorded the first no earlier than it was published, and ``mid`` left no later than now,
+        so within the retention of that the history still held it."""
+        if stream == self.stream or now - first_published >= self.retention:
+            return None
+        return (f"{mid} re-sent a document first published {now - first_published:.1f} s before (within "
+                f"the history's retention, {self.retention:g} s) and left via {stream}, not {self.stream}")
+
+
+def duplicate_exit(graph: FlowGraph) -> DuplicateExit | None:
+    """The flow's :class:`DuplicateExit`, when its input is a history node keyed by a top-level
+    field whose ``duplicate`` outlink leaves the flow; None for any other flow (nothing to check)."""
+    node = graph.nodes[graph.input]
+    if not isinstance(node, HistoryNode) or len(node.uuid_path.parts) != 1:
+        return None
+    stream = outlink_streams(graph, flow_keys(graph)).get((graph.input, DUPLICATE))
+    return None if stream is None else DuplicateExit(stream, node.retention, str(node.uuid_path.parts[0]))
+
+
 class Checker:
     """Reads each output stream and the failure stream from where it left off and checks the
     step-wise promises.
@@ -47,6 +83,11 @@ class Checker:
     that saw it is at least ``id_ttl`` after the first COMMIT that put the ID in the cache (the
     Redis model records when, ``World.cached_at``), and only for IDs the producer published more
     than once.
+
+    Business re-sends (``Schedule.resend``): a message with a new ID and the document of one that
+    already left the flow leaves exactly once, and through the history's ``duplicate`` stream
+    while the first is within the history's retention (:class:`DuplicateExit`): a new master that
+    forgot the history would send it on as new.
 
     Hostile messages (``hostile.py``) leave exactly once, through the flow (by their ID) or by
     the failure path (by their uplink position, with a reason); never both, never neither.
@@ -59,7 +100,8 @@ class Checker:
     without, what it erased is counted (``RunResult.counts``).
     """
 
-    def __init__(self, world: World, published: Counter, hostiles: dict, good: dict, id_ttl: float):
+    def __init__(self, world: World, published: Counter, hostiles: dict, good: dict, id_ttl: float,
+                 resent: dict[str, float] | None = None):
         keys = flow_keys(world.graph)
         self.id_prefix = keys.id_prefix
         self.world = world
@@ -70,6 +112,9 @@ class Checker:
         self.failed: Counter = Counter()             # uplink position -> records on the failure stream
         self.first_failed: dict[str, float] = {}
         self.published, self.hostiles, self.good, self.id_ttl = published, hostiles, good, id_ttl
+        # Re-sent ID -> when the document it carries was first published (Schedule.resend).
+        self.resent = resent if resent is not None else {}
+        self.duplicate_exit = duplicate_exit(world.graph)
         self.allowed: Counter = Counter()            # leaves excused by ID expiry, per ID
         self.counts: Counter = Counter()
         self._commits_seen = -1
@@ -146,6 +191,10 @@ class Checker:
                                     f"(again via {stream}, peer {e.peer}, epoch {e.epoch})")
                 if member in failed_ids:
                     problems.append(f"{member} left the flow and by the failure path")
+                if member in self.resent and self.duplicate_exit is not None:
+                    problem = self.duplicate_exit.judge(member, stream, self.resent[member], now)
+                    if problem:
+                        problems.append(problem)
             problems.extend(self.tally.judge_writer(e))
 
     def _expired_again(self, member: str, now: float) -> bool:

@@ -15,9 +15,12 @@ import random
 from collections import Counter
 from typing import Callable
 
+from ...cluster.master_flow import MasterFlow
+from ...runtime.store.flow_store import FlowStore
 from ...testing.messages import order_or_payment
 from ...cluster.on_cluster import flow_keys
 from . import hostile
+from .checker import duplicate_exit
 from .world import Killed, SimPeer, World
 
 MAX_FAULTS = 5
@@ -33,6 +36,13 @@ class Schedule:
         self.published: Counter = Counter()   # ID -> times the producer published it
         self.good: dict[str, str] = {}         # uplink position -> ID, for the flow's own messages
         self.hostiles: dict[str, str | None] = {}  # uplink position -> the ID it may leave under
+        self.docs: dict[str, dict] = {}        # ID -> document, for the flow's own messages
+        self.first_published: dict[str, float] = {}  # business identifier -> when first published
+        self.resent: dict[str, float] = {}     # re-sent ID -> when its identifier was first published
+        # Whether an ID has left the flow (the checker's count, set by the run loop): a document
+        # is re-sent only once it left, so its history entry is committed (Checker).
+        self.has_left: Callable[[str], bool] = lambda mid: False
+        self.exit = duplicate_exit(world.graph)
         self.counts: Counter = Counter()
         self.faults = 0
         self.promotions = 0
@@ -66,6 +76,8 @@ class Schedule:
         out.append((0.5, "long time", lambda: self.advance(self.rng.uniform(1.0, 3 * self.timeout))))
         if faults and self.faults < MAX_FAULTS:
             out.append((1, "fault", self.fault))
+        if w.dims.log_trim:
+            out.append((1, "change log trimmed", self.trim_log))
         return out
 
     def step(self, faults: bool = True) -> str:
@@ -103,21 +115,61 @@ class Schedule:
                 bodies.insert(at, body)
                 ids.insert(at, ("hostile", hid))
                 bad += f"; hostile {what}"
+        if self.world.dims.resend and self.exit is not None and self.rng.random() < self.world.dims.resend:
+            doc, of = self.resend()
+            if doc is not None:
+                at = self.rng.randint(0, len(bodies))
+                bodies.insert(at, json.dumps(doc).encode())
+                ids.insert(at, doc["id"])
+                docs.insert(at, doc)
+                bad += f"; {doc['id']} re-sends the document of {of}"
         positions = self.world.publish(self.keys.uplink, bodies)
+        now = self.world.clock.now()
         for position, mid in zip(positions, ids):
             if isinstance(mid, tuple):
                 self.hostiles[position] = mid[1]
             else:
                 self.good[position] = mid
                 self.published[mid] += 1
+        for d in docs:
+            self.docs.setdefault(d["id"], d)
+            if self.exit is not None:
+                self.first_published.setdefault(str(d.get(self.exit.uuid_field)), now)
         self.sent.extend(d["id"] for d in fresh)
         span = f" ({docs[0]['id']}..{docs[-1]['id']})" if docs else ""
         return f"{len(bodies)} messages{span}{again}{bad}"
+
+    def resend(self) -> tuple[dict | None, str | None]:
+        """A business re-send: the document of a message that already left the flow, under a new
+        message ID (a client that sends an order again). The history must call it a duplicate
+        while it holds the first (Checker). Returns the document and the ID it re-sends, or
+        (None, None) when nothing has left yet."""
+        left = [mid for mid in self.docs if mid not in self.resent and self.has_left(mid)]
+        if not left:
+            return None, None
+        # Half of them among the latest: a new master that missed the last steps shows there.
+        of = self.rng.choice(left[-5:] if self.rng.random() < 0.5 else left)
+        self.counts["resent"] += 1
+        doc = {**self.docs[of], "id": f"r{self.counts['resent']:05d}"}
+        self.resent[doc["id"]] = self.first_published[str(doc.get(self.exit.uuid_field))]
+        return doc, of
+
+    def all_sent(self) -> list[str]:
+        """Every ID the flow must see leave: the producer's messages and the re-sends."""
+        return [*self.sent, *self.resent]
 
     def zombie(self) -> str:
         from .sharding import run_zombie
         self.counts["lost_attempts_run"] += 1
         return run_zombie(self.world)
+
+    def trim_log(self) -> str:
+        """What the COMMIT's MAXLEN does to a worker that fell behind, often: the change log cut
+        to its last few entries (the simulated Redis ignores an approximate MAXLEN)."""
+        keep = self.rng.randint(0, 3)
+        cut = self.world.redis.xtrim(self.keys.changes, maxlen=keep, approximate=False)
+        self.counts["change_log_trimmed"] += cut
+        return f"{cut} entries cut, {keep} kept"
 
     def replicate(self) -> str:
         n = self.world.replica.behind
@@ -197,7 +249,29 @@ class Schedule:
         sim.member.leadership.react()
         if self.world.zk.epoch != before:
             self.promotions += 1
+        session = sim.member.session
+        if session is not None and session.flow is not None and session.epoch == self.world.zk.epoch != before:
+            # Whether it took the warm copy (no whole read) or read the state whole.
+            warm = session.state_loads == 0
+            self.counts["promotions_warm" if warm else "promotions_whole_read"] += 1
+            if warm:
+                self._same_as_redis(sim, session.flow)
         return f"role {sim.member.role}, epoch {sim.member.epoch}"
+
+    def _same_as_redis(self, sim: SimPeer, flow: MasterFlow) -> None:
+        """A master promoted on a warm copy starts from the state Redis holds: its version, mark
+        and history verdict for every identifier published, against a whole read made now."""
+        whole = MasterFlow.load(flow.graph, FlowStore(self.world.redis, flow.keys, "checker"))
+        differ = [what for what, a, b in (("version", flow.version, whole.version), ("mark", flow.mark, whole.mark))
+                  if a != b]
+        for name in flow.logged:
+            mine, theirs = flow.graph.nodes[name].store, whole.graph.nodes[name].store
+            key = lambda ident: (flow.graph.nodes[name].trigger, ident)  # noqa: E731
+            differ += [f"{name} {ident}" for ident in self.first_published
+                       if mine.get(key(ident)) != theirs.get(key(ident))]
+        if differ:
+            self.world.stops.append(f"{sim.peer_id} was promoted on a warm copy that is not the state in "
+                                    f"Redis: {', '.join(differ[:5])}")
 
     def deliver(self) -> str:
         w = self.world

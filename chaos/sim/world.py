@@ -55,6 +55,8 @@ class Dims:
     speculation: float = 0.0    # chance that a shard task runs a second attempt
     lost_attempt: float = 0.0   # chance that an attempt is declared lost and runs again later
     step_messages: int = 1000   # cluster.step_messages: below a batch's size, the master commits it in several steps
+    resend: float = 0.0         # chance that a publish carries a document that left, under a new ID
+    log_trim: bool = False      # the change log is trimmed to its last few entries at times
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.__dict__.items())

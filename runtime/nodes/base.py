@@ -118,6 +118,15 @@ class Node(ABC):
         """Every state entry changed since the last call: key -> JSON value, or None when gone."""
         return {}
 
+    # Whether the flow's change log carries this node's state changes, so that a worker can keep
+    # a copy of it warm (cluster/warm_state.py): for state that grows with the traffic.
+    logs_state_changes: bool = False
+
+    def apply_state(self, changes: Mapping[str, Any]) -> None:
+        """Apply one step's ``changed_state`` (key -> value, None: gone) to the state loaded, as
+        that step's master made it; only for nodes that log their state changes."""
+        raise NotImplementedError(f"{self.kind} node {self.name!r} does not log its state changes")
+
     def load_state(self, entries: Mapping[str, Any]) -> None:
         """Continue from ``entries`` (what ``changed_state`` said, accumulated); the node must be new."""
         if entries:

@@ -175,6 +175,23 @@ class MemoryHistoryStore:
         entries = self._entries
         return {key_text(key): list(entries[key]) if key in entries else None for key in changed}
 
+    def apply(self, changes) -> None:
+        """One step's changes as :meth:`changed` gave them (key text -> entry, None: cleared),
+        applied as that step made them; nothing is recorded as changed here."""
+        entries, order = self._entries, self._order
+        for text, value in changes.items():
+            key = tuple(loads(text))
+            if value is None:
+                entries.pop(key, None)  # its item in the order is skipped when it reaches the front
+                continue
+            if len(key) != 2 or len(value) != 3:
+                raise ValueError("a history state entry is not [trigger, uuid] -> [time, processing, completed]")
+            entry = _entry(value)
+            old = entries.get(key)
+            if old is None or old[0] != entry[0]:
+                order.append((entry[0], key))
+            entries[key] = entry
+
     def load(self, entries) -> None:
         # A new master loads every identifier of the retention before it delivers anything
         # (bench/state_load.py): map/zip/sort in C, no Python-level step per entry.
@@ -236,6 +253,9 @@ class HistoryNode(Node):
         # External completion keeps the open runs in this process only.
         self.state_in_redis = not self.external and isinstance(store, (MemoryHistoryStore, type(None)))
         self.store: HistoryStore = store if store is not None else MemoryHistoryStore()
+        # The history grows with the traffic (every identifier of the retention): the change log
+        # carries it, so a worker keeps it loaded and a promotion need not read it whole.
+        self.logs_state_changes = self.state_in_redis
         # external completion only: message ID -> (key, started) of messages
         # sent to `new` and not reported completed, so completed() can take
         # the message ID; insertion order is time order, for O(1) expiry.
@@ -287,6 +307,9 @@ class HistoryNode(Node):
 
     def load_state(self, entries) -> None:
         self.store.load(entries)
+
+    def apply_state(self, changes) -> None:
+        self.store.apply(changes)
 
     def completed(self, ident: str, now: float) -> bool:
         """Record "completed" for a message sent to ``new``: the downstream has finished.

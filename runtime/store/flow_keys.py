@@ -54,6 +54,12 @@ class FlowKeys:
         return self.prefix + "version"
 
     @property
+    def changes(self) -> str:
+        """The change log: every committed step's version and the state entries it changed of
+        the nodes that log them (see scripts.COMMIT, ``cluster/warm_state.py``)."""
+        return self.prefix + "changes"
+
+    @property
     def failed_prefix(self) -> str:
         return self.prefix + "failed:"
 

@@ -31,6 +31,7 @@ import redis
 from ..json_text import loads
 from ..message import Message
 from ..positions import position_order
+from .change_log import ChangesRead, LogEntry, parse_entry
 from .flow_keys import FlowKeys
 from .redis_calls import DEFAULT_CALL_DEADLINE_S, RedisCalls
 from .store_errors import Fenced, GuessWrong, StaleState
@@ -221,6 +222,54 @@ class FlowStore(RedisCalls, UplinkAccess):
         # orjson first (json_text.loads): a history's hash is tens of thousands of entries, read on promotion.
         entries = {node: {k.decode(): loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}
         return entries, mark, int(raw_version or 0)
+
+    def load_state_logged(self, nodes: Iterable[str], deadline_s: float | None = None
+                          ) -> tuple[dict[str, dict[str, Any]], int, LogEntry | None]:
+        """The state entries of ``nodes`` (nodes that log their changes), the state version and
+        the change log's last entry (None: the log is empty), read as one (MULTI/EXEC)."""
+        nodes = list(nodes)
+
+        def read():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.get(self.keys.version)
+            pipe.xrevrange(self.keys.changes, count=1)
+            for node in nodes:
+                pipe.hgetall(self.keys.state(node))
+            return pipe.execute()
+
+        raw_version, last, *out = self._call("load logged state", read, deadline_s)
+        entries = {node: {k.decode(): loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}
+        return entries, int(raw_version or 0), parse_entry(*last[0]) if last else None
+
+    def changes_since(self, after: LogEntry | None, count: int, nodes: Iterable[str] = (),
+                      deadline_s: float | None = None) -> ChangesRead:
+        """The change log after ``after`` (the entry a reader applied last; None: from the
+        start), at most ``count`` entries, with ``after`` itself as the log holds it now, the
+        state version and processed mark, and the state of ``nodes`` whole: read as one."""
+        nodes = list(nodes)
+
+        def read():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.get(self.keys.version)
+            pipe.get(self.keys.processed)
+            if after is not None:
+                pipe.xrange(self.keys.changes, min=after.id, max=after.id)
+            pipe.xrange(self.keys.changes, min="-" if after is None else "(" + after.id, count=count)
+            for node in nodes:
+                pipe.hgetall(self.keys.state(node))
+            return pipe.execute()
+
+        out = self._call("read the change log", read, deadline_s)
+        raw_version, raw_mark = out[0], out[1]
+        anchor_raw = out[2] if after is not None else None
+        tail_raw = out[3] if after is not None else out[2]
+        hashes = out[4:] if after is not None else out[3:]
+        return ChangesRead(
+            version=int(raw_version or 0),
+            mark=raw_mark.decode() if isinstance(raw_mark, bytes) else raw_mark,
+            anchor=parse_entry(*anchor_raw[0]) if anchor_raw else None,
+            tail=[parse_entry(i, f) for i, f in tail_raw],
+            entries={node: {k.decode(): loads(v) for k, v in raw.items()} for node, raw in zip(nodes, hashes)})
 
     def processed_mark(self, deadline_s: float | None = None) -> str | None:
         """The position up to which every uplink entry was processed, or None before the first delivery."""

@@ -67,6 +67,11 @@ return cur
 #   'X' k nf f1 v1 .. fnf vnf   XADD KEYS[k] * f1 v1 ..
 #   'H' k field value          HSET KEYS[k] field value
 #   'D' k field                HDEL KEYS[k] field
+#   'L' k cap nf f1 v1 ..      XADD KEYS[k] MAXLEN ~ cap * v <the new version> f1 v1 ..
+# 'L' is the change log (a flow whose nodes log their state changes: the
+# history): one entry per step, numbered with the version the step makes, so a
+# reader that follows it sees every step in order or knows it missed one
+# (cluster/warm_state.py).
 # The guard is how a master commits a batch without first asking which of its
 # messages are processed (one round trip instead of two): it guessed from the
 # mark it holds that every message after that mark with an ID not in the
@@ -128,6 +133,11 @@ while i <= #ARGV do
   elseif op == 'D' then
     redis.call('HDEL', key, ARGV[i + 2])
     i = i + 3
+  elseif op == 'L' then
+    local nf = tonumber(ARGV[i + 3])
+    redis.call('XADD', key, 'MAXLEN', '~', ARGV[i + 2], '*', 'v', tostring(version + 1),
+               unpack(ARGV, i + 4, i + 3 + 2 * nf))
+    i = i + 4 + 2 * nf
   else
     return redis.error_reply('COMMIT: unknown operation ' .. tostring(op))
   end

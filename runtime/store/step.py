@@ -22,6 +22,11 @@ from typing import Any
 
 from ..json_text import compact
 from .flow_keys import FlowKeys
+
+# How many steps the change log keeps (about: trimmed with MAXLEN ~). A worker that falls
+# further behind than this loads the state whole again (cluster/warm_state.py); each entry
+# holds one step's history changes, about 60 bytes per message.
+CHANGE_LOG_STEPS = 256
 @dataclass
 class Step:
     mark: str | None = None                                              # last uplink position handled
@@ -29,6 +34,8 @@ class Step:
     outputs: list[tuple[str, dict]] = field(default_factory=list)        # (stream key, fields), in order
     state: dict[str, dict[str, Any]] = field(default_factory=dict)       # node -> key -> entry or None
     version: int | None = None   # the state version the step was computed from (None: not checked)
+    # The nodes whose state changes go to the change log as well (empty: the flow keeps none).
+    logged: tuple[str, ...] = ()
 
     def empty(self) -> bool:
         return self.mark is None and not self.ids and not self.outputs and not any(self.state.values())
@@ -64,4 +71,12 @@ class Step:
                     args += ["D", k, name]
                 else:
                     args += ["H", k, name, compact(value)]
+        if self.logged:
+            # Every step, changes or not: the log's versions then run without a gap.
+            fields = ["t", token]
+            for node in self.logged:
+                entries = self.state.get(node)
+                if entries:
+                    fields += [node, compact(entries)]
+            args += ["L", key(keys.changes), CHANGE_LOG_STEPS, len(fields) // 2, *fields]
         return script_keys, args

@@ -47,6 +47,9 @@ def test_a_new_master_completes_the_old_masters_joins_and_fires_its_time_outs(cl
 
     os.killpg(cluster.peers["a"].pid, signal.SIGKILL)
     cluster.wait_status("b", role="master", timeout_s=30)
+    # b took over on the history it kept warm from the change log, not by reading it whole.
+    wait_until(lambda: "(state: warm copy)" in (cluster.workdir / "b.log").read_text(), 10,
+               what="b's promotion on its warm copy")
 
     # The payments of orders 0-4 complete the old master's groups on the new one; a
     # repeated order (same business UUID, new message ID) is a duplicate for the history.

@@ -11,6 +11,8 @@ import pytest
 
 from twinflow.chaos.sim.simulator import run_once, simulate
 from twinflow.cluster.member import FlowMember
+from twinflow.cluster.warm_state import WarmState
+from twinflow.runtime.nodes.history import MemoryHistoryStore
 from twinflow.runtime.store import scripts
 from twinflow.runtime.store.flow_store import FlowStore
 
@@ -24,7 +26,7 @@ def test_seeded_runs_keep_every_promise():
     out = simulate(seed=1, runs=SEEDED_RUNS, messages=MESSAGES, jobs=2)
     assert out["failures"] == [], [r.problems for r in out["failures"]]
     assert out["runs"] == SEEDED_RUNS
-    assert out["sent"] == SEEDED_RUNS * MESSAGES
+    assert out["sent"] == SEEDED_RUNS * MESSAGES + out["counts"].get("resent", 0)  # the re-sends too
     assert out["lost"] == 0 and out["duplicated"] == 0
     # The runs did fail over, under faults: more than one promotion per run on average.
     assert out["promotions"] > SEEDED_RUNS
@@ -122,6 +124,52 @@ def test_a_master_that_runs_a_batch_ahead_without_recording_it_is_caught(monkeyp
     assert any("with a batch running ahead of its checkpoint" in line for line in failed.trace)
 
 
+def test_a_new_master_that_forgets_the_history_is_caught(monkeypatch):
+    # Every master (a promoted one, or one that reloads after a refused commit) loads the
+    # history from Redis; one that loads none takes a document sent again under a new ID as
+    # new. Only the re-sends (Dims.resend) show it: the producer's own traffic re-sends a
+    # document in the message right after the first, which one master nearly always runs.
+    monkeypatch.setattr(MemoryHistoryStore, "load", lambda self, entries: None)
+    failed = _first_failure()
+    assert failed is not None, "a new master that forgot every history entry passed every run"
+    assert any("re-sent a document first published" in p or "promoted on a warm copy" in p
+               for p in failed.problems)
+
+
+def test_a_warm_copy_handed_over_without_the_steps_since_its_last_round_is_caught(monkeypatch):
+    # A promotion must apply the change log's tail, the steps committed since the worker's
+    # last round; one that takes its copy as it stands hands the new master an old history.
+    real = WarmState._apply
+
+    def stale(self, read, to_version):
+        if to_version is None:
+            return real(self, read, to_version)
+        self._version = to_version  # the tail never applied
+
+    monkeypatch.setattr(WarmState, "_apply", stale)
+    failed = _first_failure()
+    assert failed is not None, "a warm copy that missed the last steps passed every run"
+    assert any("promoted on a warm copy that is not the state in Redis" in p
+               or "re-sent a document first published" in p for p in failed.problems)
+
+
+def test_a_warm_copy_that_applies_across_a_gap_in_the_log_is_caught(monkeypatch):
+    # A worker that fell behind the log's length (Dims.log_trim) must read the state whole
+    # again; one that applies what is left after the gap misses the steps trimmed away.
+    def across_gaps(self, read, to_version):
+        for entry in read.tail:
+            for name, changes in entry.changes.items():
+                self._nodes[name].apply_state(changes)
+            self._version, self._anchor = entry.version, entry
+        if to_version is not None:
+            self._version = to_version
+
+    monkeypatch.setattr(WarmState, "_apply", across_gaps)
+    failed = _first_failure()
+    assert failed is not None, "a warm copy that skipped a gap in the change log passed every run"
+    assert any("promoted on a warm copy that is not the state in Redis" in p for p in failed.problems)
+
+
 @pytest.mark.parametrize("args", [["--runs", "30", "--jobs", "2"]])
 def test_the_cli_prints_totals_as_json(args):
     proc = subprocess.run([sys.executable, "-m", "twinflow.cli", "simulate", "--json", *args],
@@ -129,4 +177,4 @@ def test_the_cli_prints_totals_as_json(args):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["runs"] == 30 and out["failed"] == 0 and out["failed_seeds"] == []
-    assert out["sent"] == 30 * MESSAGES and out["promotions"] > 0
+    assert out["sent"] == 30 * MESSAGES + out["counts"].get("resent", 0) and out["promotions"] > 0

@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.chaos.sim.checker import Checker
+from twinflow.chaos.sim.checker import Checker, DuplicateExit, duplicate_exit
 from twinflow.chaos.sim.simulator import draw_dims, run_once, simulate
+from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.store import scripts
 from twinflow.runtime.store.flow_store import FlowStore
 
 RUNS = 16
 SHARDED = Path(__file__).resolve().parents[2] / "examples" / "cluster-sharded.yaml"
+CHAINED = SHARDED.with_name("cluster-chained.yaml")
+PAIR = SHARDED.with_name("cluster.yaml")
 
 
 @pytest.mark.parametrize("kind", ["pair", "chained", "sharded"])
@@ -35,6 +38,11 @@ def test_each_kind_keeps_every_promise(kind):
     assert counts["uplink_entries_trimmed"] > 0           # the master's trim
     if kind == "sharded":
         assert counts["lost_attempts_run"] > 0            # task attempts that ran after being declared lost
+    if kind != "pair":                                    # a flow whose input is a history:
+        assert counts["resent"] > 0                       # documents re-sent under new IDs
+        assert counts["promotions_warm"] > 0              # promotions on a worker's warm copy ...
+        assert counts["promotions_whole_read"] > 0        # ... and on a whole read (no copy, or dropped)
+        assert counts["change_log_trimmed"] > 0           # a change log cut short under a worker
     # Some of these runs cut their batches into small master steps.
     assert any(draw_dims(s, kind == "sharded")[0].step_messages < 10 for s in range(1, RUNS + 1))
 
@@ -46,6 +54,22 @@ def test_id_expiry_lets_a_retry_in_again_and_nothing_else():
     for kind in ("pair", "chained"):
         total += simulate(seed=1, runs=RUNS, jobs=2, kind=kind)["counts"].get("left_again_after_id_ttl", 0)
     assert total > 0
+
+
+def test_a_resent_document_must_leave_as_a_duplicate_and_the_checker_says_so():
+    # A document that left, sent again under a new ID, leaves through the history's
+    # `duplicate` stream; the checker names any other way out while the first is in retention.
+    seed = next(s for s in range(1, 50) if draw_dims(s, False)[0].resend)
+    r = run_once(seed, kind="chained")
+    assert r.passed, r.problems
+    assert r.counts["resent"] > 0
+    exit_ = DuplicateExit("tf:{orders}:out:guard:duplicate", 3600.0, "uuid")
+    assert duplicate_exit(parse_graph(CHAINED.read_text(), "chained")) == exit_
+    assert exit_.judge("r00001", exit_.stream, first_published=100.0, now=110.0) is None
+    problem = exit_.judge("r00001", "tf:{orders}:sink", first_published=100.0, now=110.0)
+    assert problem.startswith("r00001 re-sent a document first published 10.0 s before")
+    assert exit_.judge("r00001", "tf:{orders}:sink", first_published=100.0, now=3700.0) is None  # retention passed
+    assert duplicate_exit(parse_graph(PAIR.read_text(), "pair")) is None  # no history: nothing to judge
 
 
 def test_a_retry_whose_first_copy_expired_between_two_checks_is_let_in():
@@ -146,6 +170,12 @@ def test_write_order_across_streams_keeps_each_streams_order():
     assert problems == ["stale write: b wrote z at epoch 1 after epoch 2 had written"]
 
 
+# The dimensions drawn after these tests' seeds were chosen (re-sends, a trimmed change log)
+# move every choice of a run that draws them; these tests, about other mechanisms, keep the
+# schedules they were chosen on.
+BEFORE_RESENDS = {"resend": 0.0, "log_trim": False}
+
+
 def _first_failure(kind: str, seeds: range, only: dict | None = None, wait: bool = True):
     for seed in seeds:
         r = run_once(seed, kind=kind, only=only, wait=wait)
@@ -184,19 +214,19 @@ def test_a_hostile_value_that_decode_lets_through_is_caught_as_the_flow_stopping
         # The master loop's backstop, where there is one (a step that cannot be written is run
         # again one message per step, and the one that cannot goes to the failure stream): off.
         monkeypatch.setattr(master_session, "UNWRITABLE", ())
-    failed = _first_failure("chained", range(1, 41), only={"hostile": 0.5})
+    failed = _first_failure("chained", range(1, 41), only={"hostile": 0.5, **BEFORE_RESENDS})
     assert failed is not None, "a decode that lets a lone surrogate through passed every run"
     assert any("the flow stops" in p and "surrogates not allowed" in p for p in failed.problems)
     assert any("hostile" in line and "\\ud" in line for line in failed.trace)
     monkeypatch.undo()
-    assert run_once(failed.seed, kind="chained", only={"hostile": 0.5}).passed
+    assert run_once(failed.seed, kind="chained", only={"hostile": 0.5, **BEFORE_RESENDS}).passed
 
 
 def test_a_trim_that_ignores_the_processed_mark_is_caught_as_loss(monkeypatch):
     head = "local point = redis.call('GET', KEYS[2])\nif not point then return {0, false} end"
     assert head in scripts.TRIM_UPLINK
     monkeypatch.setitem(scripts.ALL, "trim_uplink", scripts.TRIM_UPLINK.replace(head, "local point = ARGV[1]"))
-    only = {"retention": 0, "trim_interval_s": 0.5}
+    only = {"retention": 0, "trim_interval_s": 0.5, **BEFORE_RESENDS}
     failed = _first_failure("chained", range(1, 61), only=only)
     assert failed is not None, "a trim that cuts unprocessed entries passed every run"
     assert any("never left the flow" in p for p in failed.problems)
