@@ -6,6 +6,7 @@ COMMIT script), timed per message: decoding, the whole step loop, and the
 part of it spent in the COMMIT call. Figures: docs/performance.md; history: CHANGELOG.md, issue 9.
 
     .venv/bin/python bench/master_steps.py --messages 20000 --batches 3
+    .venv/bin/python bench/master_steps.py --without-change-log   # the steps as before the change log (A/B)
 """
 
 import argparse
@@ -46,6 +47,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=20_000, help="per batch")
     ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--without-change-log", action="store_true",
+                    help="steps that write no change log (as before it existed), to measure what it costs")
     args = ap.parse_args()
     services = LocalServices.start(base_dir=tempfile.mkdtemp(prefix="twinflow-steps-"), deadline_s=30,
                                    zookeeper=False)
@@ -54,6 +57,8 @@ def main() -> None:
         client = redis.Redis.from_url(services.redis_url)
         keys = flow_keys(graph)
         session = TimedSession(graph, FlowStore(client, keys, "bench", id_ttl=graph.cluster.message.id_ttl))
+        if args.without_change_log:
+            session.flow.logged = ()
         seq = 0
         for batch in range(args.batches):
             bodies = [json.dumps(order_or_payment(seq + i), separators=(",", ":")).encode()

@@ -155,7 +155,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self.store = self.parts.store(self)
         self._check_redis()
         if logged_nodes(self.graph):
-            self.warm = WarmState(self.graph, self.store)
+            self.warm = WarmState(self.graph, self.store, monotonic=self.monotonic)
 
     def prepare(self, peer) -> dict:
         """Check the fencing epoch against the peer's ZooKeeper, choose where to start reading

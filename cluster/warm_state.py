@@ -23,7 +23,9 @@ Under failure it promises never to hand over state that Redis does not hold:
 
 Anything else (a gap, a lost anchor, a Redis error, an entry it cannot apply)
 drops the copy: the promotion then loads the state whole, as before, and the
-worker primes a new copy on its next round. A copy handed to a promotion is the
+worker primes a new copy on a later round (at once after one drop, then backing
+off, so that a worker that keeps falling behind does not read the history whole
+every round). A copy handed to a promotion is the
 master's from then on; a worker that is demoted primes again.
 """
 
@@ -31,6 +33,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from typing import Callable
 
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.nodes.base import Node
@@ -46,11 +50,23 @@ class Gap(RuntimeError):
     """The copy cannot be brought to the state Redis holds from the log."""
 
 
+# How long after a drop the copy is primed again: the first drop at once (a promotion between
+# the drop and the prime would read the state whole anyway), then longer after each drop in a
+# row, since a prime reads the whole history (about 4 µs per identifier).
+PRIME_BACKOFF_S = (0.0, 1.0, 4.0, 15.0, 60.0)
+
+
 class WarmState:
     """The logged nodes of one flow (or shard) kept at the version Redis holds; see the module doc."""
 
-    def __init__(self, graph: FlowGraph, store: FlowStore, count: int = CHANGE_LOG_STEPS):
+    def __init__(self, graph: FlowGraph, store: FlowStore, count: int = CHANGE_LOG_STEPS,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.graph, self.store, self.count = graph, store, count
+        self.monotonic = monotonic
+        # After a drop the next prime waits, longer after each drop in a row (PRIME_BACKOFF_S):
+        # a worker that keeps falling behind the log must not read the history whole every round.
+        self._prime_at = float("-inf")
+        self._drops_in_a_row = 0
         self.logged = logged_nodes(graph)
         self._lock = threading.Lock()  # one follow or one hand-over at a time
         self._nodes: dict[str, Node] | None = None  # None: no copy (prime on the next follow)
@@ -71,13 +87,17 @@ class WarmState:
             return
         with self._lock:
             if self._nodes is None:
-                self._prime(deadline_s)
+                if self.monotonic() >= self._prime_at:
+                    self._prime(deadline_s)
                 return
             read = self.store.changes_since(self._anchor, self.count, deadline_s=deadline_s)
             try:
                 self._apply(read, to_version=None)
             except Gap as gap:
                 self._drop(f"{gap}")
+                return
+            if read.tail:
+                self._drops_in_a_row = 0
 
     def take(self, deadline_s: float | None = None) -> MasterFlow | None:
         """The flow for a new master: the copy brought to the version Redis holds, with the other
@@ -140,4 +160,7 @@ class WarmState:
     def _drop(self, why: str) -> None:
         self._nodes, self._anchor, self._version = None, None, 0
         self.dropped += 1
-        log.info("warm state dropped (%s); primed again on the next round", why)
+        wait = PRIME_BACKOFF_S[min(self._drops_in_a_row, len(PRIME_BACKOFF_S) - 1)]
+        self._drops_in_a_row += 1
+        self._prime_at = self.monotonic() + wait
+        log.info("warm state dropped (%s); primed again in %.0f s", why, wait)

@@ -138,3 +138,34 @@ def test_a_copy_that_redis_is_behind_is_not_handed_over(stores):
     warm.follow()
     a.r.decr(a.keys.version)           # the state version went back by one
     assert warm.take() is None and warm.dropped == 1
+
+
+def test_a_copy_that_keeps_falling_behind_is_primed_again_less_and_less_often(stores):
+    # Each prime reads the history whole: after drops in a row the worker waits longer.
+    a, b = stores
+    now = [0.0]
+    master = Master(a)
+    warm = WarmState(CHAINED, b, monotonic=lambda: now[0])
+    master.step(5)
+
+    def fall_behind():
+        warm.follow()
+        assert warm.ready
+        master.step(2)
+        master.step(2)
+        a.r.xtrim(a.keys.changes, maxlen=1, approximate=False)
+        warm.follow()
+        assert not warm.ready
+
+    fall_behind()                      # first drop: primed again at once
+    fall_behind()                      # second in a row: not before a second has passed
+    warm.follow()
+    assert not warm.ready and warm.primes == 2
+    now[0] += 1.0
+    fall_behind()                      # third: four seconds
+    now[0] += 3.9
+    warm.follow()
+    assert not warm.ready
+    now[0] += 0.1
+    warm.follow()
+    assert warm.ready and warm.primes == 4
