@@ -102,14 +102,19 @@ def test_a_log_trimmed_past_the_copy_is_a_gap_and_the_copy_is_primed_again(store
     assert flow is not None and state_of(flow) == state_of(MasterFlow.load(CHAINED, b))
 
 
-def test_a_lost_anchor_or_a_step_without_its_log_entry_drops_the_copy(stores):
+def following(stores, *steps: int) -> tuple[Master, WarmState]:
+    """A master on the first store and a worker's copy on the second that followed each step."""
     a, b = stores
-    master = Master(a)
-    warm = WarmState(CHAINED, b)
-    master.step(10)
-    warm.follow()
-    master.step(4)
-    warm.follow()
+    master, warm = Master(a), WarmState(CHAINED, b)
+    for n in steps:
+        master.step(n)
+        warm.follow()
+    return master, warm
+
+
+def test_a_lost_anchor_or_a_step_without_its_log_entry_drops_the_copy(stores):
+    a, _ = stores
+    master, warm = following(stores, 10, 4)
     # The entry the copy applied last is gone (a Redis failover lost it, and more was written).
     last = a.r.xrevrange(a.keys.changes, count=1)[0][0]
     a.r.xdel(a.keys.changes, last)
@@ -129,13 +134,8 @@ def test_a_lost_anchor_or_a_step_without_its_log_entry_drops_the_copy(stores):
 def test_a_copy_that_redis_is_behind_is_not_handed_over(stores):
     # Redis lost steps the copy applied (a failover without WAIT) and took new ones since: the
     # version in Redis is at or below the copy's, or the log does not reach it.
-    a, b = stores
-    master = Master(a)
-    warm = WarmState(CHAINED, b)
-    master.step(10)
-    warm.follow()
-    master.step(5)
-    warm.follow()
+    a, _ = stores
+    master, warm = following(stores, 10, 5)
     a.r.decr(a.keys.version)           # the state version went back by one
     assert warm.take() is None and warm.dropped == 1
 
