@@ -112,6 +112,15 @@ def collector_paused():
             gc.enable()
 
 
+def loaded_graph(graph: FlowGraph, entries: dict[str, dict[str, Any]]) -> FlowGraph:
+    """``graph`` with every node new, and each node named in ``entries`` given its state entries."""
+    fresh = graph.fresh()
+    with collector_paused():
+        for name, node_entries in entries.items():
+            fresh.nodes[name].load_state(node_entries)
+    return fresh
+
+
 class MasterFlow:
     """One master's flow graph at one epoch; see the module docstring."""
 
@@ -141,12 +150,15 @@ class MasterFlow:
     @classmethod
     def load(cls, graph: FlowGraph, store: FlowStore, deadline_s: float | None = None) -> "MasterFlow":
         """A new flow whose nodes continue from the state entries in Redis, with the processed mark."""
-        fresh = graph.fresh()
         with collector_paused():
-            entries, mark, version = store.load_state_version(fresh.nodes, deadline_s=deadline_s)
-            for name, node in fresh.nodes.items():
-                node.load_state(entries[name])
-        flow = cls(fresh, store.keys, store.peer_id)
+            entries, mark, version = store.load_state_version(graph.nodes, deadline_s=deadline_s)
+            fresh = loaded_graph(graph, entries)
+        return cls.resume(fresh, store, mark, version)
+
+    @classmethod
+    def resume(cls, graph: FlowGraph, store: FlowStore, mark: str | None, version: int) -> "MasterFlow":
+        """A flow on ``graph``'s nodes, which hold the state at ``version`` with the processed ``mark``."""
+        flow = cls(graph, store.keys, store.peer_id)
         flow.mark, flow.version = mark, version
         return flow
 

@@ -42,7 +42,7 @@ from ..runtime.nodes.base import Node
 from ..runtime.store.change_log import ChangesRead, LogEntry
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.store.step import CHANGE_LOG_STEPS
-from .master_flow import MasterFlow, collector_paused, logged_nodes
+from .master_flow import MasterFlow, collector_paused, loaded_graph, logged_nodes
 
 log = logging.getLogger("twinflow.peer")
 
@@ -118,21 +118,14 @@ class WarmState:
                     return None
                 nodes = self._nodes
                 self._nodes, self._anchor, self._version = None, None, 0  # the new master's from now on
-                fresh = self.graph.fresh()
-                for name in others:
-                    fresh.nodes[name].load_state(read.entries[name])
+                fresh = loaded_graph(self.graph, read.entries)
             fresh.nodes.update(nodes)
-            flow = MasterFlow(fresh, self.store.keys, self.store.peer_id)
-            flow.mark, flow.version = read.mark, read.version
-            return flow
+            return MasterFlow.resume(fresh, self.store, read.mark, read.version)
 
     # -- inside the lock --------------------------------------------------
     def _prime(self, deadline_s: float | None) -> None:
         entries, version, last = self.store.load_state_logged(self.logged, deadline_s=deadline_s)
-        fresh = self.graph.fresh()
-        with collector_paused():
-            for name in self.logged:
-                fresh.nodes[name].load_state(entries[name])
+        fresh = loaded_graph(self.graph, entries)
         self._nodes = {name: fresh.nodes[name] for name in self.logged}
         self._version, self._anchor = version, last
         self.primes += 1
