@@ -70,11 +70,11 @@ def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, se
         publish(0, 400)
         wait_until(lambda: len(cluster.outputs().get("deliver.done", [])) >= 50, 60, what="the first joined pairs")
         wait_run_on_executors(cluster, "a")
-        # a stops (SIGSTOP, then SIGKILL) with messages b has read and baked but a never processed:
-        # b's promotion rolls them back, in each shard, and runs them.
-        cluster.peers["a"].pause()
+        # a's JVM stops (SIGSTOP; a keeps its ZooKeeper session, so b stays worker however long its
+        # batches take on a busy machine), then a dies (SIGKILL) with messages b has read and baked
+        # but a never processed: b's promotion rolls them back, in each shard, and runs them.
+        cluster.peers["a"].pause_jvm()
         publish(400, 400)
-        # A deadline, not a pace: a worker on a busy machine's Spark cluster plans its batches late.
         wait_until(lambda: all(int(r.get("baked") or 0) > 0 for r in cluster.shard_statuses("b")), 90,
                    interval_s=0.05, what="b baking messages of both shards that a did not process")
         os.killpg(cluster.peers["a"].pid, signal.SIGKILL)
