@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: a process tree's CPU and memory, and result files."""
+"""Shared pieces of the benchmarks: result files, medians; a process tree's CPU and memory
+(from ``twinflow.testing.proc_stats``, re-exported here)."""
 
 from __future__ import annotations
 
@@ -8,59 +9,9 @@ import platform
 import time
 from pathlib import Path
 
+from twinflow.testing.proc_stats import TICKS, cpu_ticks, process_ticks, process_tree, tree_rss_mib  # noqa: F401
+
 RESULTS = Path(__file__).parent / "results"
-
-
-TICKS = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process descending from it now (the peer's Python, JVM, workers)."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            fields = _stat(int(d))
-            if fields is not None:
-                children.setdefault(int(fields[1]), []).append(int(d))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo += children.get(p, [])
-    return tree
-
-
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state is [0]), or None once gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_ticks(pid: int, reaped: bool = False) -> int:
-    """utime + stime of one process; with ``reaped``, also the CPU of the children it has
-    waited for (short-lived workers that are gone)."""
-    fields = _stat(pid)
-    return 0 if fields is None else sum(int(x) for x in fields[11:15 if reaped else 13])
-
-
-def cpu_ticks(pid: int, reaped: bool = False) -> int:
-    """CPU ticks of a process and its descendants (see ``process_ticks``)."""
-    return sum(process_ticks(p, reaped) for p in process_tree(pid))
-
-
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of a process and all its descendants."""
-    total = 0
-    for p in process_tree(pid):
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
 
 
 def machine() -> dict:

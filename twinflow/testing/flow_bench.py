@@ -8,6 +8,12 @@ Redis (and ZooKeeper for the cluster):
   stream with one pipeline per batch. It runs in a child process (its own
   driver and JVM, gone before the cluster starts), once per batch size in
   ``PASSTHROUGH_BATCH_SIZES``; the best one's burst rate counts.
+- two bare readers: the same passthrough twice at once, each in a child
+  process of its own, reading one uplink and copying it to a sink of its
+  own, at the passthrough's best batch size: the floor of an active-active
+  pair, which reads every uplink entry twice on the same machine. The
+  slower copy's rate counts (``two_passthrough_msgs_per_s``; the pair's
+  over it is ``ratio_two``).
 - flow: two ``twinflow run`` peers on the chained flow
   (``examples/cluster-chained.yaml``: history -> AND join of an order and
   its payment -> action, with the claim pair), the messages of ``twinflow
@@ -19,6 +25,9 @@ passthrough's sink holds all N; the flow's processed mark passes the last);
 then latency at a steady rate (2,000 msg/s for 15 s by default): a sink
 entry's Redis time minus the uplink entry's Redis time (for a joined pair,
 its later member), p50 and p99. Each measured span starts from a warm query.
+CPU: the ticks of every process of the measured trees (a peer or a reader:
+its Python, its JVM, the JVM's Python workers) over the burst, in
+microseconds per message; Redis and the publisher are not counted.
 
 Under failure: a half that does not finish within its deadline raises
 BenchError with what it was waiting for; every process it started is
@@ -28,9 +37,11 @@ stopped by PID (the Cluster and LocalServices own them).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -42,6 +53,7 @@ from ..runtime.store.flow_store import FlowStore
 from ..runtime.waiting import wait_for
 from .local_cluster import LocalCluster
 from .messages import CHAINED, order_or_payment
+from .proc_stats import TICKS, cpu_ticks
 from .producers import UplinkPublisher
 from .services import LocalServices
 
@@ -65,6 +77,11 @@ def percentile_ms(values: list[float], q: float) -> float | None:
         return None
     values = sorted(values)
     return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1)
+
+
+def per_message_us(ticks: int, messages: int) -> float:
+    """CPU ticks spent on ``messages`` messages, in microseconds per message."""
+    return round(ticks / TICKS / messages * 1e6, 1)
 
 
 def entry_ms(position: str) -> int:
@@ -112,14 +129,15 @@ def _passthrough_child(redis_url: str, load: Load, batch_sizes: tuple[int, ...],
         if not wait_for(lambda: client.xlen(sink) >= n, 600, 0.01):
             raise BenchError(f"passthrough: {what}: the sink has {client.xlen(sink)} of {n} in 600 s")
 
-    bursts = {}
+    bursts, cpu = {}, {}
     for size in batch_sizes:
         def burst(uplink, sink, size=size):
             pub = UplinkPublisher(client, uplink, passthrough_doc)
-            t0 = time.monotonic()
+            ticks, t0 = cpu_ticks(os.getpid(), reaped=True), time.monotonic()
             pub.publish(load.messages)
             wait_sink(sink, load.messages, f"burst at batch size {size}")
             bursts[size] = load.messages / (time.monotonic() - t0)
+            cpu[size] = per_message_us(cpu_ticks(os.getpid(), reaped=True) - ticks, load.messages)
         run(f"burst{size}", size, burst)
     best = max(bursts, key=bursts.get)
     lat: list[float] = []
@@ -134,8 +152,42 @@ def _passthrough_child(redis_url: str, load: Load, batch_sizes: tuple[int, ...],
     run("steady", best, steady)
     spark.stop()
     return {"burst_msgs_per_s": {str(k): round(v) for k, v in bursts.items()}, "best_batch_size": best,
-            "msgs_per_s": round(bursts[best]), "p50_ms": percentile_ms(lat, 0.5),
+            "msgs_per_s": round(bursts[best]), "cpu_us_per_msg": cpu[best], "p50_ms": percentile_ms(lat, 0.5),
             "p99_ms": percentile_ms(lat, 0.99), "latency_samples": len(lat)}
+
+
+def _reader_child(redis_url: str, uplink: str, sink: str, batch_size: int, n: int, workdir: str) -> dict:
+    """Run in a child of :func:`two_passthroughs`: one bare reader copying ``uplink`` to
+    ``sink``; prints "ready" once its query is warm, returns once its sink holds ``n``."""
+    from ..runtime.spark.session import build_session
+    from ..runtime.positions import WARMUP_POSITION
+    from ..runtime.spark.stream import start_stream, stop_stream
+
+    spark = build_session("twinflow-bench-reader")
+    client = redis.Redis.from_url(redis_url)
+    warm = threading.Event()
+
+    def copy(batch_id: int, rows: list) -> None:
+        pipe = client.pipeline(transaction=False)
+        for position, data, _ in rows:
+            if position == WARMUP_POSITION:
+                warm.set()
+                continue
+            pipe.xadd(sink, {"position": position, "data": data or b""})
+        pipe.execute()
+
+    query = start_stream(spark, redis_url=redis_url, stream=uplink, checkpoint_dir=f"{workdir}/{sink}",
+                         on_batch=copy, batch_size=batch_size, source_options={"warmup": "1"})
+    try:
+        if not warm.wait(120):
+            raise BenchError(f"reader {sink} did not run its warm-up batch in 120 s")
+        print("ready", flush=True)
+        if not wait_for(lambda: client.xlen(sink) >= n, 600, 0.05):
+            raise BenchError(f"reader {sink}: the sink has {client.xlen(sink)} of {n} in 600 s")
+    finally:
+        stop_stream(query, 30)
+        spark.stop()
+    return {"sink": sink}
 
 
 def passthrough(redis_url: str, load: Load, batch_sizes=PASSTHROUGH_BATCH_SIZES) -> dict:
@@ -148,6 +200,50 @@ def passthrough(redis_url: str, load: Load, batch_sizes=PASSTHROUGH_BATCH_SIZES)
     if proc.returncode != 0:
         raise BenchError(f"passthrough child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def two_passthroughs(redis_url: str, load: Load, batch_size: int) -> dict:
+    """The floor of an active-active pair: two bare readers, each in its own child process (its
+    own driver and JVM), copying the same uplink to a sink of its own at once. Rate: ``N`` over
+    the time until the slower one's sink holds all; CPU: both readers' process trees, from the
+    first publish until each one's sink is full."""
+    uplink, sinks = "pt:two:uplink", ("pt:two:sink1", "pt:two:sink2")
+    client = redis.Redis.from_url(redis_url)
+    with tempfile.TemporaryDirectory(prefix="twinflow-two-readers-") as workdir:
+        children = []
+        try:
+            for sink in sinks:
+                args = json.dumps({"reader": True, "redis_url": redis_url, "uplink": uplink, "sink": sink,
+                                   "batch_size": batch_size, "n": load.messages, "workdir": workdir})
+                children.append(subprocess.Popen([sys.executable, "-m", __name__, args], stdout=subprocess.PIPE,
+                                                 stderr=subprocess.DEVNULL, text=True))
+            for child in children:  # "ready" once warm; a child that fails ends without it
+                if not any(line.strip() == "ready" for line in iter(child.stdout.readline, "")):
+                    raise BenchError(f"a bare reader ended before it was ready (exit {child.wait(30)})")
+            ticks = [cpu_ticks(c.pid, reaped=True) for c in children]
+            pub = UplinkPublisher(client, uplink, passthrough_doc)
+            t0 = time.monotonic()
+            pub.publish(load.messages)
+            took, used = {}, {}
+            deadline = t0 + 600
+            while len(took) < len(sinks) and time.monotonic() < deadline:
+                for i, sink in enumerate(sinks):
+                    if i not in took and client.xlen(sink) >= load.messages:
+                        took[i], used[i] = time.monotonic() - t0, cpu_ticks(children[i].pid, reaped=True) - ticks[i]
+                time.sleep(0.01)  # a poll's pace; the deadline bounds the loop
+            if len(took) < len(sinks):
+                raise BenchError(f"two bare readers: {len(took)} of 2 sinks full in 600 s")
+            for child in children:
+                child.wait(60)
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait(10)
+    slower = max(took.values())
+    return {"msgs_per_s": round(load.messages / slower),
+            "faster_msgs_per_s": round(load.messages / min(took.values())),
+            "cpu_us_per_msg": per_message_us(sum(used.values()), load.messages), "batch_size": batch_size}
 
 
 # -- the flow half ------------------------------------------------------------
@@ -166,11 +262,13 @@ def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
     try:
         cluster.start_peers()
         cluster.wait_ready()
-        t0 = time.monotonic()
+        pids = [p.pid for p in cluster.peers.values()]
+        ticks, t0 = sum(cpu_ticks(p, reaped=True) for p in pids), time.monotonic()
         pub.publish(load.messages)
         if not wait_for(lambda: processed_past(pub.last), 900, 0.01):
             raise BenchError(f"flow: the burst was not processed in 900 s\n{cluster.logs()}")
         rate = load.messages / (time.monotonic() - t0)
+        cpu = per_message_us(sum(cpu_ticks(p, reaped=True) for p in pids) - ticks, load.messages)
         since = cluster.redis.time()
         since_ms = since[0] * 1000 + since[1] // 1000
         pub.steady(load.rate, load.seconds)
@@ -183,8 +281,8 @@ def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
             written = [pub.written_ms[m] for m in members if m in pub.written_ms]
             if written:
                 lat.append((entry_ms(sink_id.decode()) - max(written)) / 1000)
-        return {"msgs_per_s": round(rate), "p50_ms": percentile_ms(lat, 0.5), "p99_ms": percentile_ms(lat, 0.99),
-                "latency_samples": len(lat)}
+        return {"msgs_per_s": round(rate), "cpu_us_per_msg": cpu, "p50_ms": percentile_ms(lat, 0.5),
+                "p99_ms": percentile_ms(lat, 0.99), "latency_samples": len(lat)}
     finally:
         cluster.stop()
 
@@ -199,6 +297,9 @@ def flow_vs_passthrough(load: Load, say=lambda text: None) -> dict:
         bare = passthrough(services.redis_url, load)
         say(f"passthrough: {bare['msgs_per_s']} msg/s (batch size {bare['best_batch_size']}), "
             f"p50 {bare['p50_ms']} ms, p99 {bare['p99_ms']} ms")
+        say(f"two bare readers on one uplink at once: {load.messages} messages at batch size {bare['best_batch_size']}")
+        two = two_passthroughs(services.redis_url, load, bare["best_batch_size"])
+        say(f"two bare readers: {two['msgs_per_s']} msg/s (the slower), {two['cpu_us_per_msg']} µs CPU per message")
         say("flow: two peers on the chained flow")
         pair = flow(services, load)
         say(f"flow: {pair['msgs_per_s']} msg/s, p50 {pair['p50_ms']} ms, p99 {pair['p99_ms']} ms")
@@ -211,11 +312,19 @@ def flow_vs_passthrough(load: Load, say=lambda text: None) -> dict:
         "passthrough_p50_ms": bare["p50_ms"], "passthrough_p99_ms": bare["p99_ms"],
         "p50_latency_ms": pair["p50_ms"], "p99_latency_ms": pair["p99_ms"],
         "passthrough_batch_size": bare["best_batch_size"], "passthrough_bursts": bare["burst_msgs_per_s"],
+        "two_passthrough_msgs_per_s": two["msgs_per_s"],
+        "ratio_two": round(pair["msgs_per_s"] / two["msgs_per_s"], 3),
+        "flow_cpu_us_per_msg": pair["cpu_us_per_msg"], "passthrough_cpu_us_per_msg": bare["cpu_us_per_msg"],
+        "two_passthrough_cpu_us_per_msg": two["cpu_us_per_msg"],
     }
 
 
-if __name__ == "__main__":  # the passthrough child: one JSON argument, one JSON line out
+if __name__ == "__main__":  # a passthrough or bare reader child: one JSON argument, one JSON line out
     spec = json.loads(sys.argv[1])
-    result = _passthrough_child(spec["redis_url"], Load(**spec["load"]), tuple(spec["batch_sizes"]),
-                                spec["workdir"])
+    if spec.get("reader"):
+        result = _reader_child(spec["redis_url"], spec["uplink"], spec["sink"], spec["batch_size"], spec["n"],
+                               spec["workdir"])
+    else:
+        result = _passthrough_child(spec["redis_url"], Load(**spec["load"]), tuple(spec["batch_sizes"]),
+                                    spec["workdir"])
     print(json.dumps(result))

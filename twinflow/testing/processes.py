@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .proc_stats import process_group
+
 
 @dataclass
 class PeerProcess:
@@ -51,25 +53,9 @@ class PeerProcess:
         """SIGSTOP every process of the peer's group but the peer itself (its Spark JVM): its
         micro-batches stop while its Python side, and so its ZooKeeper session, goes on. A master
         paused so stays master and processes nothing for as long as a test needs."""
-        for pid in self.group_pids():
+        for pid in process_group(self.proc.pid):
             if pid != self.proc.pid:
                 os.kill(pid, signal.SIGSTOP)
-
-    def group_pids(self) -> list[int]:
-        """The PIDs in the peer's process group (it and its JVM), from ``/proc``."""
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:  # gone meanwhile
-                continue
-            # Fields after the command's closing parenthesis: state, ppid, pgrp, ...
-            if int(stat.rsplit(")", 1)[1].split()[2]) == self.proc.pid:
-                pids.append(int(entry))
-        return pids
 
     def cont(self) -> None:
         """SIGCONT after :meth:`pause` (harmless when not paused or gone)."""
