@@ -48,9 +48,10 @@ def main() -> None:
     ap.add_argument("--bursts", type=int, default=3)
     ap.add_argument("--py-spy", help="path of py-spy: sample both drivers in the last burst")
     ap.add_argument("--out", default=tempfile.gettempdir())
+    ap.add_argument("--peer-arg", action="append", default=[], help="a twinflow run argument for both peers")
     args = ap.parse_args()
     cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-pair-profile-"), flow="benchflow",
-                           text=CHAINED.read_text()).start(peers=False)
+                           text=CHAINED.read_text(), peer_args=args.peer_arg).start(peers=False)
     store = FlowStore(cluster.redis, cluster.keys, "bench")
     try:
         cluster.start_peers()

@@ -2,7 +2,9 @@
 
 Under failure (promise 5): a worker stops reading while another batch could
 take its bake past ``max_pending``; it never drops. A worker plans at most
-every ``worker_pace_ms``; a master reads as fast as it can.
+every ``worker_pace_ms`` and reads ``worker_read_behind_ms`` behind; a master reads
+everything as fast as it can (a read behind only delays what a worker bakes: whatever it has
+not read when promoted, it reads then as master).
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ class Backpressure:
 
     def _pace(self) -> None:
         """A worker's reader plans at most every ``worker_pace_ms``: its batches only bake, and
-        fewer, larger ones leave the cores to the master. A master reads as fast as it can."""
+        fewer, larger ones leave the cores to the master; and it reads ``worker_read_behind_ms``
+        behind, so that under load most of what it reads is processed already and skipped, not
+        baked. A master reads everything as fast as it can."""
         # Under the lock, the role read and the file written together: a timer that saw the
         # worker's role cannot write its pace after a promotion wrote the master's.
         with self._pace_lock:
-            want = 0 if self.role == MASTER else self.cfg.worker_pace_ms
+            want = (0, 0) if self.role == MASTER else (self.cfg.worker_pace_ms, self.cfg.worker_read_behind_ms)
             if want != self._paced_ms and self.reading is not None:
-                self.reading.pace(self, want)
+                self.reading.pace(self, *want)
                 self._paced_ms = want
 
     # -- backpressure -----------------------------------------------------

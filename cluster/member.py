@@ -127,7 +127,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self.batch_timings = BatchTimings((MASTER, WORKER))  # batch durations by role
         self.lateness = Timings(LATENESS_BUCKETS)  # how late due deadlines fired (flow clock)
         self.held = False         # backpressure: the reader plans no batch
-        self._paced_ms: int | None = None  # the reader's pace as last set
+        self._paced_ms: tuple[int, int] | None = None  # the reader's pace and read-behind as last set
         self._pace_lock = threading.Lock()  # the timer and a promotion both set the pace
         self.holding = False      # a master batch waits for ZooKeeper to come back
         self.handled_upto: str | None = None  # the last uplink position this member handled

@@ -113,7 +113,7 @@ class ShardReading:
             if self.query is not None:
                 hold_shards(self.query, set(self._held))
 
-    def pace(self, member: "FlowMember", interval_ms: int) -> None:
+    def pace(self, member: "FlowMember", interval_ms: int, behind_ms: int = 0) -> None:
         return None  # one query for every shard: it reads each as soon as there is something
 
     def stop(self) -> None:

@@ -34,6 +34,7 @@ class SparkReading:
             batch_bytes=member.spec.batch_bytes,
             max_body_bytes=member.spec.message.max_bytes,
             status_key=member.keys.read(cfg.peer_id),
+            skip_key=member.keys.processed,  # no role needs what the masters processed
             query_name=f"{member.name}_{cfg.peer_id}".replace("-", "_"),
             source_options={"warmup": "1", "start_id": start["id"], "start_n": str(start["n"])},
         )
@@ -50,10 +51,10 @@ class SparkReading:
 
         hold_stream(self.query, held)
 
-    def pace(self, member: "FlowMember", interval_ms: int) -> None:
+    def pace(self, member: "FlowMember", interval_ms: int, behind_ms: int = 0) -> None:
         from ..runtime.spark.stream import pace_stream
 
-        pace_stream(self.query, interval_ms)
+        pace_stream(self.query, interval_ms, behind_ms)
 
     def stop(self) -> None:
         from ..runtime.spark.stream import stop_stream

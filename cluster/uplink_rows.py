@@ -16,7 +16,7 @@ import redis
 from ..runtime.cluster_spec import ClusterSpec
 from ..runtime.fields import BadInput
 from ..runtime.message import Message, MessageSpec, decode
-from ..runtime.positions import WARMUP_POSITION
+from ..runtime.positions import SKIPPED_SIZE, WARMUP_POSITION
 from ..runtime.store.flow_store import FlowStore
 
 log = logging.getLogger("twinflow.peer")
@@ -30,6 +30,8 @@ def decode_rows(rows, spec: MessageSpec) -> tuple[list[Message], list[tuple], bo
     for position, data, size in rows:
         if position == WARMUP_POSITION:
             warm = True
+            continue
+        if size == SKIPPED_SIZE:  # processed entries the reader skipped: nothing to decode
             continue
         if data is None and size is not None:  # the reader withheld a body over the limit
             bad.append((position, f"message is {size} bytes, over the limit of {spec.max_bytes}", None, size))

@@ -52,6 +52,7 @@ def cmd_run(args) -> int:
         connect_deadline_s=args.connect_timeout,
         start_from=args.start_from,
         worker_pace_ms=args.worker_pace_ms,
+        worker_read_behind_ms=args.worker_read_behind_ms,
         security=_grpc_security(args, graph),
         metrics_listen=args.metrics_listen,
     )

@@ -17,7 +17,7 @@ from concurrent.futures import Executor
 import redis
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...runtime.positions import WARMUP_POSITION
+from ...runtime.positions import SKIPPED_SIZE, WARMUP_POSITION
 from ...runtime.store.flow_store import FlowStore
 from ...runtime.store.store_errors import RedisUnavailable
 from .escalation_model import SimSender
@@ -61,7 +61,7 @@ class SimStream:
     def hold(self, member: "FlowMember", held: bool) -> None:
         self.held = held
 
-    def pace(self, member: "FlowMember", interval_ms: int) -> None:
+    def pace(self, member: "FlowMember", interval_ms: int, behind_ms: int = 0) -> None:
         pass  # the schedule decides when a member reads; pacing is a speed matter, not a protocol one
 
     def stop(self) -> None:
@@ -78,13 +78,12 @@ class SimStream:
                                 mapping={"read_n": n, "read_id": self.sim.disk["offset"] or "0-0"})
         except redis.ConnectionError:
             return "read failed (Redis)"
+        skipped = 0
         if not self.warm:
             rows = [(WARMUP_POSITION, None, None)]
         else:
             try:
-                rows = member.store.read_uplink(self.sim.disk["offset"], "+", member.read_size,
-                                                member.spec.message.max_bytes, max_bytes=member.spec.batch_bytes,
-                                                deadline_s=0)
+                rows, skipped = self._read(member)
             except RedisUnavailable:
                 return "read failed (Redis)"
             if not rows:
@@ -102,9 +101,24 @@ class SimStream:
             return f"batch of {len(rows)} not committed ({type(exc).__name__}: {exc})"
         if self.warm:
             self.sim.disk["offset"] = rows[-1][0]
-            self.sim.disk["n"] = n + len(rows)
+            self.sim.disk["n"] = n + skipped + sum(size != SKIPPED_SIZE for _, _, size in rows)
         self.warm = True
-        return f"batch of {len(rows)} up to {rows[-1][0]}{ran}"
+        return f"batch of {len(rows)} up to {rows[-1][0]}{ran}" + (f" ({skipped} processed skipped)" if skipped else "")
+
+    def _read(self, member: "FlowMember") -> tuple[list, int]:
+        """The next batch's rows, and how many processed entries it skipped (the Spark
+        source's ``skip_key`` in the runs whose ``skip_processed`` is drawn)."""
+        store, after = member.store, self.sim.disk["offset"]
+        bounds = (member.read_size, member.spec.message.max_bytes)
+        if not self.sim.world.dims.skip_processed:
+            return store.read_uplink(after, "+", *bounds, max_bytes=member.spec.batch_bytes, deadline_s=0), 0
+        rows, skipped, to = store.read_uplink_after_processed(after, *bounds, max_bytes=member.spec.batch_bytes,
+                                                              deadline_s=0)
+        if skipped:
+            self.sim.world.skipped_reads += 1
+        if skipped and not rows:  # as the source does: a row that says how far the batch handled
+            rows = [(to, None, SKIPPED_SIZE)]
+        return rows, skipped
 
 
 class SimParts:

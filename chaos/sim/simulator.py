@@ -74,6 +74,7 @@ def draw_dims(seed: int, sharded: bool, wait: bool = True, only: dict | None = N
     d.step_messages = draw_step_messages(seed)
     d.resend = draw_resend(seed)
     d.log_trim = draw_log_trim(seed)
+    d.skip_processed = not sharded and draw_skip_processed(seed)  # a shard's reader reads every entry
     for k, v in (only or {}).items():
         if k in flow:
             flow[k] = v
@@ -116,6 +117,16 @@ def draw_log_trim(seed: int) -> bool:
     of 5. A random source of its own, for the same reasons as :func:`draw_resend` (its name
     picked so that the pinned seeds draw no trim, so their schedules are as before)."""
     return random.Random(f"log-trim6-{seed}").random() < 0.4
+
+
+def draw_skip_processed(seed: int) -> bool:
+    """Whether the readers skip what the processed mark covers (``Dims.skip_processed``, the
+    Spark source's ``skip_key``, which every peer reading an unsharded flow uses): in about
+    half the runs, so the other half keeps reading every entry as readers did before. A
+    random source of its own, for the same reasons as :func:`draw_resend` (its name picked so
+    that the seeds pinned in tests/sim, 2921, 926, 265, 7, 30 and 528, draw none, so their
+    schedules are as before)."""
+    return random.Random(f"skip-processed21-{seed}").random() < 0.5
 
 
 def flow_for(text: str, dims: Dims, flow: dict) -> str:
@@ -255,6 +266,7 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
         result.counts.update(schedule.counts)
         result.counts.update(checker.counts)
         result.counts["interleaved"] += world.interleaved
+        result.counts["reads_skipping_processed"] += world.skipped_reads
         result.counts["uplink_entries_trimmed"] += world.commits[2]
         if world.replica is not None:
             result.counts["replica_runs"] += 1

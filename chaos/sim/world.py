@@ -57,6 +57,7 @@ class Dims:
     step_messages: int = 1000   # cluster.step_messages: below a batch's size, the master commits it in several steps
     resend: float = 0.0         # chance that a publish carries a document that left, under a new ID
     log_trim: bool = False      # the change log is trimmed to its last few entries at times
+    skip_processed: bool = False  # readers start after the processed mark when it is further
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.__dict__.items())
@@ -123,6 +124,7 @@ class World:
         self.redis = SimRedis(self.redis_server, RedisLink(), replica=self.replica)  # the producer's and checker's
         self.busy: set[str] = set()    # peers with a write held in flight (see interleave)
         self.interleaved = 0
+        self.skipped_reads = 0  # reads that skipped processed entries (Dims.skip_processed)
         self.interleave_hook: Callable[[SimPeer, str], str | None] | None = None  # set by the schedule
         self.zombies: list = []         # shard task attempts declared lost that have not run yet
         self.stops: list[str] = []      # batches that failed with an error other than Redis being away

@@ -13,11 +13,14 @@ stopped planning. Removing the file lets the read in progress go on at once.
 A pause (``pause_file``) is still seen within 10 ms while held.
 
 Pace: ``pace_file`` (set by ``stream.start_stream``, written by
-``stream.pace_stream``) holds a number of milliseconds; when it is above 0
-the reader plans a batch at most that often (a read within the interval
-waits up to 100 ms of it, then plans nothing). A worker, whose batches
-only bake, reads so in fewer, larger batches and leaves the cores to the
-master (docs/operations/speed.md); a pause or hold is still seen within 10 ms.
+``stream.pace_stream``) holds a number of milliseconds, and optionally a
+second one, the read-behind; when the first is above 0 the reader plans a
+batch at most that often (a read within the interval waits up to 100 ms of
+it, then plans nothing). A worker, whose batches only bake, reads so in
+fewer, larger batches and leaves the cores to the master
+(docs/operations/speed.md); a pause or hold is still seen within 10 ms. With
+a read-behind above 0 the reader reads no entry newer than that many
+milliseconds (the source's "Read behind"), and plans at most every 100 ms.
 
 Under failure: an acknowledgement file is written whole or not at all (written aside, then
 renamed), so a poller never reads half of one; a pause is seen within 10 ms while held or
@@ -87,7 +90,9 @@ class ReaderGates:
         """Return once a paced reader may plan (see "Pace"); raise _Held after waiting 100 ms."""
         waited_until = time.monotonic() + DEFAULT_BLOCK_MS / 1000
         while True:
-            pace_ms = self._pace_now()
+            pace_ms, behind_ms = self._pace_now()
+            if behind_ms:
+                pace_ms = max(pace_ms, DEFAULT_BLOCK_MS)  # a read behind finds more only as time passes
             left = self._last_plan + pace_ms / 1000 - time.monotonic()
             if left <= 0:
                 return
@@ -98,14 +103,16 @@ class ReaderGates:
                 raise _Held()
             time.sleep(min(_HOLD_CHECK_S, left))
 
-    def _pace_now(self) -> int:
+    def _pace_now(self) -> tuple[int, int]:
+        """The pace and the read-behind in the pace file, in ms (0, 0 without one)."""
         if not self.pace_file:
-            return 0
+            return 0, 0
         try:
             with open(self.pace_file) as pace:
-                return max(0, int(pace.read() or 0))
+                numbers = [max(0, int(x)) for x in pace.read().split()]
         except (FileNotFoundError, ValueError):
-            return 0
+            return 0, 0
+        return (numbers + [0, 0])[0], (numbers + [0, 0])[1]
 
     def _hold_token_now(self) -> Optional[str]:
         if not self.hold_file:

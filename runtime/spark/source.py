@@ -73,6 +73,29 @@ never larger than ``max_batch_size`` entries or ``batch_bytes`` of bodies.
 
 Hold (backpressure) and pace (``hold_file``, ``pace_file``): see ``reader_gates.py``.
 
+Skipping what is processed (option ``skip_key``, the flow's processed mark):
+a read to the end starts after the mark when the mark is further than where
+the reader stands. Every entry up to the mark was processed by a master
+whose fenced COMMIT moved it, so no role needs it: a worker would only let
+it pass through its bake, a master's graph would drop it. The script counts
+the entries it skips (their IDs never leave Redis), so ``n`` and the
+backlog figure stay exact; a batch's end offset says where its entries
+began (``from``) and how many it skipped, so a replay reads the same
+entries. A read that skips and finds nothing after the mark moves the
+offset only once a second (``SKIP_BATCH_EVERY_S``) or once it skipped a
+whole ``max_batch_size``: a batch costs Spark's fixed work, and a worker
+reading behind would otherwise run one per read for no entry. Such a batch
+has one row ``(mark, None, SKIPPED_SIZE)``: no entry, but the position the
+batch handled up to, which the caller must record as handled (a
+promotion's catch-up covers what the reader passed).
+
+Read behind (the pace file's second number, ``stream.pace_stream``): a read
+takes no entry newer than that many milliseconds before Redis's clock. A
+worker reading so stays behind its master under load, so that most of what
+it reads is already processed and skipped instead of baked; it plans at
+most every 100 ms, since waiting in Redis for a new entry would return at
+once.
+
 Under failure:
 
 - Redis unreachable, timing out or still loading: every call waits and
@@ -111,9 +134,9 @@ from urllib.parse import urlsplit
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_rows
+from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_result
 from twinflow.runtime.store.redis_slot import client_from_url, follow_moved, relocate
-from twinflow.runtime.positions import WARMUP_POSITION
+from twinflow.runtime.positions import SKIPPED_SIZE, WARMUP_POSITION
 from twinflow.runtime.spark.packed_rows import Row, pack_rows
 from twinflow.runtime.spark.reader_gates import ReaderGates, _Held, _Paused
 from twinflow.runtime.spark.redis_wait import _wait_for_entry
@@ -138,6 +161,7 @@ SCHEMA = StructType(
     ]
 )
 _MAX_BACKOFF_S = 1.0
+SKIP_BATCH_EVERY_S = 1.0  # a batch of skipped entries alone at most this often (see "Skipping")
 _LOG_EVERY_S = 10.0
 
 
@@ -184,6 +208,7 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         self.pack = _int_option(options, "pack", 0, 0)
         self.max_body_bytes = _int_option(options, "max_body_bytes", DEFAULT_MAX_BODY_BYTES, 0)
         self.status_key = options.get("status_key") or None
+        self.skip_key = options.get("skip_key") or None
         self.connect_deadline_s = float(
             options.get("connect_deadline_s") or DEFAULT_CONNECT_DEADLINE_S
         )
@@ -192,6 +217,7 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         self.hold_file = options.get("hold_file") or None
         self.pace_file = options.get("pace_file") or None
         self._last_plan = float("-inf")  # monotonic time the last batch with entries was planned
+        self._last_batch = float("-inf")  # ... the last batch of any kind
         self.start_id = options.get("start_id") or "0-0"
         self.start_n = int(options.get("start_n") or 0)
         self._warmup_due = options.get("warmup") == "1"
@@ -241,31 +267,49 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
                 return iter([(WARMUP_POSITION, None, None)]), {
                     **start, "warmup": os.urandom(4).hex()
                 }
-            rows = self._read_rows("read new entries", start["id"], "+", self.max_body_bytes, progress=start,
-                                   count=self._take)
-            if not rows and self.block_ms:
+            behind_ms = self._pace_now()[1]
+            rows, skipped, skipped_to = self._read_new(start, behind_ms, progress=start)
+            if not rows and not skipped and self.block_ms and not behind_ms:
                 # Nothing new: wait in Redis rather than let Spark poll every
                 # 10 ms (about 20% of a core per idle query, measured). A new
-                # entry still comes back at once.
+                # entry still comes back at once. (A read behind finds entries
+                # older only as time passes: its pace spaces its reads.)
                 came = self._redis(
                     "wait for new entries",
                     lambda r: _wait_for_entry(r, self.stream, start["id"], self.block_ms),
                     pausable=True,
                 )
                 if came:
-                    rows = self._read_rows(
-                        "read new entries", start["id"], "+", self.max_body_bytes, count=self._take
-                    )
+                    rows, skipped, skipped_to = self._read_new(start, behind_ms)
         except (_Paused, _Held):
             return iter(()), start
         full = len(rows) >= self._take
         self._take = self.max_batch_size if full else self.batch_size
-        if not rows:
+        if rows or behind_ms:
+            self._last_plan = time.monotonic()
+        if not rows and not skipped:
             return iter(()), start
-        self._last_plan = time.monotonic()
-        end = {"id": rows[-1][0], "n": int(start["n"]) + len(rows), "max_body": self.max_body_bytes}
+        if not rows and skipped < self.max_batch_size and time.monotonic() - self._last_batch < SKIP_BATCH_EVERY_S:
+            # Only processed entries: not worth a batch of its own (Spark's fixed cost per batch)
+            # each read; counted again from ``start`` by the next read, and a batch now and then.
+            return iter(()), start
+        self._last_batch = time.monotonic()
+        # Skipped entries count as read (read_n stays exact); "from" is where the batch's
+        # entries begin, so that a replay reads the same ones (readBetweenOffsets).
+        end = {"id": rows[-1][0] if rows else skipped_to, "n": int(start["n"]) + skipped + len(rows),
+               "max_body": self.max_body_bytes}
+        if not rows:  # the caller learns how far it handled the uplink all the same
+            rows = [(skipped_to, None, SKIPPED_SIZE)]
+        if skipped:
+            end["from"], end["skipped"] = skipped_to, skipped
         # A list iterator, not a generator: Spark's wrapper copy.copy()s it.
         return iter(self._rows(rows)), end
+
+    def _read_new(self, start: dict, behind_ms: int, progress: Optional[dict] = None):
+        """Entries after ``start`` (after the processed mark when it is further, with
+        ``skip_key``), no newer than ``behind_ms``; returns (rows, skipped, skipped_to)."""
+        return self._read_result("read new entries", start["id"], "+", self.max_body_bytes, progress=progress,
+                                 count=self._take, behind_ms=behind_ms)
 
     def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[Row]:
         if end.get("warmup") and end.get("warmup") != start.get("warmup"):
@@ -273,8 +317,10 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         # The batch's own withholding limit, so the replay matches it even if the
         # option changed across a restart (offsets before it lack the key).
         max_body = int(end.get("max_body", self.max_body_bytes))
+        if end.get("from") == end["id"]:  # a batch of skipped entries alone: its marker row again
+            return iter(self._rows([(end["id"], None, SKIPPED_SIZE)]))
         rows: List[Row] = []
-        after = start["id"]
+        after = end.get("from", start["id"])  # a batch that skipped processed entries began there
         while after != end["id"]:
             # Usually one call: the same bounds cut the batch where read() did.
             more = self._read_rows("re-read a planned batch", after, end["id"], max_body)
@@ -282,7 +328,7 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
                 break
             rows.extend(more)
             after = more[-1][0]
-        expected = int(end["n"]) - int(start["n"])
+        expected = int(end["n"]) - int(start["n"]) - int(end.get("skipped", 0))  # skipped: in n, not the batch
         if len(rows) != expected:
             log.warning(
                 "%s: replay of %s..%s found %d entries, the batch had %d (stream trimmed?)",
@@ -302,17 +348,28 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         """Entries after ``after`` up to ``last`` ("+": no end), at most ``count`` (default
         ``max_batch_size``) and ``batch_bytes``; records ``progress`` (an offset processed) in
         the same script call when it is new."""
+        return self._read_result(what, after, last, max_body, progress, count)[0]
+
+    def _read_result(self, what: str, after: str, last: str, max_body: int, progress: Optional[dict] = None,
+                     count: Optional[int] = None, behind_ms: int = 0) -> Tuple[List[Row], int, Optional[str]]:
+        """As :meth:`_read_rows`, reading to the end (``last`` "+") after the processed mark
+        when ``skip_key`` names one that is further, and no entry newer than ``behind_ms``;
+        returns (rows, entries skipped, the position read after in their stead)."""
         keys, record = [self.stream], None
         if progress is not None and self.status_key and int(progress["n"]) > self._recorded_n:
             keys, record = [self.stream, self.status_key], (int(progress["n"]), progress["id"])
-        args = read_batch_args(after, last, count or self.max_batch_size, self.batch_bytes, max_body, record)
+        skip = bool(self.skip_key) and last == "+"
+        if skip:
+            keys = keys + [self.skip_key]
+        args = read_batch_args(after, last, count or self.max_batch_size, self.batch_bytes, max_body, record,
+                               skip_processed=skip, behind_ms=behind_ms if last == "+" else 0)
         reply = self._redis(
             what, lambda r: self._script(keys=keys, args=args, client=r),
             pausable=last == "+",
         )
         if record:
             self._recorded_n = record[0]
-        return read_batch_rows(reply)
+        return read_batch_result(reply)
 
     def _record_progress(self, done: dict, pausable: bool = False) -> None:
         n = int(done["n"])

@@ -92,6 +92,7 @@ def start_stream(
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     status_key: str | None = None,
+    skip_key: str | None = None,
     query_name: str | None = None,
     source_options: dict | None = None,
 ) -> StreamingQuery:
@@ -102,7 +103,9 @@ def start_stream(
     (default ``batch_size``) under a backlog (the source's "Admission"), and
     ``batch_bytes`` its delivered body bytes; a body longer than ``max_body_bytes`` is withheld (``data``
     None, ``size`` set). ``source_options`` passes further source options
-    (``connect_deadline_s``, ``block_ms``, ``warmup``) through.
+    (``connect_deadline_s``, ``block_ms``, ``warmup``) through. ``skip_key``, the flow's
+    processed mark: every read starts after it when it is further (the source's "Skipping
+    what is processed").
     """
     # The source watches these files so stop_stream can pause it between batches
     # and hold_stream can hold it; they live on the driver host, where Spark
@@ -119,6 +122,8 @@ def start_stream(
     options["pace_file"] = os.path.join(pause_dir, PACE_FILE)
     if status_key:
         options["status_key"] = status_key
+    if skip_key:
+        options["skip_key"] = skip_key
 
     def deliver(batch_df: DataFrame, batch_id: int) -> None:
         # One partition (SimpleDataSourceStreamReader), so the batch keeps uplink order.
@@ -275,10 +280,11 @@ def shard_hold_state(query: StreamingQuery) -> Optional[set[int]]:
         return None
 
 
-def pace_stream(query: StreamingQuery, interval_ms: int) -> bool:
+def pace_stream(query: StreamingQuery, interval_ms: int, behind_ms: int = 0) -> bool:
     """Let ``query``'s source plan a batch at most every ``interval_ms`` (0: as fast as it
-    can); False if the query is not ours. Takes effect on the source's next read."""
-    return _write_control(query, PACE_FILE, str(int(interval_ms)))
+    can) and read no entry newer than ``behind_ms`` (0: every one); False if the query is not
+    ours. Takes effect on the source's next read."""
+    return _write_control(query, PACE_FILE, f"{int(interval_ms)} {int(behind_ms)}")
 
 
 def _write_control(query: StreamingQuery, name: str, text: str) -> bool:

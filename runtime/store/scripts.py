@@ -188,24 +188,50 @@ return 1
 """
 
 # READ_BATCH: the entries of a stream after an ID, bounded in count and bytes.
-# KEYS[1] the stream; KEYS[2], optional, the reader's progress hash.
+# KEYS[1] the stream; then, optional, the reader's progress hash, and the
+# flow's processed mark (last: see ARGV[8]).
 # ARGV[1] exclusive start ID; ARGV[2] inclusive end ID, or "+" for none;
 # ARGV[3] max entries (>= 1); ARGV[4] max body bytes returned, the first entry
 # always included whatever its size; ARGV[5] max bytes of one body (a longer
 # one is withheld and counts 0); ARGV[6] max entries per XRANGE page; ARGV[7]
 # page bytes (pages shrink to about this many bytes once entries are big);
-# with KEYS[2], ARGV[8] and ARGV[9] are recorded there first as read_n and
-# read_id (how far the reader had read and processed: in the same call, so
-# recording it costs the reader no round trip of its own).
-# Returns a flat array, three items per entry: ID, body (false when the entry
-# has no data field or its body is withheld), body length (-1: no data field).
-READ_BATCH = """
+# ARGV[8] "1": the last key is the processed mark, and a read to the end
+# ("+") starts after it when it is further (the entries skipped are
+# processed: the masters' COMMIT moved the mark over them), counting them;
+# ARGV[9] read behind: with "+", no entry newer than this many ms before
+# Redis's clock is read ("0": none); with the progress hash (KEYS[2]),
+# ARGV[10] and ARGV[11] are recorded there first as read_n and read_id (how
+# far the reader had read and processed: in the same call, so recording it
+# costs the reader no round trip of its own).
+# Returns a flat array: the entries skipped and the ID read after in their
+# stead (false: none skipped), then three items per entry: ID, body (false
+# when the entry has no data field or its body is withheld), body length
+# (-1: no data field).
+READ_BATCH = _AT_OR_BEFORE + """
 local after, last = ARGV[1], ARGV[2]
 local max_n, max_bytes = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_body, max_page, page_bytes = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local out, n, bytes, page = {}, 0, 0, max_page
-if KEYS[2] then
-  redis.call('HSET', KEYS[2], 'read_n', ARGV[8], 'read_id', ARGV[9])
+local out, n, bytes, page = {0, false}, 0, 0, max_page
+if ARGV[10] then
+  redis.call('HSET', KEYS[2], 'read_n', ARGV[10], 'read_id', ARGV[11])
+end
+if last == '+' and ARGV[8] == '1' then
+  local mark = redis.call('GET', KEYS[#KEYS])
+  if mark and at_or_before(after, mark) and after ~= mark then
+    local skipped, from = 0, after
+    while true do  -- counted (IDs only leave the script), so read_n stays exact
+      local entries = redis.call('XRANGE', KEYS[1], '(' .. from, mark, 'COUNT', 1024)
+      skipped = skipped + #entries
+      if #entries < 1024 then break end
+      from = entries[#entries][1]
+    end
+    out[1], out[2], after = skipped, mark, mark
+  end
+end
+if last == '+' and tonumber(ARGV[9]) > 0 then
+  local now = redis.call('TIME')
+  last = tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - tonumber(ARGV[9]))
+  if not at_or_before(after, last .. '-18446744073709551615') then return out end
 end
 while n < max_n do
   local want = math.min(page, max_n - n)
@@ -271,24 +297,35 @@ _PAGE_BYTES = 8 * 1024 * 1024
 
 
 def read_batch_args(after: str, last: str, count: int, max_bytes: int, max_body: int,
-                    progress: tuple[int, str] | None = None) -> list:
+                    progress: tuple[int, str] | None = None, skip_processed: bool = False,
+                    behind_ms: int = 0) -> list:
     """ARGV for READ_BATCH: entries after ``after`` up to ``last`` ("+": no end); with
-    ``progress`` (read_n, read_id) to record in the progress hash, KEYS[2]."""
-    args = [after, last, count, max_bytes, max_body, _PAGE_ENTRIES, _PAGE_BYTES]
+    ``progress`` (read_n, read_id) to record in the progress hash, KEYS[2]; with
+    ``skip_processed``, the processed mark is the last key; ``behind_ms``: see READ_BATCH."""
+    args = [after, last, count, max_bytes, max_body, _PAGE_ENTRIES, _PAGE_BYTES, int(skip_processed),
+            int(behind_ms)]
     return args + list(progress) if progress else args
 
 
-def read_batch_rows(reply: list) -> list[tuple[str, bytes | None, int | None]]:
-    """READ_BATCH's reply as (position, data, size) rows; see READ_BATCH for None."""
+def read_batch_result(reply: list) -> tuple[list[tuple[str, bytes | None, int | None]], int, str | None]:
+    """READ_BATCH's reply: its (position, data, size) rows (see READ_BATCH for None), how many
+    processed entries it skipped and the position it read after in their stead (None: none)."""
+    skipped, skipped_to = int(reply[0]), reply[1]
     # A missing or withheld body is Lua false: None over RESP2, False over RESP3.
-    return [
+    rows = [
         (
             reply[i].decode(),
             reply[i + 1] if isinstance(reply[i + 1], bytes) else None,
             None if reply[i + 2] < 0 else reply[i + 2],
         )
-        for i in range(0, len(reply), 3)
+        for i in range(2, len(reply), 3)
     ]
+    return rows, skipped, skipped_to.decode() if isinstance(skipped_to, bytes) else None
+
+
+def read_batch_rows(reply: list) -> list[tuple[str, bytes | None, int | None]]:
+    """READ_BATCH's reply as (position, data, size) rows; see READ_BATCH for None."""
+    return read_batch_result(reply)[0]
 
 
 ALL = {"raise_epoch": RAISE_EPOCH, "commit": COMMIT, "record_failure": RECORD_FAILURE,

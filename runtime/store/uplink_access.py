@@ -60,6 +60,17 @@ class UplinkAccess:
                            deadline_s)
         return scripts.read_batch_rows(reply)
 
+    def read_uplink_after_processed(self, after: str | None, count: int, max_body: int, *,
+                                    max_bytes: int = 64 << 20, deadline_s: float | None = None
+                                    ) -> tuple[list[tuple[str, bytes | None, int | None]], int, str | None]:
+        """As :meth:`read_uplink` to the end, starting after the processed mark when it is
+        further than ``after`` (as the Spark source with ``skip_key`` reads): (rows, entries
+        skipped, the mark they were skipped up to, or None)."""
+        args = scripts.read_batch_args(after or "0-0", "+", count, max_bytes, max_body, skip_processed=True)
+        keys = [self.keys.uplink, self.keys.processed]
+        reply = self._call("read uplink", lambda: self._scripts["read_batch"](keys=keys, args=args), deadline_s)
+        return scripts.read_batch_result(reply)
+
     def entries_upto(self, position: str) -> int:
         """How many entries the uplink has had up to ``position``: all it was ever given
         minus those after it (counted by reading their IDs, so meant for a short tail)."""

@@ -58,7 +58,7 @@ class NoSpark(RealParts):
         def hold(self, member, held):
             pass
 
-        def pace(self, member, interval_ms):
+        def pace(self, member, interval_ms, behind_ms=0):
             pass
 
         def stop(self):

@@ -24,8 +24,9 @@ from pyspark.sql import SparkSession
 from twinflow.chaos.fault_link import FaultLink
 from twinflow.testing.servers import free_port
 from twinflow.runtime.spark.session import build_session
-from twinflow.runtime.positions import WARMUP_POSITION
+from twinflow.runtime.positions import SKIPPED_SIZE, WARMUP_POSITION
 from twinflow.runtime.spark.packed_rows import unpack_rows
+from twinflow.runtime.spark import source
 from twinflow.runtime.spark.source import RedisStreamReader
 from twinflow.runtime.spark.source_options import DEFAULT_MAX_BODY_BYTES
 from twinflow.runtime.spark.stream import hold_stream, hold_state, start_stream, stop_stream
@@ -533,3 +534,57 @@ def test_a_paced_reader_plans_at_most_once_per_interval(r, redis_url, key, tmp_p
     third = add(r, key, [b"c"] * 5)
     rows, _ = reader.read({"id": second[-1], "n": 10})
     assert [row[0] for row in rows] == third
+
+
+def test_a_reader_skips_what_the_mark_says_is_processed_counts_it_and_replays_the_same(r, redis_url, key,
+                                                                                         monkeypatch):
+    mark_key = key + ":processed"
+    options = {"url": redis_url, "stream": key, "batch_size": "100", "block_ms": "1", "skip_key": mark_key,
+               "status_key": key + ":read"}
+    ids = add(r, key, [b"s%d" % i for i in range(30)])
+    reader = RedisStreamReader(options)
+    r.set(mark_key, ids[9])  # the first ten are processed
+    start = reader.initialOffset()
+    rows, end = reader.read(start)
+    rows = list(rows)
+    assert [row[0] for row in rows] == ids[10:]
+    assert end == {"id": ids[-1], "n": 30, "max_body": DEFAULT_MAX_BODY_BYTES, "from": ids[9], "skipped": 10}
+    assert list(RedisStreamReader(options).readBetweenOffsets(start, end)) == rows  # a replay: the same ten gone
+    # The mark passes every entry read and some not yet read: those are skipped, and the batch
+    # says how far it handled the uplink with one row that is no entry.
+    more = add(r, key, [b"t%d" % i for i in range(5)])
+    r.set(mark_key, more[-1])
+    rows, same = reader.read(end)  # within a second of the last batch: not worth one of its own
+    assert list(rows) == [] and same == end
+    monkeypatch.setattr(source, "SKIP_BATCH_EVERY_S", 0.0)  # (a second later)
+    rows, after = reader.read(end)
+    assert list(rows) == [(more[-1], None, SKIPPED_SIZE)]
+    assert after["id"] == more[-1] and after["n"] == 35
+    assert list(reader.readBetweenOffsets(end, after)) == [(more[-1], None, SKIPPED_SIZE)]
+    reader.read(after)  # records how far it read: every entry, none left out of the count
+    assert r.hget(key + ":read", "read_n") == b"35"
+    # A mark behind the reader changes nothing; nor does one in another stream's past.
+    r.set(mark_key, ids[0])
+    last = add(r, key, [b"u"])
+    rows, _ = reader.read(after)
+    assert [row[0] for row in rows] == last
+
+
+def test_a_reader_behind_reads_only_entries_older_than_its_read_behind(r, redis_url, key, tmp_path):
+    pace = tmp_path / "pace"
+    pace.write_text("0 300")
+    reader = RedisStreamReader({"url": redis_url, "stream": key, "pace_file": str(pace), "block_ms": "1"})
+    ids = add(r, key, [b"b%d" % i for i in range(5)])
+    added = time.monotonic()
+    rows, end = reader.read(reader.initialOffset())
+    assert list(rows) == [] and end == reader.initialOffset()  # younger than 300 ms: not yet
+
+    def read_some():
+        rows, _ = reader.read(reader.initialOffset())
+        return list(rows)
+    rows = wait_until(read_some, "the entries once older than the read-behind", timeout_s=5)
+    assert [row[0] for row in rows] == ids and time.monotonic() - added >= 0.3
+    pace.write_text("0 0")  # a master's: every entry at once
+    more = add(r, key, [b"c"])
+    rows, _ = reader.read({"id": ids[-1], "n": 5})
+    assert [row[0] for row in rows] == more

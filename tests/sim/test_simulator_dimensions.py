@@ -173,7 +173,7 @@ def test_write_order_across_streams_keeps_each_streams_order():
 # The dimensions drawn after these tests' seeds were chosen (re-sends, a trimmed change log)
 # move every choice of a run that draws them; these tests, about other mechanisms, keep the
 # schedules they were chosen on.
-BEFORE_RESENDS = {"resend": 0.0, "log_trim": False}
+BEFORE_RESENDS = {"resend": 0.0, "log_trim": False, "skip_processed": False}
 
 
 def _first_failure(kind: str, seeds: range, only: dict | None = None, wait: bool = True):
@@ -230,6 +230,22 @@ def test_a_trim_that_ignores_the_processed_mark_is_caught_as_loss(monkeypatch):
     failed = _first_failure("chained", range(1, 61), only=only)
     assert failed is not None, "a trim that cuts unprocessed entries passed every run"
     assert any("never left the flow" in p for p in failed.problems)
+
+
+def test_readers_that_skip_past_the_processed_mark_are_caught_as_loss(monkeypatch):
+    # Readers skip what the processed mark covers (Dims.skip_processed). Broken so that they
+    # skip through the uplink's newest entry instead, a master reads past what no one processed.
+    mark = "local mark = redis.call('GET', KEYS[#KEYS])"
+    assert mark in scripts.READ_BATCH
+    newest = "local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)\n  local mark = top[1] and top[1][1]"
+    monkeypatch.setitem(scripts.ALL, "read_batch", scripts.READ_BATCH.replace(mark, newest))
+    failed = _first_failure("chained", range(1, 21), only={"skip_processed": True})
+    assert failed is not None, "readers that skip unprocessed entries passed every run"
+    assert any("never left the flow" in p for p in failed.problems)
+    monkeypatch.setitem(scripts.ALL, "read_batch", scripts.READ_BATCH)
+    r = run_once(failed.seed, kind="chained", only={"skip_processed": True})
+    assert r.passed, r.problems  # the same seed with the real script
+    assert r.counts["reads_skipping_processed"] > 0
 
 
 def test_an_id_cache_that_forgets_before_id_ttl_is_caught(monkeypatch):

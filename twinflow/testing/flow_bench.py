@@ -247,11 +247,13 @@ def two_passthroughs(redis_url: str, load: Load, batch_size: int) -> dict:
 
 
 # -- the flow half ------------------------------------------------------------
-def flow(services: LocalServices, load: Load, text: str | None = None) -> dict:
-    """The two-peer cluster on the chained flow (``text``: another flow file of orders and payments)."""
+def flow(services: LocalServices, load: Load, text: str | None = None, peer_args: tuple[str, ...] = ()) -> dict:
+    """The two-peer cluster on the chained flow (``text``: another flow file of orders and
+    payments; ``peer_args``: more ``twinflow run`` arguments for both peers)."""
     workdir = tempfile.mkdtemp(prefix="twinflow-bench-flow-")
     name = "benchflow"
-    cluster = LocalCluster(workdir, flow=name, services=services, text=text or CHAINED.read_text()).start(peers=False)
+    cluster = LocalCluster(workdir, flow=name, services=services, text=text or CHAINED.read_text(),
+                           peer_args=peer_args).start(peers=False)
     store = FlowStore(cluster.redis, FlowKeys(name), "bench")
     pub = UplinkPublisher(cluster.redis, store.keys.uplink, order_or_payment)
 
