@@ -41,15 +41,23 @@ class Engine:
         self.record = record
         self.leave = leave
         self.now = float("-inf")
+        # When every node sets its deadlines after the time it takes a message at, a run of
+        # messages at one time (a master's step) asks the nodes once: after ``advance(t)`` no
+        # deadline is at or before t, and none comes, so ``_fired_to`` remembers t.
+        self._quiet = all(node.sets_deadlines_after_now for node in graph.nodes.values())
+        self._fired_to: float | None = None
+        self._links = {(name, outlink): nxt for name, links in graph.links.items() for outlink, nxt in links.items()}
 
     def feed(self, msg: Msg, at: float) -> None:
-        self.advance(at)
+        if at != self._fired_to:
+            self.advance(at)
         self._deliver(self.graph.input, msg)
 
     def advance(self, to: float) -> None:
         """Fire every deadline at or before ``to``, in time order; the clock ends at ``to``."""
         self._fire(lambda t: t <= to)
         self.now = max(self.now, to)
+        self._fired_to = to if self._quiet else None
 
     def drain(self) -> None:
         """Fire deadlines until none is left."""
@@ -81,11 +89,11 @@ class Engine:
         self._route(name, self.graph.nodes[name].on_message(msg, self.now))
 
     def _route(self, name: str, emits: list[Emit]) -> None:
-        links = self.graph.links.get(name, {})
+        links = self._links
         for e in emits:
             if self.record is not None:
                 self.record(output_line(self.now, name, e))
-            nxt = links.get(e.outlink)
+            nxt = links.get((name, e.outlink))
             if nxt is None:
                 if self.leave is not None:
                     self.leave(name, e, self.now)

@@ -70,6 +70,7 @@ class ActionNode(Node):
         self.transient = transient
         self.retry_interval = retry_interval
         self.max_retries = max_retries
+        self.sets_deadlines_after_now = retry_interval > 0  # a retry waits now + retry_interval
         self._waiting: dict[int, _Retry] = {}  # arrival order -> a message waiting for its retry
         self._timers = GroupTimers(self._waiting.get)
         self._order = itertools.count()

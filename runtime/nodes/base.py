@@ -106,6 +106,12 @@ class Node(ABC):
         """The earliest time at which ``on_time`` has work (an emission or a state change), or None."""
         return None
 
+    # Whether every deadline the node sets while it takes a message at time t is later than t
+    # (a time-out > 0 from t): then an engine that fired every deadline up to t need not ask
+    # again before the next message at t (engine.py). False, the safe answer, unless a node
+    # knows better.
+    sets_deadlines_after_now: bool = False
+
     def pending(self) -> int:
         """How many messages the node holds now."""
         return 0

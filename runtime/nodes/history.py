@@ -223,6 +223,8 @@ Resolver = Callable[[Msg, Doubt], str]
 
 
 class HistoryNode(Node):
+    sets_deadlines_after_now = True  # an entry's retention ends after now: retention is > 0
+
     """Exactly-once guard over a document history; see the module docstring."""
 
     kind = "history"

@@ -126,6 +126,8 @@ class OrJoin(_Listed):
     ['nohit']
     """
 
+    sets_deadlines_after_now = True  # none at all
+
     outlinks = ("passed", "nohit", "failure")
 
     def _take(self, msg: Msg, i: int, now: float) -> Emit:
@@ -144,6 +146,8 @@ class _Window(Timed):
 
 class _Timed(_Listed):
     """Joins with an activation ID and a time-out: open activations in the node's deadline queue."""
+
+    sets_deadlines_after_now = True  # now + timeout, and the time-out is > 0
 
     def __init__(self, name: str, types: Iterable[str], *, type_field: FieldPath | str = "type",
                  activation_field: FieldPath | str, timeout: float):
