@@ -245,6 +245,7 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
                 "rolled_back": self.rolled_back,
                 "claims_unproven": self.claims_unproven,
                 "escalations_refused": self.escalations_refused,
+                "escalations_taken": self.escalations_taken,
                 "delivered": self.delivered,
                 "failed": self.failed,
                 "unclaimed": self.sort.unclaimed,
