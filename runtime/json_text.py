@@ -69,10 +69,16 @@ def loads(text: str | bytes) -> Any:
 
 
 def key_text(key: Any) -> str:
-    """``json.dumps(key)``, byte for byte (the name of a state entry is looked up by it)."""
+    """``json.dumps(key)``, byte for byte (the name of a state entry is looked up by it).
+
+    >>> [key_text(k) == json.dumps(k) for k in ("é", 7, ("on", 'say "é" \u202e'), ("a", 1), ())]
+    [True, True, True, True, True]
+    """
     kind = type(key)
     if kind is str:
         return encode_basestring_ascii(key)  # what json.dumps does with a str
     if kind is int:
         return int.__repr__(key)
+    if kind is tuple and all(type(part) is str for part in key):  # a history's (trigger, uuid)
+        return "[" + ", ".join(map(encode_basestring_ascii, key)) + "]"
     return json.dumps(key)
