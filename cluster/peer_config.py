@@ -25,7 +25,7 @@ class PeerConfig:
     sweep_interval_s: float = 1.0
     trim_interval_s: float = 10.0     # how often the master trims the uplink (uplink.retention)
     worker_pace_ms: int = 250         # a worker plans a batch at most this often (the master: at once)
-    worker_read_behind_ms: int = 0    # a worker reads no entry newer than this (the master: every one)
+    worker_read_behind_ms: int = 3000  # a worker reads no entry newer than this (the master: every one)
     start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
     security: GrpcSecurity = NO_SECURITY  # gRPC TLS and tokens, served and used to escalate
     metrics_listen: str | None = None  # HOST:PORT of the peer's Prometheus metrics (HTTP), or none

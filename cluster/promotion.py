@@ -2,8 +2,9 @@
 
 Under failure (promises 1, 2): the new master raises the fencing epoch in
 Redis (confirmed by ``WAIT`` with ``cluster.wait_replicas``), then delivers
-every uplink entry after the processed mark up to where it has read itself,
-re-read from the uplink; its bake is dropped only once that succeeded. Any
+every uplink entry after the processed mark up to where it has read itself
+(a worker reading behind: up to the uplink's newest entry), re-read from the
+uplink; its bake is dropped only once that succeeded. Any
 error leaves everything in Redis, and the election demotes the member and
 queues it again.
 """
@@ -87,9 +88,16 @@ class Promotion:
 
     def _catch_up(self, epoch: int) -> int:
         """Deliver every uplink entry after the processed mark up to where this member has
-        handled the uplink, re-read from Redis; returns how many were delivered now."""
+        handled the uplink, re-read from Redis; returns how many were delivered now. A worker
+        that read behind goes on to the uplink's newest entry: what it had not read yet is the
+        master's to run now, and the first of it should not wait for a Spark batch (its reader
+        then skips all of it, being at or before the mark)."""
         mark = self.store.processed_mark(deadline_s=self.lease_s)
         upto = self.handled_upto
+        if self.cfg.worker_read_behind_ms > 0:
+            newest = self.store.newest_position(deadline_s=self.lease_s)
+            if newest is not None and (upto is None or position_order(newest) > position_order(upto)):
+                upto = newest
         if upto is None or (mark is not None and position_order(upto) <= position_order(mark)):
             return 0
         before = self.delivered

@@ -83,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--worker-pace-ms", type=int, default=250,
                    help="as worker, plan an uplink batch at most this often (default 250; 0: as fast as the "
                         "master); fewer, larger worker batches leave the cores to the master")
-    r.add_argument("--worker-read-behind-ms", type=int, default=0,
-                   help="as worker, read no uplink entry newer than this (default 0); under load most of what "
-                        "a worker reads behind its master is processed already and skipped, not baked")
+    r.add_argument("--worker-read-behind-ms", type=int, default=3000,
+                   help="as worker, read no uplink entry newer than this (default 3000; 0: read at once); what a "
+                        "worker reads behind its master is mostly processed already and skipped, not baked")
     r.add_argument("--connect-timeout", type=float, default=60.0,
                    help="seconds to wait for Redis and ZooKeeper at start (default 60)")
     r.add_argument("--metrics-listen", metavar="HOST:PORT",

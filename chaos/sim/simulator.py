@@ -75,6 +75,7 @@ def draw_dims(seed: int, sharded: bool, wait: bool = True, only: dict | None = N
     d.resend = draw_resend(seed)
     d.log_trim = draw_log_trim(seed)
     d.skip_processed = not sharded and draw_skip_processed(seed)  # a shard's reader reads every entry
+    d.read_behind = random.Random(f"read-behind-{seed}").random() < 0.5  # in force only with skip_processed
     for k, v in (only or {}).items():
         if k in flow:
             flow[k] = v
@@ -270,6 +271,8 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
         result.counts["uplink_entries_trimmed"] += world.commits[2]
         if world.replica is not None:
             result.counts["replica_runs"] += 1
+        if world.dims.skip_processed and world.dims.read_behind:
+            result.counts["read_behind_runs"] += 1
 
 
 def _report(world: World, result: RunResult, problems: list[str]) -> None:

@@ -58,6 +58,7 @@ class Dims:
     resend: float = 0.0         # chance that a publish carries a document that left, under a new ID
     log_trim: bool = False      # the change log is trimmed to its last few entries at times
     skip_processed: bool = False  # readers start after the processed mark when it is further
+    read_behind: bool = False   # with skip_processed: workers read behind, a promotion catches up to the newest entry
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.__dict__.items())
@@ -206,8 +207,12 @@ class World:
         gen = sim.gen
         sim.alive, sim.paused_until, sim.zk_cut = True, float("-inf"), False
         sim.redis_link.fault = None
+        # Read behind (a real worker's default) only where readers skip: a promotion then catches up
+        # to the uplink's newest entry (promotion.py); the schedule decides when a worker reads.
+        behind_ms = 3000 if self.dims.skip_processed and self.dims.read_behind else 0
         cfg = PeerConfig(sim.peer_id, "sim://redis", "sim://zookeeper", state_dir=sim.disk["state_dir"],
-                         start_from="processed", trim_interval_s=self.dims.trim_interval_s)
+                         start_from="processed", trim_interval_s=self.dims.trim_interval_s,
+                         worker_read_behind_ms=behind_ms)
         parts = SimParts(sim, lambda: sim.zk_connected(gen))
         # One member even for the sharded kind: its graph is the one shard simulated (sharding.py).
         member = FlowMember(self.graph, cfg, clock=self.clock, parts=parts, monotonic=self.clock.now,

@@ -60,6 +60,11 @@ class UplinkAccess:
                            deadline_s)
         return scripts.read_batch_rows(reply)
 
+    def newest_position(self, deadline_s: float | None = None) -> str | None:
+        """The position of the uplink's newest entry, or None when it has none."""
+        entries = self._call("read uplink", lambda: self.r.xrevrange(self.keys.uplink, "+", "-", count=1), deadline_s)
+        return entries[0][0].decode() if entries else None
+
     def read_uplink_after_processed(self, after: str | None, count: int, max_body: int, *,
                                     max_bytes: int = 64 << 20, deadline_s: float | None = None
                                     ) -> tuple[list[tuple[str, bytes | None, int | None]], int, str | None]:

@@ -164,7 +164,7 @@ def test_an_error_during_promotion_loses_nothing_and_the_election_goes_on(cluste
     messages and kill the election thread, leaving no master."""
     cluster.peer("a")
     cluster.wait_status("a", role="master", streaming=1)
-    cluster.peer("b")
+    cluster.peer("b", extra=["--worker-read-behind-ms", "0"])  # b bakes before a's session ends
     cluster.wait_status("b", role="worker", streaming=1)
     cluster.publish_numbered(10, "p")
     cluster.wait_delivered()
