@@ -112,7 +112,8 @@ class ReaderGates:
                 numbers = [max(0, int(x)) for x in pace.read().split()]
         except (FileNotFoundError, ValueError):
             return 0, 0
-        return (numbers + [0, 0])[0], (numbers + [0, 0])[1]
+        pace_ms, behind_ms = (numbers + [0, 0])[:2]
+        return pace_ms, behind_ms
 
     def _hold_token_now(self) -> Optional[str]:
         if not self.hold_file:

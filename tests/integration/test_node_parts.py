@@ -124,9 +124,9 @@ class AheadParts(SimulatedParts):
         return ThreadPoolExecutor(max_workers=1)
 
 
-def node(graph, peer_id, redis_url, clock, tmp_path, parts=SimulatedParts):
+def node(graph, peer_id, redis_url, clock, tmp_path, parts=SimulatedParts, **settings):
     cfg = PeerConfig(peer_id=peer_id, redis_url=redis_url, zk_hosts="unused", state_dir=str(tmp_path / peer_id),
-                     start_from="processed")
+                     start_from="processed", **settings)
     peer = Peer.for_flow(graph, cfg, clock=clock, parts=parts(redis_url))
     peer.start()
     n = peer.member
@@ -196,10 +196,31 @@ def returns_within(call, timeout_s=10.0) -> bool:
     return done.wait(timeout_s)
 
 
+def test_a_worker_that_read_behind_catches_up_to_the_newest_entry_when_promoted(redis_url, flow_name, tmp_path):
+    graph = parse_graph(FLOW.format(name=flow_name))
+    a = node(graph, "a", redis_url, FakeClock(1000.0), tmp_path, parts=AheadParts)  # reads 3 s behind
+    try:
+        r = a.store.r
+        for k in range(3):
+            for kind in ("order", "payment"):
+                r.xadd(a.keys.uplink, {"data": json.dumps({"id": f"{kind[0]}{k}", "type": kind, "order_id": k})})
+        newest = r.xrevrange(a.keys.uplink, count=1)[0][0].decode()
+        assert a.store.handled_position() is None  # it had read none of them
+        a.parts.leader.is_master = True
+        a.on_promoted(1)
+        # Delivered at promotion, not left for its reader's next batch.
+        assert a.store.processed_mark() == newest and a.status()["rolled_back"] == 6
+    finally:
+        a.stop_member()
+
+
 def test_a_node_that_dies_with_a_batch_running_ahead_delivers_it_when_promoted(redis_url, flow_name, tmp_path):
     graph = parse_graph(FLOW.format(name=flow_name))
     clock = FakeClock(1000.0)
-    a = node(graph, "a", redis_url, clock, tmp_path, parts=AheadParts)
+    # A member that read every entry as it came (no read-behind): promoted, it catches up to where
+    # it had read, and the batch it is handed after runs ahead. (One that read behind would catch
+    # up to the uplink's newest entry on promotion, and run these entries there.)
+    a = node(graph, "a", redis_url, clock, tmp_path, parts=AheadParts, worker_read_behind_ms=0)
     again = None
     gate = threading.Event()
     try:
@@ -222,7 +243,7 @@ def test_a_node_that_dies_with_a_batch_running_ahead_delivers_it_when_promoted(r
         assert a.store.handled_position() == rows[-1][0] and a.store.processed_mark() is None
 
         # The same peer comes back (a new process, same state) and is promoted at a newer epoch.
-        again = node(graph, "a", redis_url, clock, tmp_path, parts=AheadParts)
+        again = node(graph, "a", redis_url, clock, tmp_path, parts=AheadParts, worker_read_behind_ms=0)
         again.parts.leader.is_master = True
         again.on_promoted(2)
         assert sorted(f[b"id"] for _, f in r.xrange(a.keys.sink)) == [b"o0+p0", b"o1+p1", b"o2+p2"]

@@ -97,30 +97,15 @@ def passthrough_doc(seq: int) -> dict:
 def _passthrough_child(redis_url: str, load: Load, batch_sizes: tuple[int, ...], workdir: str) -> dict:
     """Run in the child: every batch size's burst, then latency at the best one."""
     from ..runtime.spark.session import build_session
-    from ..runtime.positions import WARMUP_POSITION
-    from ..runtime.spark.stream import start_stream, stop_stream
+    from ..runtime.spark.stream import stop_stream
 
     spark = build_session("twinflow-bench-passthrough")
     client = redis.Redis.from_url(redis_url)
 
     def run(tag: str, batch_size: int, body) -> None:
         uplink, sink = f"pt:{tag}:uplink", f"pt:{tag}:sink"
-        warm = {"done": False}
-
-        def copy(batch_id: int, rows: list) -> None:
-            pipe = client.pipeline(transaction=False)
-            for position, data, _ in rows:
-                if position == WARMUP_POSITION:
-                    warm["done"] = True
-                    continue
-                pipe.xadd(sink, {"position": position, "data": data or b""})
-            pipe.execute()
-
-        query = start_stream(spark, redis_url=redis_url, stream=uplink, checkpoint_dir=f"{workdir}/{tag}",
-                             on_batch=copy, batch_size=batch_size, source_options={"warmup": "1"})
+        query = _start_copy(spark, client, redis_url, uplink, sink, batch_size, f"{workdir}/{tag}")
         try:
-            if not wait_for(lambda: warm["done"], 120, 0.05):
-                raise BenchError(f"passthrough query {tag} did not run its warm-up batch in 120 s")
             body(uplink, sink)
         finally:
             stop_stream(query, 30)
@@ -156,15 +141,14 @@ def _passthrough_child(redis_url: str, load: Load, batch_sizes: tuple[int, ...],
             "p99_ms": percentile_ms(lat, 0.99), "latency_samples": len(lat)}
 
 
-def _reader_child(redis_url: str, uplink: str, sink: str, batch_size: int, n: int, workdir: str) -> dict:
-    """Run in a child of :func:`two_passthroughs`: one bare reader copying ``uplink`` to
-    ``sink``; prints "ready" once its query is warm, returns once its sink holds ``n``."""
-    from ..runtime.spark.session import build_session
+def _start_copy(spark, client: redis.Redis, redis_url: str, uplink: str, sink: str, batch_size: int,
+                checkpoint_dir: str):
+    """A bare passthrough query (twinflow's session and source, nothing of the flow) copying
+    every entry of ``uplink`` to ``sink`` with one pipeline per batch; returns it once its
+    warm-up batch has run."""
     from ..runtime.positions import WARMUP_POSITION
     from ..runtime.spark.stream import start_stream, stop_stream
 
-    spark = build_session("twinflow-bench-reader")
-    client = redis.Redis.from_url(redis_url)
     warm = threading.Event()
 
     def copy(batch_id: int, rows: list) -> None:
@@ -176,11 +160,24 @@ def _reader_child(redis_url: str, uplink: str, sink: str, batch_size: int, n: in
             pipe.xadd(sink, {"position": position, "data": data or b""})
         pipe.execute()
 
-    query = start_stream(spark, redis_url=redis_url, stream=uplink, checkpoint_dir=f"{workdir}/{sink}",
+    query = start_stream(spark, redis_url=redis_url, stream=uplink, checkpoint_dir=checkpoint_dir,
                          on_batch=copy, batch_size=batch_size, source_options={"warmup": "1"})
+    if not warm.wait(120):
+        stop_stream(query, 30)
+        raise BenchError(f"the passthrough query to {sink} did not run its warm-up batch in 120 s")
+    return query
+
+
+def _reader_child(redis_url: str, uplink: str, sink: str, batch_size: int, n: int, workdir: str) -> dict:
+    """Run in a child of :func:`two_passthroughs`: one bare reader copying ``uplink`` to
+    ``sink``; prints "ready" once its query is warm, returns once its sink holds ``n``."""
+    from ..runtime.spark.session import build_session
+    from ..runtime.spark.stream import stop_stream
+
+    spark = build_session("twinflow-bench-reader")
+    client = redis.Redis.from_url(redis_url)
+    query = _start_copy(spark, client, redis_url, uplink, sink, batch_size, f"{workdir}/{sink}")
     try:
-        if not warm.wait(120):
-            raise BenchError(f"reader {sink} did not run its warm-up batch in 120 s")
         print("ready", flush=True)
         if not wait_for(lambda: client.xlen(sink) >= n, 600, 0.05):
             raise BenchError(f"reader {sink}: the sink has {client.xlen(sink)} of {n} in 600 s")

@@ -1,0 +1,23 @@
+"""The floor ``twinflow bench flow-vs-passthrough`` measures the pair against: two bare readers,
+each in a process of its own with its own Spark driver, copying one uplink at once."""
+
+from __future__ import annotations
+
+import redis
+
+from twinflow.testing.flow_bench import Load, per_message_us, two_passthroughs
+from twinflow.testing.proc_stats import TICKS
+
+
+def test_two_bare_readers_each_copy_the_whole_uplink_and_their_cpu_is_counted(redis_url):
+    out = two_passthroughs(redis_url, Load(messages=3000), batch_size=1000)
+    client = redis.Redis.from_url(redis_url)
+    assert client.xlen("pt:two:sink1") >= 3000 and client.xlen("pt:two:sink2") >= 3000
+    assert [e[1][b"position"] for e in client.xrange("pt:two:sink1", count=3)] == [
+        e[0] for e in client.xrange("pt:two:uplink", count=3)]
+    assert 0 < out["msgs_per_s"] <= out["faster_msgs_per_s"]
+    assert out["cpu_us_per_msg"] > 0 and out["batch_size"] == 1000
+
+
+def test_cpu_ticks_per_message_in_microseconds():
+    assert per_message_us(TICKS, 1000) == 1000.0  # one second of CPU over 1,000 messages
