@@ -6,6 +6,11 @@ WARMUP_POSITION = "warmup"  # the reader's first row, never a Redis entry ID (al
 SKIPPED_SIZE = -1
 
 
+def skipped_row(position: str) -> tuple[str, None, int]:
+    """The row that stands for the processed entries a reader skipped up to ``position``."""
+    return position, None, SKIPPED_SIZE
+
+
 def position_order(position: str) -> tuple[int, int]:
     """A Redis stream entry ID ("<ms>-<seq>") as a tuple that sorts in uplink order."""
     ms, _, seq = position.partition("-")

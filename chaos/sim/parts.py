@@ -17,7 +17,7 @@ from concurrent.futures import Executor
 import redis
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...runtime.positions import SKIPPED_SIZE, WARMUP_POSITION
+from ...runtime.positions import SKIPPED_SIZE, WARMUP_POSITION, skipped_row
 from ...runtime.store.flow_store import FlowStore
 from ...runtime.store.store_errors import RedisUnavailable
 from .escalation_model import SimSender
@@ -117,7 +117,7 @@ class SimStream:
         if skipped:
             self.sim.world.skipped_reads += 1
         if skipped and not rows:  # as the source does: a row that says how far the batch handled
-            rows = [(to, None, SKIPPED_SIZE)]
+            rows = [skipped_row(to)]
         return rows, skipped
 
 

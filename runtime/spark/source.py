@@ -136,7 +136,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_result
 from twinflow.runtime.store.redis_slot import client_from_url, follow_moved, relocate
-from twinflow.runtime.positions import SKIPPED_SIZE, WARMUP_POSITION
+from twinflow.runtime.positions import WARMUP_POSITION, skipped_row
 from twinflow.runtime.spark.packed_rows import Row, pack_rows
 from twinflow.runtime.spark.reader_gates import ReaderGates, _Held, _Paused
 from twinflow.runtime.spark.redis_wait import _wait_for_entry
@@ -299,7 +299,7 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         end = {"id": rows[-1][0] if rows else skipped_to, "n": int(start["n"]) + skipped + len(rows),
                "max_body": self.max_body_bytes}
         if not rows:  # the caller learns how far it handled the uplink all the same
-            rows = [(skipped_to, None, SKIPPED_SIZE)]
+            rows = [skipped_row(skipped_to)]
         if skipped:
             end["from"], end["skipped"] = skipped_to, skipped
         # A list iterator, not a generator: Spark's wrapper copy.copy()s it.
@@ -318,7 +318,7 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         # option changed across a restart (offsets before it lack the key).
         max_body = int(end.get("max_body", self.max_body_bytes))
         if end.get("from") == end["id"]:  # a batch of skipped entries alone: its marker row again
-            return iter(self._rows([(end["id"], None, SKIPPED_SIZE)]))
+            return iter(self._rows([skipped_row(end["id"])]))
         rows: List[Row] = []
         after = end.get("from", start["id"])  # a batch that skipped processed entries began there
         while after != end["id"]:
