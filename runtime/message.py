@@ -54,6 +54,7 @@ from itertools import accumulate
 from typing import Any
 
 from .fields import BadInput, FieldPath, MissingField
+from .json_text import loads
 from .keys import parse_key
 from .nodes.base import Msg
 
@@ -218,8 +219,8 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
         counted = len(raw.translate(None, _NOT_OPENERS_OR_DIGITS))  # step 1 of the bounds, inline
         if counted > spec.max_depth or counted > spec.max_number_digits:
             _check_bounds(raw, spec)
-        try:
-            doc = json.loads(text)
+        try:  # the usual UTF-8 body through orjson, exactly as json.loads reads it (json_text.loads)
+            doc = loads(raw) if encoding == "utf-8" else json.loads(text)
         except json.JSONDecodeError as exc:
             raise BadInput(f"body is not JSON: {exc}") from None
         if not isinstance(doc, dict):

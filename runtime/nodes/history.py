@@ -77,10 +77,9 @@ class Entry(NamedTuple):
     completed: bool
 
 
-# Entry(...) runs a Python-level __new__; building from a tuple halves the
-# cost of the two puts every New message makes.
+# Entry(...) runs a Python-level __new__; building from a tuple halves the cost.
 _entry = partial(tuple.__new__, Entry)
-_NOTHING = Entry(0.0, False, False)
+_NOTHING = (0.0, False, False)
 
 
 class HistoryStore(Protocol):
@@ -121,7 +120,11 @@ class MemoryHistoryStore:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[Key, Entry] = {}
+        # Plain (time, processing, completed) tuples, not Entry: Python's collector stops
+        # tracking a plain tuple of numbers at its first pass and never a NamedTuple's, so
+        # with Entry objects every full collection walked the whole retention (measured:
+        # 20% of a master's step time under a burst of 50,000, docs/performance.md).
+        self._entries: dict[Key, tuple[float, bool, bool]] = {}
         self._changed: set[Key] = set()  # keys put or cleared since changed()
         # A key run again at a new time leaves a stale item behind; it is
         # skipped when it reaches the front, which keeps put() O(1).
@@ -131,7 +134,8 @@ class MemoryHistoryStore:
         return len(self._entries)
 
     def get(self, key: Key) -> Entry | None:
-        return self._entries.get(key)
+        raw = self._entries.get(key)
+        return None if raw is None else _entry(raw)
 
     def put(self, key: Key, status: str, time: float) -> None:
         self._changed.add(key)
@@ -140,9 +144,9 @@ class MemoryHistoryStore:
             old = _NOTHING
             self._order.append((time, key))
         if status == PROCESSING:
-            self._entries[key] = _entry((time, True, old[2]))
+            self._entries[key] = (time, True, old[2])
         elif status == COMPLETED:
-            self._entries[key] = _entry((time, old[1], True))
+            self._entries[key] = (time, old[1], True)
         else:
             raise ValueError(f"status must be {PROCESSING!r} or {COMPLETED!r} (got {status!r})")
 
@@ -186,7 +190,7 @@ class MemoryHistoryStore:
                 continue
             if len(key) != 2 or len(value) != 3:
                 raise ValueError("a history state entry is not [trigger, uuid] -> [time, processing, completed]")
-            entry = _entry(value)
+            entry = tuple(value)
             old = entries.get(key)
             if old is None or old[0] != entry[0]:
                 order.append((entry[0], key))
@@ -199,7 +203,6 @@ class MemoryHistoryStore:
         values = list(map(tuple, entries.values()))
         if any(len(key) != 2 for key in keys) or any(len(value) != 3 for value in values):
             raise ValueError("a history state entry is not [trigger, uuid] -> [time, processing, completed]")
-        values = list(map(_entry, values))
         self._entries.update(zip(keys, values))
         self._order.extend(sorted(zip(map(itemgetter(0), values), keys), key=itemgetter(0)))
 

@@ -480,8 +480,8 @@ def test_held_reader_waits_acknowledges_and_resumes_on_release(r, redis_url, key
 
 
 def test_batches_grow_under_a_backlog_and_shrink_under_light_load(r, redis_url, key):
-    # Admission: after a full batch the next may take up to max_batch_size, and the cap
-    # is batch_size again once a batch is short.
+    # Admission: after a batch of at least batch_size the next may take up to max_batch_size,
+    # and the cap is batch_size again once a batch holds fewer.
     ids = add(r, key, [b"x"] * 200)
     reader = RedisStreamReader({"url": redis_url, "stream": key, "batch_size": "10", "max_batch_size": "50",
                                 "block_ms": "1"})
@@ -489,8 +489,20 @@ def test_batches_grow_under_a_backlog_and_shrink_under_light_load(r, redis_url, 
     assert [len(rows) for _, _, rows in batches] == [10, 50, 50, 50, 40]
     assert [row[0] for _, _, rows in batches for row in rows] == ids
     more = add(r, key, [b"y"] * 15)
-    rows, _ = reader.read(batches[-1][1])  # a short batch reset the cap: light load reads batch_size
+    rows, end = reader.read(batches[-1][1])  # the last read found nothing: light load reads batch_size
     assert [row[0] for row in rows] == more[:10]
+    # A batch short of the grown cap but holding at least batch_size is still a backlog (a burst
+    # still arriving): the cap stays grown.
+    rows, end = reader.read(end)
+    assert [row[0] for row in rows] == more[10:]  # 5 < batch_size: the cap is batch_size again
+    burst = add(r, key, [b"b"] * 30)
+    rows, end = reader.read(end)
+    assert len(list(rows)) == 10
+    rows, end = reader.read(end)
+    assert [row[0] for row in rows] == burst[10:]  # 20 entries, under the grown cap of 50
+    burst = add(r, key, [b"c"] * 45)
+    rows, _ = reader.read(end)
+    assert [row[0] for row in rows] == burst  # the cap stayed 50 after a batch of 20
     # A replay of a grown batch holds the same entries, whatever the re-reader's own cap.
     replayer = RedisStreamReader({"url": redis_url, "stream": key, "batch_size": "3"})
     start, end, grown = batches[3]

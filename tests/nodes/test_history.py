@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import gc
 import json
 from pathlib import Path
 
@@ -474,3 +475,17 @@ def test_every_message_leaves_once_through_a_known_outlink(messages, answer, com
         bad = not isinstance(doc.get("uuid"), (str, type(None))) or (not doc.get("uuid") and not msg_id)
         assert (emits[0].outlink == "failure") == bad
         assert node.pending() == 0
+
+
+def test_the_entries_kept_are_not_followed_by_the_collector():
+    # Entries live for the whole retention: the collector's full passes must not walk them
+    # (they took 20% of a master's step time under a burst when each was a NamedTuple).
+    store = MemoryHistoryStore()
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(5000):
+        store.put(("t", f"u{i}"), PROCESSING, float(i))
+        store.put(("t", f"u{i}"), COMPLETED, float(i))
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50
+    assert store.get(("t", "u7")) == Entry(7.0, True, True) and store.get(("t", "u7")).completed

@@ -200,7 +200,7 @@ def test_bytes_like_data_over_the_limit_is_refused_before_copying():
 def test_an_unexpected_error_becomes_a_bad_message_naming_its_type(monkeypatch):
     def boom(*args, **kwargs):
         raise RecursionError("maximum recursion depth exceeded")
-    monkeypatch.setattr(message_module.json, "loads", boom)
+    monkeypatch.setattr(message_module, "loads", boom)
     reason = refused(b'{"id": "a", "seq": 1}')
     assert "RecursionError" in reason and "maximum recursion depth" in reason
 
@@ -384,3 +384,43 @@ def test_whatever_decode_accepts_can_be_written_to_redis(value, ensure_ascii):
     if isinstance(result, Message):
         result.id.encode("utf-8")
         json.dumps(result.doc, ensure_ascii=False).encode("utf-8")
+
+
+def as_read(data: bytes):
+    """What the standard library reads from ``data``: its document as exact text (an int and
+    an equal float differ), or the reason it refuses it."""
+    try:
+        return json.dumps(json.loads(data))
+    except ValueError as exc:
+        return f"body is not JSON: {exc}"
+
+
+NUMBERS = st.one_of(
+    st.integers(), st.integers(-2 ** 70, 2 ** 70),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.from_regex(r"-?(0|[1-9][0-9]{0,25})(\.[0-9]{1,25})?([eE][+-]?[0-9]{1,3})?", fullmatch=True),
+).map(str)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(NUMBERS, st.sampled_from(['"\\ud800"', '"\\ud83d\\ude00"', '"é"', "NaN", "-Infinity",
+                                                      '{"a": 1, "a": 2}', "[]", "true", "1e999"])), max_size=4))
+def test_a_body_reads_exactly_as_the_standard_library_reads_it(values):
+    # The parser is orjson with the standard library behind it (json_text.loads): whatever the
+    # body, the document (to its numbers' types) or the refusal is the standard library's.
+    data = ('{"id": "a", "seq": 1, "v": [' + ", ".join(values) + "]}").encode()
+    result = total(data, BIG)
+    expected = as_read(data)
+    if isinstance(result, BadInput):
+        assert result.reason == expected or "surrogate" in result.reason
+    else:
+        assert json.dumps(result.doc) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSONISH)
+def test_json_like_bytes_read_as_the_standard_library_reads_them(data):
+    body = b'{"id": "a", "seq": 1, "x": ' + data + b"}"
+    result = total(body, BIG)
+    if isinstance(result, Message):
+        assert json.dumps(result.doc) == as_read(body)
