@@ -63,6 +63,11 @@ BASE_CONF = {
         "org.apache.spark.sql.execution.streaming.checkpointing."
         "FileSystemBasedCheckpointFileManager"
     ),
+    # Local checkpoint files (file://) without Hadoop's .crc companions: each companion is one
+    # more file, and so one more forked `chmod`, per log entry; the two log writes of a
+    # micro-batch went from about 9 to 5 ms each (lastProgress durationMs walCommit and
+    # commitOffsets at 2,000 msg/s). Other schemes (hdfs://, s3a://) are untouched.
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
 }
 
 

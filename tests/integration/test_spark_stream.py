@@ -183,6 +183,9 @@ def test_restart_from_checkpoint_delivers_nothing_twice(spark, r, redis_url, key
         # commit, or the restart would deliver that batch again.
         assert stop_stream(query, 10)
     assert r.hget(key + ":status", "read_n") == b"100"
+    # The offset and commit logs are there, without Hadoop's .crc companion files (session.py).
+    assert list((tmp_path / "ck" / "commits").iterdir())
+    assert not list((tmp_path / "ck").rglob("*.crc"))
 
     ids += add(r, key, payloads(100, 50))  # while no query runs
     after = Collector()
