@@ -305,6 +305,19 @@ def test_a_step_writes_outputs_state_ids_and_mark_together_or_not_at_all(store):
     assert store.r.xlen(store.keys.out("j", "joined")) == 1
 
 
+@pytest.mark.parametrize("data", ["é ✓ 😀 \x00 \" \\ \u2028".encode(), "é".encode("utf-16")])
+@pytest.mark.parametrize("epoch", [2, 2 ** 60])
+def test_a_step_writes_every_value_to_the_byte(store, data, epoch):
+    # Bodies in any encoding, text JSON must escape, integers past a double's 53 bits.
+    store.raise_epoch(epoch)
+    fields = {"node": "n1", "epoch": epoch, "id": "a", "data": data, "info": "{\"k\":\"\\u00e9\"}"}
+    store.commit(epoch, Step(mark="5-0", ids=["a"], outputs=[(store.keys.sink, fields)],
+                             state={"j": {"7": {"t": "é\u2028", "n": None}}}))
+    (_, written), = store.r.xrange(store.keys.sink)
+    assert written == {k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in fields.items()}
+    assert store.load_state(["j"]) == {"j": {"7": {"t": "é\u2028", "n": None}}}
+
+
 class _RepliesLostOnce(redis.Redis):
     """A client whose first script call runs on the server and then loses its reply."""
 
