@@ -60,8 +60,10 @@ from typing import Callable, List, Optional, Tuple
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from twinflow.runtime.spark.logged_batch import LoggedBatches
 from twinflow.runtime.spark.packed_rows import unpack_rows
 from twinflow.runtime.spark.reader_gates import write_atomically
+from twinflow.runtime.spark.source import RedisStreamReader
 from twinflow.runtime.spark.source_options import (
     DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_MAX_BODY_BYTES, SOURCE_NAME)
 
@@ -72,6 +74,8 @@ HOLD_FILE = "hold"
 PACE_FILE = "pace"
 # runId -> directory of that run's pause and hold files; see stop_stream, hold_stream.
 _pause_dirs: dict[str, str] = {}
+# runId -> how that run's batches are read (see batch_reads).
+_logged: dict[str, LoggedBatches] = {}
 
 # Entries per Spark row (source "Packed rows"): Spark's per-row cost is paid per this many.
 PACK_ENTRIES = 1000
@@ -125,14 +129,31 @@ def start_stream(
     if skip_key:
         options["skip_key"] = skip_key
 
-    def deliver(batch_df: DataFrame, batch_id: int) -> None:
-        # One partition (SimpleDataSourceStreamReader), so the batch keeps uplink order.
-        # Through Arrow, column by column: no Row object per entry (measured faster).
-        table = batch_df.toArrow()
-        positions, bodies, sizes = (table.column(i).to_pylist() for i in range(3))
-        on_batch(batch_id, unpack_rows(positions, bodies, sizes))
+    # The driver reads each batch from Redis by the offsets Spark logged for it: no Spark job
+    # (logged_batch.py); the DataFrame only when that cannot be done.
+    logged = LoggedBatches(checkpoint_dir, RedisStreamReader({k: v for k, v in options.items() if k != "pack"}))
 
-    return _start_query(spark, SOURCE_NAME, options, deliver, checkpoint_dir, query_name, pause_dir)
+    def deliver(batch_df: DataFrame, batch_id: int) -> None:
+        rows = logged.rows(batch_id)
+        if rows is None:
+            # One partition (SimpleDataSourceStreamReader), so the batch keeps uplink order.
+            # Through Arrow, column by column: no Row object per entry (measured faster).
+            table = batch_df.toArrow()
+            positions, bodies, sizes = (table.column(i).to_pylist() for i in range(3))
+            rows = unpack_rows(positions, bodies, sizes)
+        on_batch(batch_id, rows)
+
+    query = _start_query(spark, SOURCE_NAME, options, deliver, checkpoint_dir, query_name, pause_dir)
+    _logged[query.runId] = logged
+    return query
+
+
+def batch_reads(query: StreamingQuery) -> Optional[dict]:
+    """How ``query``'s batches reached ``on_batch`` so far: ``{"by_offsets": n, "collected": m}``
+    (read from Redis by the driver, or collected from Spark; ``logged_batch.py``), or None
+    for a query not started by :func:`start_stream`."""
+    logged = _logged.get(query.runId)
+    return None if logged is None else dict(logged.counts)
 
 
 def start_shard_stream(
@@ -199,6 +220,7 @@ def stop_stream(query: StreamingQuery, timeout_s: float) -> bool:
     """
     deadline = time.monotonic() + timeout_s
     pause_dir = _pause_dirs.pop(query.runId, None)
+    _logged.pop(query.runId, None)
     if pause_dir and query.isActive:
         pause = os.path.join(pause_dir, PAUSE_FILE)
         os.makedirs(pause_dir, exist_ok=True)  # a /tmp cleaner may have removed it

@@ -29,7 +29,8 @@ from twinflow.runtime.spark.packed_rows import unpack_rows
 from twinflow.runtime.spark import source
 from twinflow.runtime.spark.source import RedisStreamReader
 from twinflow.runtime.spark.source_options import DEFAULT_MAX_BODY_BYTES
-from twinflow.runtime.spark.stream import hold_stream, hold_state, start_stream, stop_stream
+from twinflow.runtime.spark.logged_batch import LoggedBatches, logged_offset
+from twinflow.runtime.spark.stream import batch_reads, hold_stream, hold_state, start_stream, stop_stream
 
 # The first micro-batch of a query includes JIT and worker start-up (seconds).
 DEADLINE_S = 45.0
@@ -198,6 +199,9 @@ def test_restart_from_checkpoint_delivers_nothing_twice(spark, r, redis_url, key
         assert [row[0] for row in after.rows] == ids[100:]
         # Batch IDs continue from the checkpoint instead of starting over.
         assert after.batches[0][0] > before.batches[-1][0]
+        # Every batch was read by the driver between its logged offsets, none collected.
+        reads = batch_reads(query)
+        assert reads["by_offsets"] >= 2 and reads["collected"] == 0
     finally:
         assert stop_stream(query, 10)
 
@@ -603,3 +607,39 @@ def test_a_reader_behind_reads_only_entries_older_than_its_read_behind(r, redis_
     more = add(r, key, [b"c"])
     rows, _ = reader.read({"id": ids[-1], "n": 5})
     assert [row[0] for row in rows] == more
+
+
+def test_a_batch_read_by_its_logged_offsets_is_the_batch_delivered(spark, r, redis_url, key, tmp_path):
+    sent = payloads(0, 700) + [b"x" * 3000]
+    ids = add(r, key, sent)
+    got = Collector()
+    options = {"url": redis_url, "stream": key, "batch_size": "200", "max_body_bytes": "1000"}
+    query = start_stream(spark, redis_url=redis_url, stream=key, checkpoint_dir=str(tmp_path / "ck"),
+                         on_batch=got, batch_size=200, max_body_bytes=1000)
+    try:
+        wait_until(lambda: len(got.rows) >= len(sent), "every entry", query=query)
+    finally:
+        assert stop_stream(query, 10)
+    assert got.rows == expected(ids, sent, max_body=1000)
+    # Read again afterwards, as a restarted driver would: the same rows, batch by batch.
+    again = LoggedBatches(str(tmp_path / "ck"), RedisStreamReader(options))
+    assert [(b, again.rows(b)) for b, _ in got.batches] == got.batches
+    assert again.counts == {"by_offsets": len(got.batches), "collected": 0}
+
+
+def test_an_offset_log_the_driver_cannot_be_sure_of_is_not_read(tmp_path, redis_url, key):
+    offsets = tmp_path / "ck" / "offsets"
+    offsets.mkdir(parents=True)
+    good = '{"id": "5-0", "n": 3, "max_body": 10}'
+    (offsets / "0").write_text(f"v1\n{{}}\n{good}")
+    (offsets / "1").write_text(f"v2\n{{}}\n{good}")               # another format
+    (offsets / "2").write_text(f"v1\n{{}}\n{good}\n{good}")       # two sources
+    (offsets / "3").write_text("v1\n{}\n[1, 2]")                 # not this source's offset
+    assert logged_offset(str(tmp_path / "ck"), 0) == {"id": "5-0", "n": 3, "max_body": 10}
+    assert [logged_offset(str(tmp_path / "ck"), b) for b in (1, 2, 3, 4)] == [None] * 4
+    reader = RedisStreamReader({"url": redis_url, "stream": key})
+    # Batch 5's start (batch 4's end) is not logged: collect it from Spark instead.
+    (offsets / "5").write_text(f"v1\n{{}}\n{good}")
+    logged = LoggedBatches(str(tmp_path / "ck"), reader)
+    assert logged.rows(5) is None and LoggedBatches(str(tmp_path / "nowhere"), reader).rows(0) is None
+    assert logged.counts == {"by_offsets": 0, "collected": 1}
