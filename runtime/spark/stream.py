@@ -18,7 +18,11 @@ may go over ``batch_bytes`` (up to ``max_body_bytes``). A warm-up row (source
 option ``warmup``) is ``(WARMUP_POSITION, None, None)``. ``on_batch`` runs in
 this Python process (classic PySpark calls foreachBatch back over Py4J), on
 Spark's callback thread, one batch at a time, so it may touch in-process
-state but should not block long: the next batch waits for it.
+state but should not block long: the next batch waits for it. The rows are
+read from Redis here, between the offsets Spark logged for the batch (the
+entries Spark would read to run it again), not collected from Spark; a
+batch whose offset log cannot be read is collected (``logged_batch.py``;
+``batch_reads`` counts both).
 
 ``hold_stream(query, True)`` stops the source planning batches (the batch in
 flight, if any, still completes) until ``hold_stream(query, False)``;
