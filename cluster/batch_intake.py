@@ -164,7 +164,7 @@ class BatchIntake:
         self.remote_deadline = r.next_deadline
         self.remote_batch_at = self.monotonic()
         if r.claims and self.spec.pair is not None:
-            self.sender.send(r.claims)
+            self.escalate(r.claims)
         if r.fenced_by:
             self.refused(Fenced(r.epoch, r.fenced_by))
         elif r.unreachable:

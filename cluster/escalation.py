@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from bisect import bisect_right
 from collections import deque
 from typing import Callable
 
@@ -60,6 +61,7 @@ import grpc
 from twinflow.grpc_keepalive import CHANNEL_OPTIONS
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
 from twinflow.logs import event
+from twinflow.runtime.positions import position_order
 from twinflow.runtime.waiting import Backoff
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
@@ -96,6 +98,26 @@ class _Stream:
         self.in_flight: dict[int, _Batch] = {}
 
 
+def read_by(claims: list[Claim], handled: str | None) -> list[Claim]:
+    """The claims (in uplink order, as a master's batch makes them) of the messages a peer
+    that has handled the uplink up to ``handled`` has read: every claim when that is unknown.
+
+    The others are of no use to it: a worker records how far it handled the uplink before it
+    asks Redis which of a batch's messages are processed (``FlowStore.processed``), so a
+    message past its record when the master reads it, after the COMMIT that processed the
+    message, is one the worker will find processed and never bake. A claim left out wrongly
+    costs only time: the worker's sweep releases what the processed mark covers.
+
+    >>> claims = [("a", "1", "5-0"), ("b", "2", "7-0"), ("c", "3", "10-0")]
+    >>> [c[0] for c in read_by(claims, "7-0")], read_by(claims, None) == claims, read_by(claims, "1-0")
+    (['a', 'b'], True, [])
+    """
+    if handled is None:
+        return claims
+    upto = position_order(handled)
+    return claims[:bisect_right(claims, upto, key=lambda c: position_order(c[2]))]
+
+
 class _Target:
     """One target's buffer, stream and counters; everything is guarded by ``cond``."""
 
@@ -114,6 +136,7 @@ class _Target:
         # enqueued == acked + refused + dropped + pending, at every moment
         self.enqueued = self.sent = self.resent = self.acked = self.refused = self.dropped = 0
         self.claimed = self.streams = 0
+        self.unread = 0  # claims not sent: the target had not read their messages (read_by)
         self.batches_sent = self.batches_acked = self.batches_refused = 0  # batches, resends included
 
     def pending(self) -> int:
@@ -159,18 +182,29 @@ class EscalationSender:
 
     # ---- the caller's side -------------------------------------------------
 
-    def send(self, claims: list[Claim]) -> None:
-        """Queue ``claims`` for every current target; never blocks on the network."""
+    def target_ids(self) -> list[str]:
+        """The peers the sender escalates to now."""
+        with self._lock:
+            return list(self._targets)
+
+    def send(self, claims: list[Claim], read_upto: dict[str, str | None] | None = None) -> None:
+        """Queue ``claims`` for every current target; never blocks on the network. With
+        ``read_upto`` (peer -> how far it has handled the uplink), a target gets only the claims
+        of messages it has read (:func:`read_by`); ``stats()["unread"]`` counts the others."""
         if not claims:
             return
         with self._lock:
             targets = list(self._targets.values())
         for t in targets:
+            mine = claims if read_upto is None else read_by(claims, read_upto.get(t.peer_id))
             with t.cond:
-                t.enqueued += len(claims)
+                t.unread += len(claims) - len(mine)
+                if not mine:
+                    continue
+                t.enqueued += len(mine)
                 if not t.backlog:
                     t.backlog_since = time.monotonic()
-                t.backlog.extend(claims)
+                t.backlog.extend(mine)
                 self._drop_excess(t)
                 t.cond.notify_all()
 
@@ -217,11 +251,12 @@ class EscalationSender:
                     "claimed": t.claimed,
                     "pending": t.pending(),
                     "dropped": t.dropped,
+                    "unread": t.unread,
                     "batches_sent": t.batches_sent,
                     "batches_acked": t.batches_acked,
                     "batches_refused": t.batches_refused,
                 }
-        keys = ("enqueued", "sent", "resent", "acked", "refused", "claimed", "pending", "dropped",
+        keys = ("enqueued", "sent", "resent", "acked", "refused", "claimed", "pending", "dropped", "unread",
                 "batches_sent", "batches_acked", "batches_refused")
         totals = {k: sum(s[k] for s in per_target.values()) for k in keys}
         return {"targets": per_target, **totals}

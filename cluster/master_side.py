@@ -74,10 +74,22 @@ class MasterSide:
             self.failed += out.failed
         self.driver_steps += out.steps
         if out.claims:
-            self.sender.send(out.claims)
+            self.escalate(out.claims)
         if out.refused is not None:
             self.refused(out.refused)
         self._note_open()
+
+    def escalate(self, claims: list[tuple[str, str, str]]) -> None:
+        """Send the claims of committed steps, to each target only those of messages it has
+        read (``escalation.read_by``): how far each has handled the uplink is read here, after
+        the COMMITs. A worker reading behind has read few of them. Redis unreachable in that
+        one try: every claim goes (a claim is a hint; the worker's Redis check decides)."""
+        targets = self.sender.target_ids()
+        try:
+            upto = self.store.handled_positions(targets, deadline_s=0) if targets else None
+        except RedisUnavailable:
+            upto = None
+        self.sender.send(claims, upto)
 
     def refused(self, exc: Fenced | RedisUnavailable) -> None:
         """A write of this master (here or on an executor) was refused or never got through."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ...cluster.escalation import read_by
+
 
 @dataclass
 class InFlight:
@@ -31,6 +33,7 @@ class EscalationNet:
     def __init__(self) -> None:
         self.in_flight: list[InFlight] = []
         self.cut: set[str] = set()  # peers whose escalation links are cut (nothing arrives)
+        self.unread = 0  # claims left out: their target had not read the message (escalation.read_by)
 
     def put(self, batch: InFlight) -> None:
         self.in_flight.append(batch)
@@ -56,7 +59,10 @@ class SimSender:
         self.net, self.peer_id, self.epoch, self.targets = net, peer_id, epoch, targets
         self.stopped = False
 
-    def send(self, claims: list[tuple[str, str, str]]) -> None:
+    def target_ids(self) -> list[str]:
+        return sorted(getattr(self, "_last", {}))
+
+    def send(self, claims: list[tuple[str, str, str]], read_upto: dict[str, str | None] | None = None) -> None:
         if self.stopped or not claims:
             return
         epoch = self.epoch()
@@ -64,8 +70,11 @@ class SimSender:
             self._last = self.targets()
         except Exception:  # ZooKeeper cannot say who the members are: the real sender keeps its targets
             pass
-        for target in sorted(getattr(self, "_last", {})):
-            self.net.put(InFlight(self.peer_id, target, epoch, list(claims)))
+        for target in self.target_ids():
+            mine = claims if read_upto is None else read_by(claims, read_upto.get(target))
+            self.net.unread += len(claims) - len(mine)
+            if mine:  # as the real sender: only the claims of messages the target has read
+                self.net.put(InFlight(self.peer_id, target, epoch, list(mine)))
 
     def flush(self, timeout_s: float) -> bool:
         return True

@@ -268,6 +268,7 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
         result.counts.update(checker.counts)
         result.counts["interleaved"] += world.interleaved
         result.counts["reads_skipping_processed"] += world.skipped_reads
+        result.counts["claims_left_unread"] += world.net.unread
         result.counts["uplink_entries_trimmed"] += world.commits[2]
         if world.replica is not None:
             result.counts["replica_runs"] += 1

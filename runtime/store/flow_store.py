@@ -283,7 +283,10 @@ class FlowStore(RedisCalls, UplinkAccess):
         ID cache or its position is at or before the processed mark (one round trip).
 
         ``handled_upto``, when given, is recorded as how far this peer has
-        handled the uplink in the same round trip (see :meth:`handled_position`);
+        handled the uplink in the same round trip (see :meth:`handled_position`),
+        before the answer is read: a master that reads the record after a COMMIT and
+        finds it short of a message knows this peer will find the message processed
+        (what lets it leave that claim out, ``escalation.read_by``);
         with ``replicas`` > 0 the call returns only once ``WAIT`` confirms that
         many replicas have the record (as :meth:`record_handled`), in the same
         round trip too: a worker's checkpoint moves past the batch next, and a
@@ -294,11 +297,11 @@ class FlowStore(RedisCalls, UplinkAccess):
 
         def read():
             pipe = self.r.pipeline(transaction=False)
+            if handled_upto:  # first: see above
+                self._scripts["record_handled"](keys=[self.keys.read(self.peer_id)], args=[handled_upto], client=pipe)
             pipe.get(self.keys.processed)
             if messages:
                 pipe.mget([self.keys.id_prefix + m.id for m in messages])
-            if handled_upto:
-                self._scripts["record_handled"](keys=[self.keys.read(self.peer_id)], args=[handled_upto], client=pipe)
             if wait:
                 self._then_wait(pipe, replicas, replica_wait_ms)
             return pipe.execute()
@@ -308,10 +311,11 @@ class FlowStore(RedisCalls, UplinkAccess):
             self._await_replicas(replicas, replica_wait_ms, deadline_s)
         if not messages:
             return []
-        mark = out[0].decode() if out[0] else None
+        raw_mark, cached = out[1:3] if handled_upto else out[0:2]
+        mark = raw_mark.decode() if raw_mark else None
         after = position_order(mark) if mark else None
         return [v is not None or (after is not None and position_order(m.position) <= after)
-                for m, v in zip(messages, out[1])]
+                for m, v in zip(messages, cached)]
 
     def record_handled(self, position: str, deadline_s: float | None = None, *, replicas: int = 0,
                        replica_wait_ms: int = 1000) -> None:
@@ -345,6 +349,17 @@ class FlowStore(RedisCalls, UplinkAccess):
     def handled_position(self, peer_id: str | None = None) -> str | None:
         """How far ``peer_id`` (default: this peer) has handled the uplink in any role, or None."""
         return self._read_field(peer_id, "handled_id")
+
+    def handled_positions(self, peer_ids: list[str], deadline_s: float | None = None) -> dict[str, str | None]:
+        """:meth:`handled_position` of each of ``peer_ids``, in one round trip."""
+        def read():
+            pipe = self.r.pipeline(transaction=False)
+            for peer_id in peer_ids:
+                pipe.hget(self.keys.read(peer_id), "handled_id")
+            return pipe.execute()
+
+        raw = self._call("handled positions", read, deadline_s)
+        return {p: v.decode() if isinstance(v, bytes) else v for p, v in zip(peer_ids, raw)}
 
     def read_position(self, peer_id: str | None = None) -> str | None:
         """The last uplink entry ``peer_id``'s reader recorded as read and processed, or None."""

@@ -65,7 +65,9 @@ def secured(tmp_path, services, flow_name, monkeypatch):
     cluster = cluster_on(local, tmp_path, flow_name, text=FLOW)
     try:
         for peer_id in ("a", "b"):
-            cluster.peer(peer_id, redis_url=redis_server.url)  # no password on the command line
+            # No password on the command line. A worker that reads at once (not behind) has read
+            # what the master escalates, so claims travel the secured escalation stream.
+            cluster.peer(peer_id, redis_url=redis_server.url, extra=["--worker-read-behind-ms", "0"])
         yield cluster, tmp_path
     finally:
         cluster.stop()
@@ -89,7 +91,8 @@ def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
     cluster.sent.extend(d["id"] for d in docs)
     # The worker takes escalations only through the escalation stream: TLS, its client
     # certificate and the escalation token all had to work for this count to move. (Its claims
-    # may not: what it reads after the master processed it, it skips, unbaked.)
+    # may not: what it reads after the master processed it, it skips, unbaked; and the master
+    # escalates only what the worker has read.)
     wait_until(lambda: int(cluster.status(worker).get("escalations_taken", 0)) > 0
                and int(cluster.status(worker).get("uplink_lag", -1)) == 0, 60, what="the worker's escalations")
 

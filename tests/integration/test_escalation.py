@@ -102,6 +102,22 @@ def test_claims_arrive_once_in_order(servers, senders):
     assert balanced(stats)
 
 
+def test_each_target_gets_only_the_claims_of_messages_it_has_read(servers, senders):
+    b, c = Recorder(), Recorder()
+    _, port_b = servers(b)
+    _, port_c = servers(c)
+    sender = senders(lambda: {"node-b": f"127.0.0.1:{port_b}", "node-c": f"127.0.0.1:{port_c}"})
+    claims = make_claims(0, 10)
+    # node-b has handled the uplink up to the fourth message's position; node-c's is unknown.
+    sender.send(claims, {"node-b": claims[3][2], "node-c": None})
+    sender.send(make_claims(10, 5), {"node-b": claims[3][2]})  # none of these read by node-b
+    assert sender.flush(10.0)
+    assert b.claims == claims[:4] and c.claims == claims + make_claims(10, 5)
+    stats = sender.stats()
+    assert stats["targets"]["node-b"]["unread"] == 11 and stats["targets"]["node-c"]["unread"] == 0
+    assert balanced(stats) and stats["acked"] == 4 + 15
+
+
 def test_throughput(servers, senders):
     recorder = Recorder()
     _, port = servers(recorder)

@@ -91,6 +91,11 @@ def test_the_handled_position_only_moves_forward(store):
     assert store.handled_position() == "20-0"
     store.record_handled("21-0")
     assert store.handled_position() == "21-0"
+    assert store.handled_positions([store.peer_id, "nobody"]) == {store.peer_id: "21-0", "nobody": None}
+    # The record and the answer in one round trip: the answer still says what is processed.
+    deliver(store, 1, msgs("c"))
+    assert store.processed(msgs("c", "d"), handled_upto="30-0") == [True, False]
+    assert store.handled_position() == "30-0"
 
 
 def test_uplink_lag_counts_unread_entries(store):

@@ -65,7 +65,10 @@ class Stub:
     def exists(self, path):
         return None
 
-    def send(self, claims):
+    def target_ids(self):
+        return []
+
+    def send(self, claims, read_upto=None):
         self.sent += claims
 
     def exception(self):

@@ -258,6 +258,16 @@ def test_a_promotion_after_reading_behind_that_does_not_catch_up_is_caught(monke
     assert any("never left the flow" in p for p in failed.problems)
 
 
+def test_claims_of_messages_a_worker_has_not_read_are_left_out_and_every_promise_holds():
+    # The master escalates to each worker only what that worker has read (escalation.read_by);
+    # a worker reading behind has read little of it. Claims are hints (the worker's Redis check
+    # and its sweep decide what it releases), so the rule must keep every promise and, driven
+    # by the simulator, leave claims out.
+    runs = [run_once(seed, kind="pair", only={"skip_processed": True, "read_behind": True}) for seed in range(1, 9)]
+    assert all(r.passed for r in runs), [r.problems for r in runs if not r.passed]
+    assert sum(r.counts["claims_left_unread"] for r in runs) > 0
+
+
 def test_an_id_cache_that_forgets_before_id_ttl_is_caught(monkeypatch):
     # The checker excuses a retry that comes back only once id_ttl passed since its ID entered
     # the cache: a COMMIT that keeps IDs for 1 s instead lets retries through too early.
