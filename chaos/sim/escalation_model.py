@@ -58,9 +58,10 @@ class SimSender:
                  targets: Callable[[], dict[str, str]]):
         self.net, self.peer_id, self.epoch, self.targets = net, peer_id, epoch, targets
         self.stopped = False
+        self._last: dict[str, str] = {}  # the targets as last read
 
     def target_ids(self) -> list[str]:
-        return sorted(getattr(self, "_last", {}))
+        return sorted(self._last)
 
     def send(self, claims: list[tuple[str, str, str]], read_upto: dict[str, str | None] | None = None) -> None:
         if self.stopped or not claims:

@@ -55,14 +55,25 @@ class LoggedBatches:
         self.checkpoint_dir = checkpoint_dir
         self.reader = reader
         self.counts = {"by_offsets": 0, "collected": 0}  # how each batch was read (stream.batch_reads)
+        self._last: tuple[int, dict] | None = None  # the last batch read: (id, end offset)
 
     def rows(self, batch_id: int) -> Optional[List[Row]]:
         """The batch's rows as ``on_batch`` takes them, or None (see the module doc)."""
         end = logged_offset(self.checkpoint_dir, batch_id) if os.path.isdir(self.checkpoint_dir) else None
-        start = self.reader.initialOffset() if batch_id == 0 else logged_offset(self.checkpoint_dir, batch_id - 1)
+        start = self._start(batch_id)
         if end is None or start is None:
             self.counts["collected"] += 1
             return None
         rows = list(self.reader.readBetweenOffsets(start, end))
+        self._last = (batch_id, end)
         self.counts["by_offsets"] += 1
         return rows
+
+    def _start(self, batch_id: int) -> Optional[dict]:
+        """Where ``batch_id`` begins: the end of the batch before (the one read last, without
+        reading its log again, when it was), or the source's initial offset for the first."""
+        if batch_id == 0:
+            return self.reader.initialOffset()
+        if self._last is not None and self._last[0] == batch_id - 1:
+            return self._last[1]
+        return logged_offset(self.checkpoint_dir, batch_id - 1)
