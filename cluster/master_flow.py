@@ -35,7 +35,7 @@ Nothing is processed in part: a step is committed whole or not at all.
 >>> g = parse_graph("flow: f\\nnodes:\\n  a: {type: action}\\n")
 >>> flow = MasterFlow(g, FlowKeys("f"), "node-a")
 >>> step = flow.run([Message("m1", None, "5-0", b'{"id": "m1"}', {"id": "m1"})], now=1.0, epoch=3)
->>> step.mark, step.ids, step.outputs[0][0], step.outputs[0][1]["outlink"]
+>>> step.mark, step.ids, step.outputs[0][0], output_fields(step.outputs[0])["outlink"]
 ('5-0', ['m1'], 'tf:{f}:out:a:done', 'done')
 """
 
@@ -57,7 +57,7 @@ from ..runtime.nodes.action import ActionNode
 from ..runtime.nodes.base import Emit
 from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.store.flow_store import FlowStore
-from ..runtime.store.step import Step
+from ..runtime.store.step import SharedFields, Step, output_fields  # noqa: F401 (output_fields: the doctest)
 
 
 def outlink_streams(graph: FlowGraph, keys: FlowKeys) -> dict[tuple[str, str], str]:
@@ -133,6 +133,8 @@ class MasterFlow:
         self._step: Step | None = None
         self._epoch = 0
         self._bodies: dict[str, Message] = {}  # this step's messages by ID: the sink keeps their bytes
+        # This step's outputs' shared leading fields, by (node, outlink, time, the names that follow).
+        self._shared: dict[tuple, SharedFields] = {}
         self._streams = outlink_streams(graph, keys)
         # The processed mark as Redis holds it, read with the state and moved by
         # each step committed: while this object is valid, this master is the
@@ -221,6 +223,7 @@ class MasterFlow:
     def _end(self) -> Step:
         step, self._step = self._step, None
         self._bodies.clear()
+        self._shared.clear()
         for name, node in self.graph.nodes.items():
             changed = node.changed_state()
             if changed:
@@ -228,22 +231,31 @@ class MasterFlow:
         return step
 
     def _leave(self, node: str, e: Emit, at: float) -> None:
-        fields: dict[str, Any] = {"node": self.peer_id, "epoch": self._epoch, "from": node,
-                                  "outlink": e.outlink, "at": repr(at)}
+        # Every output's fields, in order: node, epoch, from, outlink, at (shared by the step's
+        # outputs through one outlink at one time), then id and position/ids, data, info.
         if len(e.msgs) == 1:
             msg = e.msgs[0]
-            fields["id"] = msg.id
             original = self._bodies.get(msg.id)
             if original is not None and original.doc is msg.doc:
-                fields["position"] = original.position
-                fields["data"] = original.body
+                names, values = _SINGLE_ORIGINAL, (msg.id, original.position, original.body)
             else:
-                fields["data"] = compact(msg.doc)
+                names, values = _SINGLE, (msg.id, compact(msg.doc))
         else:
             ids = [m.id for m in e.msgs]
-            fields["id"] = "+".join(ids)
-            fields["ids"] = compact(ids)
-            fields["data"] = compact({"ids": ids, "messages": [dict(m.doc) for m in e.msgs]})
+            names = _GROUP
+            values = ("+".join(ids), compact(ids), compact({"ids": ids, "messages": [dict(m.doc) for m in e.msgs]}))
         if e.info:
-            fields["info"] = json.dumps(dict(e.info), separators=(",", ":"), default=str)
-        self._step.outputs.append((self._streams[(node, e.outlink)], fields))
+            names = names + ("info",)
+            values = values + (json.dumps(dict(e.info), separators=(",", ":"), default=str),)
+        shared = self._shared.get((node, e.outlink, at, names))
+        if shared is None:
+            shared = self._shared[(node, e.outlink, at, names)] = SharedFields(
+                self._streams[(node, e.outlink)],
+                ("node", self.peer_id, "epoch", self._epoch, "from", node, "outlink", e.outlink, "at", repr(at)),
+                names)
+        self._step.outputs.append((shared.stream, shared, values))
+
+
+_SINGLE_ORIGINAL = ("id", "position", "data")  # a message as it came: its uplink bytes
+_SINGLE = ("id", "data")
+_GROUP = ("id", "ids", "data")

@@ -65,7 +65,10 @@ return cur
 # the state version the step was computed from ("" none), then operations,
 # each a code, the index of its key in KEYS and its arguments:
 #   'X' k nf f1 v1 .. fnf vnf   XADD KEYS[k] * f1 v1 ..
-#   'H' k field value          HSET KEYS[k] field value
+#   'R' k nc c1 v1 .. cnc vnc nv f1 .. fnv m  x11 .. x1nv .. xm1 .. xmnv
+#                              m XADDs: XADD KEYS[k] * c1 v1 .. f1 xj1 .. fnv xjnv
+#                              (a run of outputs sharing their leading fields)
+#   'M' k n f1 v1 .. fn vn     HSET KEYS[k] f1 v1 .. fn vn
 #   'D' k field                HDEL KEYS[k] field
 #   'L' k cap nf f1 v1 ..      XADD KEYS[k] MAXLEN ~ cap * v <the new version> f1 v1 ..
 # 'L' is the change log (a flow whose nodes log their state changes: the
@@ -127,9 +130,32 @@ while i <= #ARGV do
     local nf = tonumber(ARGV[i + 2])
     redis.call('XADD', key, '*', unpack(ARGV, i + 3, i + 2 + 2 * nf))
     i = i + 3 + 2 * nf
-  elseif op == 'H' then
-    redis.call('HSET', key, ARGV[i + 2], ARGV[i + 3])
-    i = i + 4
+  elseif op == 'R' then
+    local nc = tonumber(ARGV[i + 2])
+    local names = i + 3 + 2 * nc  -- ARGV[names] is nv, the names follow
+    local nv = tonumber(ARGV[names])
+    local m = tonumber(ARGV[names + nv + 1])
+    local fields = {'*'}
+    for c = 1, 2 * nc do
+      fields[1 + c] = ARGV[i + 2 + c]
+    end
+    local base = 1 + 2 * nc
+    for f = 1, nv do
+      fields[base + 2 * f - 1] = ARGV[names + f]
+    end
+    local v = names + nv + 2
+    for _ = 1, m do
+      for f = 1, nv do
+        fields[base + 2 * f] = ARGV[v]
+        v = v + 1
+      end
+      redis.call('XADD', key, unpack(fields))
+    end
+    i = v
+  elseif op == 'M' then
+    local n = tonumber(ARGV[i + 2])
+    redis.call('HSET', key, unpack(ARGV, i + 3, i + 2 + 2 * n))
+    i = i + 3 + 2 * n
   elseif op == 'D' then
     redis.call('HDEL', key, ARGV[i + 2])
     i = i + 3

@@ -13,6 +13,18 @@ processed (``cluster/master_flow.py`` says what that means per node).
 ['tf:{f}:step:n1-1', 'tf:{f}:version', 'tf:{f}:id:a', 'tf:{f}:sink', 'tf:{f}:state:join']
 >>> args[:8]
 [3, 60, '5-0', '', 1, '', 'X', 6]
+
+Outputs that share their leading fields (a master's step writes many to one
+stream, each from the same node, epoch, outlink and time) go as one run: the
+shared fields once, then each output's own values, so neither this process
+nor Redis handles the shared ones per output.
+
+>>> head = SharedFields("tf:{f}:sink", ("from", "a", "outlink", "done"), ("id", "data"))
+>>> step = Step(outputs=[head.output(("m1", "{}")), head.output(("m2", "{}"))])
+>>> step.script_call(3, FlowKeys("f"), id_ttl=60, token="n1-1")[1][6:]
+['R', 5, 2, 'from', 'a', 'outlink', 'done', 2, 'id', 'data', 2, 'm1', '{}', 'm2', '{}']
+>>> output_fields(step.outputs[1])
+{'from': 'a', 'outlink': 'done', 'id': 'm2', 'data': '{}'}
 """
 
 from __future__ import annotations
@@ -27,11 +39,40 @@ from .flow_keys import FlowKeys
 # further behind than this loads the state whole again (cluster/warm_state.py); each entry
 # holds one step's history changes, about 60 bytes per message.
 CHANGE_LOG_STEPS = 256
+# Fields of one state hash set by one HSET of the COMMIT script (Lua's unpack has a limit).
+_HSET_PAIRS = 512
+
+
+class SharedFields:
+    """The leading fields that outputs to one ``stream`` share, and the names of each one's own.
+
+    An output made with :meth:`output` is ``(stream, shared, values)``; consecutive ones
+    with the same ``SharedFields`` object are written as one run (see the module doc).
+    """
+
+    __slots__ = ("stream", "pairs", "names")
+
+    def __init__(self, stream: str, pairs: tuple, names: tuple):
+        self.stream, self.pairs, self.names = stream, pairs, names
+
+    def output(self, values: tuple) -> tuple:
+        return (self.stream, self, values)
+
+
+def output_fields(output: tuple) -> dict:
+    """An output's fields, in order, whichever form it has: ``(stream, fields)`` or a shared run's."""
+    if len(output) == 2:
+        return dict(output[1])
+    _, shared, values = output
+    fields = dict(zip(shared.pairs[::2], shared.pairs[1::2]))
+    fields.update(zip(shared.names, values))
+    return fields
+
 @dataclass
 class Step:
     mark: str | None = None                                              # last uplink position handled
     ids: list[str] = field(default_factory=list)                         # processed message IDs
-    outputs: list[tuple[str, dict]] = field(default_factory=list)        # (stream key, fields), in order
+    outputs: list[tuple] = field(default_factory=list)  # (stream key, fields) or SharedFields.output(), in order
     state: dict[str, dict[str, Any]] = field(default_factory=dict)       # node -> key -> entry or None
     version: int | None = None   # the state version the step was computed from (None: not checked)
     # The nodes whose state changes go to the change log as well (empty: the flow keeps none).
@@ -58,19 +99,38 @@ class Step:
         guard = "" if guess is None else "=" + (guess[0] or "")
         args: list = [epoch, id_ttl, self.mark or "", guard, len(self.ids),
                       "" if self.version is None else self.version]
-        for stream, fields in self.outputs:
-            args += ["X", key(stream), len(fields)]
-            for f, v in fields.items():
-                args += [f, v]
+        outputs, i = self.outputs, 0
+        while i < len(outputs):
+            out = outputs[i]
+            if len(out) == 2:
+                stream, fields = out
+                args += ["X", key(stream), len(fields)]
+                for f, v in fields.items():
+                    args += [f, v]
+                i += 1
+                continue
+            shared = out[1]
+            j = i + 1
+            while j < len(outputs) and len(outputs[j]) == 3 and outputs[j][1] is shared:
+                j += 1
+            args += ["R", key(shared.stream), len(shared.pairs) // 2, *shared.pairs, len(shared.names),
+                     *shared.names, j - i]
+            for out in outputs[i:j]:
+                args += out[2]
+            i = j
         for node, entries in self.state.items():
             if not entries:
                 continue
             k = key(keys.state(node))
+            sets: list = []
             for name, value in entries.items():
                 if value is None:
                     args += ["D", k, name]
                 else:
-                    args += ["H", k, name, compact(value)]
+                    sets += [name, compact(value)]
+            for at in range(0, len(sets), 2 * _HSET_PAIRS):
+                chunk = sets[at:at + 2 * _HSET_PAIRS]
+                args += ["M", k, len(chunk) // 2, *chunk]
         if self.logged:
             # Every step, changes or not: the log's versions then run without a gap.
             fields = ["t", token]
