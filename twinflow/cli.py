@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--messages", type=int, default=50_000, help="messages in the burst (default 50,000)")
     b.add_argument("--rate", type=float, default=2000.0, help="steady rate for latency (default 2,000/s)")
     b.add_argument("--seconds", type=float, default=15.0, help="how long the steady load lasts (default 15)")
+    b.add_argument("--bursts", type=int, default=3,
+                   help="bursts in a row per half; each rate is their median (default 3)")
     b.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     b.set_defaults(fn=cmd_bench)
 

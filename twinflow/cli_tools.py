@@ -255,7 +255,7 @@ def cmd_bench(args) -> int:
     from twinflow.testing.flow_bench import Load, flow_vs_passthrough
 
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
-    out = flow_vs_passthrough(Load(args.messages, args.rate, args.seconds), say)
+    out = flow_vs_passthrough(Load(args.messages, args.rate, args.seconds, args.bursts), say)
     if args.json:
         print(json.dumps(out))
         return 0
