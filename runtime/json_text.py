@@ -62,10 +62,12 @@ def compact(obj: Any) -> str:
     return out.decode()
 
 
-# orjson reads an integer beyond 64 bits as a float (it does not refuse it): any run of 19
-# digits or more (the shortest such integer, -9223372036854775809) goes to the standard library.
-_LONG_DIGITS = re.compile("[0-9]{19}")
-_LONG_DIGITS_BYTES = re.compile(b"[0-9]{19}")
+# orjson reads an integer beyond 64 bits as a float (it does not refuse it): any run of
+# LONG_RUN digits or more (the shortest such integer, -9223372036854775809) goes to the
+# standard library.
+LONG_RUN = 19
+_LONG_DIGITS = re.compile("[0-9]{%d}" % LONG_RUN)
+_LONG_DIGITS_BYTES = re.compile(b"[0-9]{%d}" % LONG_RUN)
 
 
 def loads(text: str | bytes) -> Any:
@@ -74,7 +76,13 @@ def loads(text: str | bytes) -> Any:
     >>> loads(b'{"big": 123456789012345678901234567890}')["big"]
     123456789012345678901234567890
     """
-    if (_LONG_DIGITS_BYTES if isinstance(text, bytes) else _LONG_DIGITS).search(text):
+    return loads_known(text, (_LONG_DIGITS_BYTES if isinstance(text, bytes) else _LONG_DIGITS).search(text) is not None)
+
+
+def loads_known(text: str | bytes, long_run: bool) -> Any:
+    """:func:`loads` for a caller that knows already whether ``text`` holds a run of
+    ``LONG_RUN`` digits (``message.decode`` counts digits anyway)."""
+    if long_run:
         return json.loads(text)
     try:
         return orjson.loads(text)

@@ -200,7 +200,7 @@ def test_bytes_like_data_over_the_limit_is_refused_before_copying():
 def test_an_unexpected_error_becomes_a_bad_message_naming_its_type(monkeypatch):
     def boom(*args, **kwargs):
         raise RecursionError("maximum recursion depth exceeded")
-    monkeypatch.setattr(message_module, "loads", boom)
+    monkeypatch.setattr(message_module, "loads_known", boom)
     reason = refused(b'{"id": "a", "seq": 1}')
     assert "RecursionError" in reason and "maximum recursion depth" in reason
 
