@@ -60,9 +60,9 @@ class _NoInfo(Mapping):
 NO_INFO: Mapping[str, Any] = _NoInfo()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's constructor costs about 1 µs more (measured)
 class Msg:
-    """One message: its ID and its JSON document (read-only by convention)."""
+    """One message: its ID and its JSON document (both read-only by convention)."""
 
     id: str
     doc: Mapping[str, Any]
