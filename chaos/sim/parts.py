@@ -18,6 +18,8 @@ import redis
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...runtime.positions import SKIPPED_SIZE, WARMUP_POSITION, skipped_row
+
+SKIP_PER_SIM_READ = 5  # processed entries a simulated read skips at most (a run sends about 40)
 from ...runtime.store.flow_store import FlowStore
 from ...runtime.store.store_errors import RedisUnavailable
 from .escalation_model import SimSender
@@ -112,8 +114,10 @@ class SimStream:
         bounds = (member.read_size, member.spec.message.max_bytes)
         if not self.sim.world.dims.skip_processed:
             return store.read_uplink(after, "+", *bounds, max_bytes=member.spec.batch_bytes, deadline_s=0), 0
+        # A few processed entries at most per read (the source counts SKIP_PER_READ): runs then
+        # also take the reads that stop short of the mark and go on from there.
         rows, skipped, to = store.read_uplink_after_processed(after, *bounds, max_bytes=member.spec.batch_bytes,
-                                                              deadline_s=0)
+                                                              deadline_s=0, skip_at_most=SKIP_PER_SIM_READ)
         if skipped:
             self.sim.world.skipped_reads += 1
         if skipped and not rows:  # as the source does: a row that says how far the batch handled

@@ -87,7 +87,15 @@ whole ``max_batch_size``: a batch costs Spark's fixed work, and a worker
 reading behind would otherwise run one per read for no entry. Such a batch
 has one row ``(mark, None, SKIPPED_SIZE)``: no entry, but the position the
 batch handled up to, which the caller must record as handled (a
-promotion's catch-up covers what the reader passed).
+promotion's catch-up covers what the reader passed). Counting pages
+through the entries inside Redis, so one read counts at most
+``SKIP_PER_READ`` (Redis serves no one else meanwhile: a worker catching up
+after a burst of 150,000 held it for tens of milliseconds a read), and the
+reads from one offset go on from where the last one counted to, while the
+mark is still there or further (a Redis failover can take it back),
+instead of counting again (a worker reading behind at 2,000 msg/s recounted up to a
+second's entries every read: 3-7 ms of Redis each, the master's COMMITs
+and reads waiting behind them).
 
 Read behind (the pace file's second number, ``stream.pace_stream``): a read
 takes no entry newer than that many milliseconds before Redis's clock. A
@@ -162,6 +170,7 @@ SCHEMA = StructType(
 )
 _MAX_BACKOFF_S = 1.0
 SKIP_BATCH_EVERY_S = 1.0  # a batch of skipped entries alone at most this often (see "Skipping")
+SKIP_PER_READ = 4096  # processed entries one read counts at most (see "Skipping")
 _LOG_EVERY_S = 10.0
 
 
@@ -228,6 +237,9 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         self._pause_acked = False
         self._hold_token: Optional[str] = None
         self._held_reads = 0
+        # (offset id, counted to, how many): processed entries the reads from that offset
+        # counted without making a batch (see "Skipping"); the next read goes on from there.
+        self._counted: Optional[Tuple[str, str, int]] = None
 
     def __getstate__(self) -> dict:
         # Spark pickles readers to ship them to workers; sockets don't travel.
@@ -293,9 +305,12 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
             return iter(()), start
         if not rows and skipped < self.max_batch_size and time.monotonic() - self._last_batch < SKIP_BATCH_EVERY_S:
             # Only processed entries: not worth a batch of its own (Spark's fixed cost per batch)
-            # each read; counted again from ``start`` by the next read, and a batch now and then.
+            # each read; the next read from ``start`` goes on counting after them, and a batch
+            # now and then.
+            self._counted = (start["id"], skipped_to, skipped)
             return iter(()), start
         self._last_batch = time.monotonic()
+        self._counted = None
         # Skipped entries count as read (read_n stays exact); "from" is where the batch's
         # entries begin, so that a replay reads the same ones (readBetweenOffsets).
         end = {"id": rows[-1][0] if rows else skipped_to, "n": int(start["n"]) + skipped + len(rows),
@@ -309,9 +324,11 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
 
     def _read_new(self, start: dict, behind_ms: int, progress: Optional[dict] = None):
         """Entries after ``start`` (after the processed mark when it is further, with
-        ``skip_key``), no newer than ``behind_ms``; returns (rows, skipped, skipped_to)."""
+        ``skip_key``), no newer than ``behind_ms``; returns (rows, skipped, skipped_to). The
+        processed entries a read from ``start`` counted already are not counted again."""
+        counted = self._counted[1:] if self._counted is not None and self._counted[0] == start["id"] else None
         return self._read_result("read new entries", start["id"], "+", self.max_body_bytes, progress=progress,
-                                 count=self._take, behind_ms=behind_ms)
+                                 count=self._take, behind_ms=behind_ms, counted=counted)
 
     def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[Row]:
         if end.get("warmup") and end.get("warmup") != start.get("warmup"):
@@ -353,7 +370,8 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         return self._read_result(what, after, last, max_body, progress, count)[0]
 
     def _read_result(self, what: str, after: str, last: str, max_body: int, progress: Optional[dict] = None,
-                     count: Optional[int] = None, behind_ms: int = 0) -> Tuple[List[Row], int, Optional[str]]:
+                     count: Optional[int] = None, behind_ms: int = 0,
+                     counted: Optional[Tuple[str, int]] = None) -> Tuple[List[Row], int, Optional[str]]:
         """As :meth:`_read_rows`, reading to the end (``last`` "+") after the processed mark
         when ``skip_key`` names one that is further, and no entry newer than ``behind_ms``;
         returns (rows, entries skipped, the position read after in their stead)."""
@@ -364,7 +382,8 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         if skip:
             keys = keys + [self.skip_key]
         args = read_batch_args(after, last, count or self.max_batch_size, self.batch_bytes, max_body, record,
-                               skip_processed=skip, behind_ms=behind_ms if last == "+" else 0)
+                               skip_processed=SKIP_PER_READ if skip else False,
+                               behind_ms=behind_ms if last == "+" else 0, counted=counted if skip else None)
         reply = self._redis(
             what, lambda r: self._script(keys=keys, args=args, client=r),
             pausable=last == "+",

@@ -221,12 +221,19 @@ return 1
 # always included whatever its size; ARGV[5] max bytes of one body (a longer
 # one is withheld and counts 0); ARGV[6] max entries per XRANGE page; ARGV[7]
 # page bytes (pages shrink to about this many bytes once entries are big);
-# ARGV[8] "1": the last key is the processed mark, and a read to the end
+# ARGV[8] N > 0: the last key is the processed mark, and a read to the end
 # ("+") starts after it when it is further (the entries skipped are
-# processed: the masters' COMMIT moved the mark over them), counting them;
+# processed: the masters' COMMIT moved the mark over them), counting them,
+# at most N of them in one call (each is paged through to be counted, and a
+# long count would hold Redis from everyone else): a call that stops at N
+# short of the mark returns no entries, only how far it counted; ARGV[10]
+# and ARGV[11] ("" and 0: none) say that an earlier call from the same start
+# counted that many up to that ID, and counting goes on from there while
+# that ID is still at or before the mark (else it starts again: a Redis
+# failover can take a mark back);
 # ARGV[9] read behind: with "+", no entry newer than this many ms before
 # Redis's clock is read ("0": none); with the progress hash (KEYS[2]),
-# ARGV[10] and ARGV[11] are recorded there first as read_n and read_id (how
+# ARGV[12] and ARGV[13] are recorded there first as read_n and read_id (how
 # far the reader had read and processed: in the same call, so recording it
 # costs the reader no round trip of its own).
 # Returns a flat array: the entries skipped and the ID read after in their
@@ -238,18 +245,32 @@ local after, last = ARGV[1], ARGV[2]
 local max_n, max_bytes = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_body, max_page, page_bytes = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local out, n, bytes, page = {0, false}, 0, 0, max_page
-if ARGV[10] then
-  redis.call('HSET', KEYS[2], 'read_n', ARGV[10], 'read_id', ARGV[11])
+if ARGV[12] then
+  redis.call('HSET', KEYS[2], 'read_n', ARGV[12], 'read_id', ARGV[13])
 end
-if last == '+' and ARGV[8] == '1' then
+local skip_cap = tonumber(ARGV[8])
+if last == '+' and skip_cap > 0 then
   local mark = redis.call('GET', KEYS[#KEYS])
   if mark and at_or_before(after, mark) and after ~= mark then
-    local skipped, from = 0, after
+    local skipped, from, capped = 0, after, false
+    if ARGV[10] ~= '' and at_or_before(ARGV[10], mark) then
+      skipped, from = tonumber(ARGV[11]), ARGV[10]
+    end
+    local cap = skipped + skip_cap
     while true do  -- counted (IDs only leave the script), so read_n stays exact
-      local entries = redis.call('XRANGE', KEYS[1], '(' .. from, mark, 'COUNT', 1024)
+      local want = math.min(1024, cap - skipped)
+      local entries = redis.call('XRANGE', KEYS[1], '(' .. from, mark, 'COUNT', want)
       skipped = skipped + #entries
-      if #entries < 1024 then break end
-      from = entries[#entries][1]
+      if #entries > 0 then from = entries[#entries][1] end
+      if #entries < want then break end
+      if skipped >= cap then
+        capped = from ~= mark
+        break
+      end
+    end
+    if capped then  -- processed entries remain before the mark: the next call goes on from here
+      out[1], out[2] = skipped, from
+      return out
     end
     out[1], out[2], after = skipped, mark, mark
   end
@@ -320,16 +341,21 @@ _PAGE_ENTRIES = 64
 # ... and, once a page has shown entries this big, fewer, so the script's own
 # copy of a page of large entries stays near this many bytes.
 _PAGE_BYTES = 8 * 1024 * 1024
+# "Skip every processed entry" for READ_BATCH (any count beyond a stream's length does).
+_SKIP_ALL = 2 ** 53
 
 
 def read_batch_args(after: str, last: str, count: int, max_bytes: int, max_body: int,
-                    progress: tuple[int, str] | None = None, skip_processed: bool = False,
-                    behind_ms: int = 0) -> list:
+                    progress: tuple[int, str] | None = None, skip_processed: bool | int = False,
+                    behind_ms: int = 0, counted: tuple[str, int] | None = None) -> list:
     """ARGV for READ_BATCH: entries after ``after`` up to ``last`` ("+": no end); with
     ``progress`` (read_n, read_id) to record in the progress hash, KEYS[2]; with
-    ``skip_processed``, the processed mark is the last key; ``behind_ms``: see READ_BATCH."""
-    args = [after, last, count, max_bytes, max_body, _PAGE_ENTRIES, _PAGE_BYTES, int(skip_processed),
-            int(behind_ms)]
+    ``skip_processed``, the processed mark is the last key, and an int says how many processed
+    entries one call skips at most (True: all), and ``counted`` (to, how many) goes on from what
+    an earlier call from ``after`` counted; ``behind_ms``: see READ_BATCH."""
+    skip = 0 if not skip_processed else _SKIP_ALL if skip_processed is True else int(skip_processed)
+    to, n = counted if counted else ("", 0)
+    args = [after, last, count, max_bytes, max_body, _PAGE_ENTRIES, _PAGE_BYTES, skip, int(behind_ms), to, n]
     return args + list(progress) if progress else args
 
 

@@ -27,6 +27,7 @@ from twinflow.runtime.spark.session import build_session
 from twinflow.runtime.positions import SKIPPED_SIZE, WARMUP_POSITION
 from twinflow.runtime.spark.packed_rows import unpack_rows
 from twinflow.runtime.spark import source
+from twinflow.runtime.store import scripts
 from twinflow.runtime.spark.source import RedisStreamReader
 from twinflow.runtime.spark.source_options import DEFAULT_MAX_BODY_BYTES
 from twinflow.runtime.spark.logged_batch import LoggedBatches, logged_offset
@@ -587,6 +588,40 @@ def test_a_reader_skips_what_the_mark_says_is_processed_counts_it_and_replays_th
     last = add(r, key, [b"u"])
     rows, _ = reader.read(after)
     assert [row[0] for row in rows] == last
+
+
+def test_reads_from_one_offset_count_processed_entries_once_a_few_at_a_time(r, redis_url, key, monkeypatch):
+    mark_key = key + ":processed"
+    options = {"url": redis_url, "stream": key, "batch_size": "100", "max_batch_size": "100", "block_ms": "1",
+               "skip_key": mark_key}
+    monkeypatch.setattr(source, "SKIP_PER_READ", 4)
+    told = []  # what each read told READ_BATCH the reads before it from the same offset counted
+    real = scripts.read_batch_args
+    monkeypatch.setattr(source, "read_batch_args", lambda *a, **kw: told.append(kw.get("counted")) or real(*a, **kw))
+    ids = add(r, key, [b"s%d" % i for i in range(12)])
+    r.set(mark_key, ids[11])  # all twelve processed
+    reader = RedisStreamReader(options)
+    # A fresh reader's first skip is a batch (a row that is no entry): four counted, no more.
+    rows, first = reader.read(reader.initialOffset())
+    assert list(rows) == [(ids[3], None, SKIPPED_SIZE)] and first["n"] == 4
+    # Within a second of it, skips are no batch: each read counts on from where the last stopped.
+    monkeypatch.setattr(source, "SKIP_BATCH_EVERY_S", 1e9)
+    for _ in range(2):
+        rows, same = reader.read(first)
+        assert list(rows) == [] and same == first
+    # The mark taken back behind what was counted (a Redis failover): Redis counts again.
+    r.set(mark_key, ids[9])
+    rows, same = reader.read(first)
+    assert list(rows) == [] and same == first
+    r.set(mark_key, ids[11])
+    more = add(r, key, [b"t"])
+    monkeypatch.setattr(source, "SKIP_BATCH_EVERY_S", 0.0)
+    rows, end = reader.read(first)
+    rows = list(rows)
+    assert told == [None, None, (ids[7], 4), (ids[11], 8), (ids[7], 4)]
+    assert [row[0] for row in rows] == more  # every processed entry skipped, each counted once
+    assert end["n"] == 13 and end["skipped"] == 8 and end["from"] == ids[11]
+    assert list(RedisStreamReader(options).readBetweenOffsets(first, end)) == rows
 
 
 def test_a_reader_behind_reads_only_entries_older_than_its_read_behind(r, redis_url, key, tmp_path):
