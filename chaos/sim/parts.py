@@ -18,8 +18,6 @@ import redis
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...runtime.positions import SKIPPED_SIZE, WARMUP_POSITION, skipped_row
-
-SKIP_PER_SIM_READ = 5  # processed entries a simulated read skips at most (a run sends about 40)
 from ...runtime.store.flow_store import FlowStore
 from ...runtime.store.store_errors import RedisUnavailable
 from .escalation_model import SimSender
@@ -31,6 +29,9 @@ if TYPE_CHECKING:
     from ...cluster.member import FlowMember
     from ...cluster.peer import Peer
     from .world import SimPeer
+
+# Processed entries a simulated read skips at most (a run sends about 40).
+SKIP_PER_SIM_READ = 5
 
 
 class _NoServer:

@@ -89,13 +89,14 @@ has one row ``(mark, None, SKIPPED_SIZE)``: no entry, but the position the
 batch handled up to, which the caller must record as handled (a
 promotion's catch-up covers what the reader passed). Counting pages
 through the entries inside Redis, so one read counts at most
-``SKIP_PER_READ`` (Redis serves no one else meanwhile: a worker catching up
-after a burst of 150,000 held it for tens of milliseconds a read), and the
-reads from one offset go on from where the last one counted to, while the
-mark is still there or further (a Redis failover can take it back),
-instead of counting again (a worker reading behind at 2,000 msg/s recounted up to a
-second's entries every read: 3-7 ms of Redis each, the master's COMMITs
-and reads waiting behind them).
+``SKIP_PER_READ`` (Redis serves no one else meanwhile, and a worker
+catching up after a few bursts would page through all of them in one
+call), and
+the reads from one offset go on from where the last one counted to, while
+the mark is still there or further (a Redis failover can take it back),
+instead of counting again (a worker reading behind at 2,000 msg/s
+recounted up to a second's entries every read: 3-7 ms of Redis each, the
+master's COMMITs and reads waiting behind them).
 
 Read behind (the pace file's second number, ``stream.pace_stream``): a read
 takes no entry newer than that many milliseconds before Redis's clock. A
@@ -137,7 +138,6 @@ import logging
 import os
 import time
 from typing import Any, Iterator, List, Optional, Tuple
-from urllib.parse import urlsplit
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
