@@ -198,6 +198,7 @@ class MasterFlow:
             except Exception as exc:  # noqa: BLE001 - bad input is data: one message never fails a batch
                 self._step = None
                 self._bodies.clear()
+                self._shared.clear()
                 raise MessageRefused(m, f"the flow could not take this message: {type(exc).__name__}: {exc}"[:500]) from exc
         step.mark = mark if mark is not None else (msgs[-1].position if msgs else None)
         return self._end()
