@@ -35,6 +35,7 @@ Nothing is processed in part: a step is committed whole or not at all.
 >>> g = parse_graph("flow: f\\nnodes:\\n  a: {type: action}\\n")
 >>> flow = MasterFlow(g, FlowKeys("f"), "node-a")
 >>> step = flow.run([Message("m1", None, "5-0", b'{"id": "m1"}', {"id": "m1"})], now=1.0, epoch=3)
+>>> from twinflow.runtime.store.step import output_fields
 >>> step.mark, step.ids, step.outputs[0][0], output_fields(step.outputs[0])["outlink"]
 ('5-0', ['m1'], 'tf:{f}:out:a:done', 'done')
 """
@@ -57,7 +58,7 @@ from ..runtime.nodes.action import ActionNode
 from ..runtime.nodes.base import Emit
 from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.store.flow_store import FlowStore
-from ..runtime.store.step import SharedFields, Step, output_fields  # noqa: F401 (output_fields: the doctest)
+from ..runtime.store.step import SharedFields, Step
 
 
 def outlink_streams(graph: FlowGraph, keys: FlowKeys) -> dict[tuple[str, str], str]:

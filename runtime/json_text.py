@@ -76,7 +76,8 @@ def loads(text: str | bytes) -> Any:
     >>> loads(b'{"big": 123456789012345678901234567890}')["big"]
     123456789012345678901234567890
     """
-    return loads_known(text, (_LONG_DIGITS_BYTES if isinstance(text, bytes) else _LONG_DIGITS).search(text) is not None)
+    long_digits = _LONG_DIGITS_BYTES if isinstance(text, bytes) else _LONG_DIGITS
+    return loads_known(text, long_digits.search(text) is not None)
 
 
 def loads_known(text: str | bytes, long_run: bool) -> Any:

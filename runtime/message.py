@@ -136,8 +136,6 @@ _UTF8 = frozenset({"utf-8", "utf-8-sig"})
 # parsing (the bytes themselves are decoded strictly, so none comes from them).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-_OPENERS_AND_DIGITS = b"[{0123456789"
-_NOT_OPENERS_OR_DIGITS = bytes(c for c in range(256) if c not in _OPENERS_AND_DIGITS)
 # Step 1 and the long-integer test of json_text.loads in one C pass: a digit becomes "0", an
 # opener "[", any other byte " "; then two counts, and a run of LONG_RUN digits is a substring.
 _CLASSES = bytes(0x30 if 0x30 <= c <= 0x39 else 0x5B if c in b"[{" else 0x20 for c in range(256))
@@ -168,19 +166,16 @@ def _nesting(bare: bytes) -> int:
     return max(accumulate(memoryview(steps).cast("b")), default=0)
 
 
-def _check_bounds(raw: bytes, spec: MessageSpec) -> None:
+def _check_bounds(raw: bytes, spec: MessageSpec, openers: int, digits: int) -> None:
     """Raise BadInput when ``raw`` nests deeper or holds a longer number than ``spec`` allows.
 
-    ``decode`` inlines step 1 and calls this only when step 1 cannot rule a problem out.
+    ``decode`` does step 1 (``openers`` and ``digits`` are its counts) and calls this only
+    when step 1 cannot rule a problem out.
     """
     max_depth, max_digits = spec.max_depth, spec.max_number_digits
-    counted = raw.translate(None, _NOT_OPENERS_OR_DIGITS)
-    if len(counted) <= max_depth and len(counted) <= max_digits:
-        return
-    openers = counted.count(b"[") + counted.count(b"{")
     deep = openers > max_depth
     long_run = _long_run(max_digits)
-    long = len(counted) - openers > max_digits and long_run.search(raw) is not None
+    long = digits > max_digits and long_run.search(raw) is not None
     if not (deep or long):
         return
     bare = _STRING.sub(b'""', raw)
@@ -224,10 +219,9 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
             raise BadInput(f"body is not JSON: not {encoding} text ({exc.reason} at byte {exc.start})") from None
         raw = data if encoding in _UTF8 else text.encode("utf-8")
         classes = raw.translate(_CLASSES)  # step 1 of the bounds, inline
-        digits = classes.count(b"0")
-        counted = digits + classes.count(b"[")
-        if counted > spec.max_depth or counted > spec.max_number_digits:
-            _check_bounds(raw, spec)
+        digits, openers = classes.count(b"0"), classes.count(b"[")
+        if openers + digits > spec.max_depth or openers + digits > spec.max_number_digits:
+            _check_bounds(raw, spec, openers, digits)
         try:  # the usual UTF-8 body through orjson, exactly as json.loads reads it (json_text.loads)
             if encoding == "utf-8":
                 doc = loads_known(raw, digits >= LONG_RUN and _LONG_RUN in classes)

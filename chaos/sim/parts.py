@@ -57,6 +57,7 @@ class SimStream:
         self.warm = False
         self.held = False
         self.batch_id = 0
+        self.counted: tuple[str, str, int] | None = None  # (offset, counted to, how many): see _read
 
     def exception(self) -> None:
         return None
@@ -115,12 +116,20 @@ class SimStream:
         bounds = (member.read_size, member.spec.message.max_bytes)
         if not self.sim.world.dims.skip_processed:
             return store.read_uplink(after, "+", *bounds, max_bytes=member.spec.batch_bytes, deadline_s=0), 0
-        # A few processed entries at most per read (the source counts SKIP_PER_READ): runs then
-        # also take the reads that stop short of the mark and go on from there.
+        # A few processed entries at most per read (the source counts SKIP_PER_READ), and, as the
+        # source does, processed entries alone are first counted without a batch, the next read
+        # from the same offset going on from there: runs take the reads that stop short of the
+        # mark and the counts carried across a Redis failover that takes the mark back.
+        counted = self.counted[1:] if self.counted is not None and self.counted[0] == after else None
         rows, skipped, to = store.read_uplink_after_processed(after, *bounds, max_bytes=member.spec.batch_bytes,
-                                                              deadline_s=0, skip_at_most=SKIP_PER_SIM_READ)
+                                                              deadline_s=0, skip_at_most=SKIP_PER_SIM_READ,
+                                                              counted=counted)
+        self.counted = None
         if skipped:
             self.sim.world.skipped_reads += 1
+        if skipped and not rows and counted is None:  # not worth a batch yet (the source's "Skipping")
+            self.counted = (after, to, skipped)
+            return [], 0
         if skipped and not rows:  # as the source does: a row that says how far the batch handled
             rows = [skipped_row(to)]
         return rows, skipped

@@ -67,14 +67,16 @@ class UplinkAccess:
 
     def read_uplink_after_processed(self, after: str | None, count: int, max_body: int, *,
                                     max_bytes: int = 64 << 20, deadline_s: float | None = None,
-                                    skip_at_most: int | None = None
+                                    skip_at_most: int | None = None, counted: tuple[str, int] | None = None
                                     ) -> tuple[list[tuple[str, bytes | None, int | None]], int, str | None]:
         """As :meth:`read_uplink` to the end, starting after the processed mark when it is
         further than ``after`` (as the Spark source with ``skip_key`` reads): (rows, entries
         skipped, the position they were skipped up to, or None). With ``skip_at_most``, a read
-        that would skip more stops there, short of the mark, and returns no rows."""
+        that would skip more stops there, short of the mark, and returns no rows; ``counted``
+        (to, how many) is what an earlier read from ``after`` skipped (READ_BATCH goes on from
+        there while the mark has not gone back behind it)."""
         args = scripts.read_batch_args(after or "0-0", "+", count, max_bytes, max_body,
-                                       skip_processed=skip_at_most or True)
+                                       skip_processed=skip_at_most or True, counted=counted)
         keys = [self.keys.uplink, self.keys.processed]
         reply = self._call("read uplink", lambda: self._scripts["read_batch"](keys=keys, args=args), deadline_s)
         return scripts.read_batch_result(reply)
