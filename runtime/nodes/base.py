@@ -121,7 +121,8 @@ class Node(ABC):
     state_in_redis: ClassVar[bool] = True
 
     def changed_state(self) -> dict[str, Any]:
-        """Every state entry changed since the last call: key -> JSON value, or None when gone."""
+        """Every state entry changed since the last call: key -> JSON value, or None when gone
+        (an entry made and gone again since the last call may be left out: nothing stored it)."""
         return {}
 
     # Whether the flow's change log carries this node's state changes, so that a worker can keep

@@ -159,14 +159,17 @@ class _Timed(_Listed):
         self._open: dict[Any, _Window] = {}
         self._timers = GroupTimers(self._open.get)
         self._changed: set = set()  # activations whose state changed since changed_state()
+        # Of those, the ones not open when they first changed: stored nowhere (the node holds
+        # what the steps before wrote), so one that is gone again needs no delete.
+        self._fresh: set = set()
 
     def on_time(self, now: float) -> list[Emit]:
         now = self._advance(now)
         out: list[Emit] = []
         while (fired := self._timers.pop(now)) is not None:
             window = fired[1]
+            self._touch(window.key)
             del self._open[window.key]
-            self._changed.add(window.key)
             emit = self._close(window)
             if emit is not None:
                 out.append(emit)
@@ -177,9 +180,19 @@ class _Timed(_Listed):
 
     # -- state per activation (see base) ------------------------------------
     def changed_state(self) -> dict[str, Any]:
-        changed, self._changed = self._changed, set()
-        # The key keeps the activation's type: 7 and "7" are two activations.
-        return {key_text(act): self._entry(self._open[act]) if act in self._open else None for act in changed}
+        changed, fresh, opened = self._changed, self._fresh, self._open
+        self._changed, self._fresh = set(), set()
+        # The key keeps the activation's type: 7 and "7" are two activations. One opened and
+        # closed since the last call changed nothing stored: left out.
+        return {key_text(act): self._entry(opened[act]) if act in opened else None
+                for act in changed if act in opened or act not in fresh}
+
+    def _touch(self, act: Any) -> None:
+        """Record that ``act``'s entry changes now (before the change)."""
+        if act not in self._changed:
+            self._changed.add(act)
+            if act not in self._open:
+                self._fresh.add(act)
 
     def load_state(self, entries) -> None:
         for act, value in load_order(entries):
@@ -229,8 +242,8 @@ class XorJoin(_Timed):
         window = self._open.get(act)
         if window is not None:
             return Emit("discarded", (msg,), {"activation": act, "until": window.due})
+        self._touch(act)
         self._start(act, now)
-        self._changed.add(act)
         return Emit("passed", (msg,), {"activation": act})
 
     def _close(self, window: _Window) -> None:
@@ -267,7 +280,7 @@ class AndJoin(_Timed):
     def _take(self, msg: Msg, i: int, now: float) -> Emit | None:
         act = self._activation(msg.doc)
         window = self._open.get(act)
-        self._changed.add(act)
+        self._touch(act)
         if window is None:
             window = self._start(act, now, [None] * len(self.types))
         elif window.slots[i] is not None:

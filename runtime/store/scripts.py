@@ -69,7 +69,7 @@ return cur
 #                              m XADDs: XADD KEYS[k] * c1 v1 .. f1 xj1 .. fnv xjnv
 #                              (a run of outputs sharing their leading fields)
 #   'M' k n f1 v1 .. fn vn     HSET KEYS[k] f1 v1 .. fn vn
-#   'D' k field                HDEL KEYS[k] field
+#   'E' k n f1 .. fn           HDEL KEYS[k] f1 .. fn
 #   'L' k cap nf f1 v1 ..      XADD KEYS[k] MAXLEN ~ cap * v <the new version> f1 v1 ..
 # 'L' is the change log (a flow whose nodes log their state changes: the
 # history): one entry per step, numbered with the version the step makes, so a
@@ -112,16 +112,18 @@ if ARGV[4] ~= '' and '=' .. (redis.call('GET', KEYS[2]) or '') ~= ARGV[4] then
   return {3}
 end
 for i = 5, 4 + n do
-  if redis.call('EXISTS', KEYS[i]) == 1 then
+  if not redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', ARGV[2]) then
+    -- An ID already in the cache: the step is refused as a whole, so the IDs set
+    -- before it (each absent until now) are taken back; nothing else is written yet.
+    for j = 5, i - 1 do
+      redis.call('DEL', KEYS[j])
+    end
     return {3}
   end
 end
 redis.call('SET', KEYS[3], ARGV[1], 'EX', """ + str(STEP_MARKER_TTL_S) + """)
 if epoch > cur then
   redis.call('SET', KEYS[1], ARGV[1])
-end
-for i = 5, 4 + n do
-  redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[2])
 end
 local i = 7
 while i <= #ARGV do
@@ -156,9 +158,10 @@ while i <= #ARGV do
     local n = tonumber(ARGV[i + 2])
     redis.call('HSET', key, unpack(ARGV, i + 3, i + 2 + 2 * n))
     i = i + 3 + 2 * n
-  elseif op == 'D' then
-    redis.call('HDEL', key, ARGV[i + 2])
-    i = i + 3
+  elseif op == 'E' then
+    local n = tonumber(ARGV[i + 2])
+    redis.call('HDEL', key, unpack(ARGV, i + 3, i + 2 + n))
+    i = i + 3 + n
   elseif op == 'L' then
     local nf = tonumber(ARGV[i + 3])
     redis.call('XADD', key, 'MAXLEN', '~', ARGV[i + 2], '*', 'v', tostring(version + 1),

@@ -39,8 +39,9 @@ from .flow_keys import FlowKeys
 # further behind than this loads the state whole again (cluster/warm_state.py); each entry
 # holds one step's history changes, about 60 bytes per message.
 CHANGE_LOG_STEPS = 256
-# Fields of one state hash set by one HSET of the COMMIT script (Lua's unpack has a limit).
-_HSET_PAIRS = 512
+# Fields of one state hash set by one HSET (or deleted by one HDEL) of the COMMIT script
+# (Lua's unpack has a limit).
+_HASH_FIELDS = 512
 
 
 class SharedFields:
@@ -123,14 +124,18 @@ class Step:
                 continue
             k = key(keys.state(node))
             sets: list = []
+            gone: list = []
             for name, value in entries.items():
                 if value is None:
-                    args += ["D", k, name]
+                    gone.append(name)
                 else:
                     sets += [name, compact(value)]
-            for at in range(0, len(sets), 2 * _HSET_PAIRS):
-                chunk = sets[at:at + 2 * _HSET_PAIRS]
+            for at in range(0, len(sets), 2 * _HASH_FIELDS):
+                chunk = sets[at:at + 2 * _HASH_FIELDS]
                 args += ["M", k, len(chunk) // 2, *chunk]
+            for at in range(0, len(gone), _HASH_FIELDS):
+                chunk = gone[at:at + _HASH_FIELDS]
+                args += ["E", k, len(chunk), *chunk]
         if self.logged:
             # Every step, changes or not: the log's versions then run without a gap.
             fields = ["t", token]

@@ -109,9 +109,18 @@ def test_a_commit_applied_twice_after_a_lost_reply_is_caught(monkeypatch):
 
 def test_a_guessed_commit_that_does_not_check_the_id_cache_is_caught(monkeypatch):
     # The master's one-round-trip commit must refuse a message re-published with a processed ID.
-    failed = _first_failure_with_commit(monkeypatch, "if redis.call('EXISTS', KEYS[i]) == 1 then", "if false then")
+    failed = _first_failure_with_commit(monkeypatch, "redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', ARGV[2])",
+                                        "redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[2])")
     assert failed is not None, "a master that ran re-published messages again passed every run"
     assert any("left the flow 2 times" in p for p in failed.problems)
+
+
+def test_a_refused_commit_that_keeps_the_ids_it_set_is_caught(monkeypatch):
+    # COMMIT sets each ID only if absent and refuses the step at the first one present: the
+    # IDs it set before that one must be taken back, or their messages count as processed.
+    failed = _first_failure_with_commit(monkeypatch, "redis.call('DEL', KEYS[j])", "")
+    assert failed is not None, "a refused commit that left its IDs in the cache passed every run"
+    assert any("never left the flow" in p for p in failed.problems)
 
 
 def test_a_promotion_that_skips_the_catch_up_is_caught(monkeypatch):

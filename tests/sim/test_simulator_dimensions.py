@@ -271,7 +271,7 @@ def test_claims_of_messages_a_worker_has_not_read_are_left_out_and_every_promise
 def test_an_id_cache_that_forgets_before_id_ttl_is_caught(monkeypatch):
     # The checker excuses a retry that comes back only once id_ttl passed since its ID entered
     # the cache: a COMMIT that keeps IDs for 1 s instead lets retries through too early.
-    keep = "redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[2])"
+    keep = "redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', ARGV[2])"
     assert keep in scripts.COMMIT
     monkeypatch.setitem(scripts.ALL, "commit", scripts.COMMIT.replace(keep, keep.replace("ARGV[2]", "1")))
     failed = _first_failure("chained", range(1, 31), only={"id_ttl": 60})
