@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...runtime.positions import SKIPPED_SIZE, WARMUP_POSITION, skipped_row
 from ...runtime.store.flow_store import FlowStore
+from ...runtime.store.scripts import counted_from
 from ...runtime.store.store_errors import RedisUnavailable
 from .escalation_model import SimSender
 from .stepped_threads import AheadBatch, SimWrites
@@ -120,7 +121,7 @@ class SimStream:
         # source does, processed entries alone are first counted without a batch, the next read
         # from the same offset going on from there: runs take the reads that stop short of the
         # mark and the counts carried across a Redis failover that takes the mark back.
-        counted = self.counted[1:] if self.counted is not None and self.counted[0] == after else None
+        counted = counted_from(self.counted, after)
         rows, skipped, to = store.read_uplink_after_processed(after, *bounds, max_bytes=member.spec.batch_bytes,
                                                               deadline_s=0, skip_at_most=SKIP_PER_SIM_READ,
                                                               counted=counted)

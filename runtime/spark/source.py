@@ -142,7 +142,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from twinflow.runtime.store.scripts import READ_BATCH, read_batch_args, read_batch_result
+from twinflow.runtime.store.scripts import READ_BATCH, counted_from, read_batch_args, read_batch_result
 from twinflow.runtime.store.redis_slot import client_from_url, follow_moved, relocate
 from twinflow.runtime.positions import WARMUP_POSITION, skipped_row
 from twinflow.runtime.spark.packed_rows import Row, pack_rows
@@ -326,7 +326,7 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         """Entries after ``start`` (after the processed mark when it is further, with
         ``skip_key``), no newer than ``behind_ms``; returns (rows, skipped, skipped_to). The
         processed entries a read from ``start`` counted already are not counted again."""
-        counted = self._counted[1:] if self._counted is not None and self._counted[0] == start["id"] else None
+        counted = counted_from(self._counted, start["id"])
         return self._read_result("read new entries", start["id"], "+", self.max_body_bytes, progress=progress,
                                  count=self._take, behind_ms=behind_ms, counted=counted)
 

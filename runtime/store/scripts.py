@@ -348,6 +348,17 @@ _PAGE_BYTES = 8 * 1024 * 1024
 _SKIP_ALL = 2 ** 53
 
 
+def counted_from(carried: tuple[str, str, int] | None, after: str) -> tuple[str, int] | None:
+    """READ_BATCH's ``counted`` for a read after ``after``, from what a reader carries from its
+    last read that counted without a batch, ``(offset, counted to, how many)``: its (to, how
+    many) when that read started at ``after`` too, else None (count from ``after``).
+
+    >>> counted_from(("5-0", "9-0", 4), "5-0"), counted_from(("5-0", "9-0", 4), "6-0")
+    (('9-0', 4), None)
+    """
+    return carried[1:] if carried is not None and carried[0] == after else None
+
+
 def read_batch_args(after: str, last: str, count: int, max_bytes: int, max_body: int,
                     progress: tuple[int, str] | None = None, skip_processed: bool | int = False,
                     behind_ms: int = 0, counted: tuple[str, int] | None = None) -> list:
