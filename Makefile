@@ -11,13 +11,25 @@ demo: bootstrap
 # runtime/spark/session.py, built once per machine in about 45 s): measured to cut the
 # suite by minutes, since it starts a JVM for every peer. A stale archive only warns.
 SPARK_CDS := .twinflow/spark-cds.jsa
+# And write their checkpoint files without forking `chmod` (runtime/spark/local_fs.py), when this
+# machine has a JDK's javac to build the jar: the archive is built after it, with it on the class path.
+# (The stamp says the jar was built, or could not be: without javac, tests run without it.)
+SPARK_JAR := .twinflow/twinflow-spark.jar
+SPARK_JAR_STAMP := .twinflow/twinflow-spark.stamp
+SPARK_ENV = TWINFLOW_SPARK_JAR=$(abspath $(SPARK_JAR)) TWINFLOW_SPARK_CDS=$(abspath $(SPARK_CDS))
 
-$(SPARK_CDS): | bootstrap
-	mkdir -p .twinflow && .venv/bin/python -m twinflow.runtime.spark.session --build-cds $(SPARK_CDS) >.twinflow/spark-cds.log 2>&1 \
-		|| { tail -30 .twinflow/spark-cds.log >&2; exit 1; }
+$(SPARK_JAR_STAMP): runtime/spark/NoForkLocalFileSystem.java | bootstrap
+	mkdir -p .twinflow && rm -f $(SPARK_JAR)
+	if command -v javac >/dev/null 2>&1; then .venv/bin/python -m twinflow.runtime.spark.local_fs $(SPARK_JAR); \
+	else echo "make: no javac: Spark's checkpoint files will fork chmod (runtime/spark/local_fs.py)" >&2; fi
+	touch $(SPARK_JAR_STAMP)
+
+$(SPARK_CDS): $(SPARK_JAR_STAMP) | bootstrap
+	mkdir -p .twinflow && $(SPARK_ENV) .venv/bin/python -m twinflow.runtime.spark.session --build-cds $(SPARK_CDS) \
+		>.twinflow/spark-cds.log 2>&1 || { tail -30 .twinflow/spark-cds.log >&2; exit 1; }
 
 test: bootstrap $(SPARK_CDS)
-	TWINFLOW_SPARK_CDS=$(abspath $(SPARK_CDS)) .venv/bin/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile
+	$(SPARK_ENV) .venv/bin/python -m pytest -q -rs --durations=15 -n 2 --dist loadfile
 
 proto: bootstrap
 	scripts/gen_proto.sh

@@ -20,6 +20,10 @@ The archive only ever appears complete (written aside, renamed when the
 dumping JVM has exited): the JVM crashes on a truncated archive, but merely
 warns and starts without one that is stale (other PySpark or JDK) or unreadable.
 
+Checkpoint files without a forked ``chmod`` (opt-in, ``local_fs.py``): a local driver takes
+the file system of ``TWINFLOW_SPARK_JAR`` when it is set; build the archive after the jar,
+with the variable set, or the JVM starts without the archive (class path mismatch).
+
 Under failure: JVM settings (driver memory, Java options) only take effect if
 this call starts the JVM; if a session already exists in the process it is
 returned with these runtime settings applied but its JVM unchanged. A JVM
@@ -38,6 +42,7 @@ import time
 
 from pyspark.sql import SparkSession
 
+from twinflow.runtime.spark.local_fs import jar_conf
 from twinflow.runtime.spark.shard_source import register_shard_source
 from twinflow.runtime.spark.source import register_source
 
@@ -89,7 +94,10 @@ def build_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    conf = {**BASE_CONF, **(LOCAL_CONF if master.startswith("local") else {}), **(extra_conf or {})}
+    local = master.startswith("local")
+    # A local driver also writes its checkpoint files without forking `chmod` when the jar is
+    # built (local_fs.py; TWINFLOW_SPARK_JAR).
+    conf = {**BASE_CONF, **(LOCAL_CONF if local else {}), **jar_conf(local), **(extra_conf or {})}
     archive = os.environ.get(CDS_ENV)
     if archive and os.path.isfile(archive):
         conf["spark.driver.extraJavaOptions"] += f" -XX:SharedArchiveFile={archive}"

@@ -1,0 +1,108 @@
+"""The checkpoint file system of ``runtime/spark/local_fs.py``, in real Spark drivers.
+
+Each driver runs in a child process (a JVM's class path is fixed at its start) whose PATH
+begins with a ``chmod`` that records each call and then does the real one: Hadoop's own local
+file system calls it for every checkpoint file, the jar's must not, and both must leave the
+same permission bits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from twinflow.runtime.spark.local_fs import FILE_SYSTEM, JAR_ENV, build_jar, jar_conf
+
+pytestmark = pytest.mark.skipif(shutil.which("javac") is None, reason="building the jar needs a JDK's javac")
+
+# A streaming query of Spark's own rate source: three micro-batches, each writing an offset and
+# a commit log file to the checkpoint; prints the file system Spark used for it.
+DRIVER = textwrap.dedent("""
+    import json, sys, time
+    from twinflow.runtime.spark.session import build_session
+    spark = build_session("twinflow-test-local-fs")
+    batches = []
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 50).load()
+             .writeStream.foreachBatch(lambda df, batch_id: batches.append(batch_id))
+             .option("checkpointLocation", sys.argv[1]).start())
+    deadline = time.monotonic() + 120
+    while len(batches) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
+    jvm = spark.sparkContext._jvm
+    fs = jvm.org.apache.hadoop.fs.Path("file://" + sys.argv[1]).getFileSystem(
+        spark.sparkContext._jsc.hadoopConfiguration())
+    print(json.dumps({"batches": len(batches), "fs": fs.getClass().getName()}))
+    spark.stop()
+""")
+
+
+@pytest.fixture(scope="module")
+def jar(tmp_path_factory):
+    path = tmp_path_factory.mktemp("jar") / "twinflow-spark.jar"
+    build_jar(str(path))
+    return path
+
+
+def run_driver(tmp_path, jar_path) -> tuple[dict, list[str], str]:
+    """Run DRIVER with ``jar_path`` (or none); its report, the recorded chmod calls, its checkpoint."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "chmod.log"
+    bin_dir.mkdir()
+    real = shutil.which("chmod")
+    wrapper = bin_dir / "chmod"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", JAR_ENV: str(jar_path or "")}
+    checkpoint = tmp_path / "checkpoint"
+    done = subprocess.run([sys.executable, "-c", DRIVER, str(checkpoint)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    calls = log.read_text().splitlines() if log.exists() else []
+    return report, calls, str(checkpoint)
+
+
+def modes(checkpoint: str) -> set[int]:
+    """The permission bits of every offset and commit log file."""
+    return {stat.S_IMODE(os.stat(os.path.join(checkpoint, d, f)).st_mode)
+            for d in ("offsets", "commits") for f in os.listdir(os.path.join(checkpoint, d))}
+
+
+def test_with_the_jar_a_local_driver_writes_its_checkpoint_without_forking_chmod(tmp_path, jar):
+    os.umask(umask := os.umask(0o022))
+    (tmp_path / "own").mkdir()
+    (tmp_path / "hadoop").mkdir()
+    own, own_calls, own_checkpoint = run_driver(tmp_path / "own", jar)
+    hadoop, hadoop_calls, hadoop_checkpoint = run_driver(tmp_path / "hadoop", None)
+
+    assert own["batches"] >= 3 and hadoop["batches"] >= 3
+    assert own["fs"] == FILE_SYSTEM
+    assert hadoop["fs"] == "org.apache.hadoop.fs.RawLocalFileSystem"
+    # Hadoop's own forks chmod for each log file (so the wrapper would have seen the jar's, too).
+    assert len(hadoop_calls) >= 6
+    assert own_calls == []
+    # The same bits either way: a file's default (0666) less the umask.
+    assert modes(own_checkpoint) == modes(hadoop_checkpoint) == {0o666 & ~umask}
+
+
+def test_a_driver_on_a_real_cluster_gets_the_class_path_but_not_the_file_system(jar):
+    conf = jar_conf(False, {JAR_ENV: str(jar)})
+    assert conf == {"spark.driver.extraClassPath": str(jar)}
+    assert jar_conf(True, {JAR_ENV: str(jar)})["spark.hadoop.fs.file.impl"] == FILE_SYSTEM
+
+
+def test_a_failed_build_says_why_and_leaves_no_jar(tmp_path):
+    javac = tmp_path / "javac"
+    javac.write_text("#!/bin/sh\necho 'error: no room on the device' >&2\nexit 2\n")
+    javac.chmod(0o755)
+    target = tmp_path / "out" / "twinflow-spark.jar"
+    with pytest.raises(RuntimeError, match="no room on the device"):
+        build_jar(str(target), javac=str(javac))
+    assert list((tmp_path / "out").iterdir()) == []
