@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from twinflow.testing.flow_bench import Load, median, per_message_us, two_passthroughs
+from twinflow.runtime.flowgraph import parse_graph
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.testing.flow_bench import Load, median, per_message_us, settled, two_passthroughs
+from twinflow.testing.messages import CHAINED
 from twinflow.testing.proc_stats import TICKS
 
 
@@ -32,3 +35,23 @@ def test_a_rate_is_the_median_of_its_bursts_and_a_bench_needs_one():
 
 def test_cpu_ticks_per_message_in_microseconds():
     assert per_message_us(TICKS, 1000) == 1000.0  # one second of CPU over 1,000 messages
+
+
+def test_the_pair_is_settled_once_both_readers_are_past_the_last_message_and_no_join_group_is_open(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    graph, keys = parse_graph(CHAINED.read_text()), FlowKeys("settle-test")
+    peers = ["peer-a", "peer-b"]
+
+    def now() -> bool:
+        return settled(client, keys, graph, peers, "7-0")
+
+    assert not now()  # no reader has said how far it read
+    client.hset(keys.read("peer-a"), "read_id", "5-0")
+    client.hset(keys.read("peer-b"), "read_id", "9-0")
+    assert not now()  # peer-a is behind
+    client.hset(keys.read("peer-a"), "read_id", "7-0")
+    client.hset(keys.state("match"), "42", "{}")  # a join group waiting for its payment or time-out
+    client.hset(keys.state("guard"), '["guard","order-1"]', "[1.0,true,true]")  # the history keeps its own
+    assert not now()
+    client.hdel(keys.state("match"), "42")
+    assert now()
