@@ -51,22 +51,35 @@ def jar(tmp_path_factory):
     return path
 
 
-def run_driver(tmp_path, jar_path) -> tuple[dict, list[str], str]:
-    """Run DRIVER with ``jar_path`` (or none); its report, the recorded chmod calls, its checkpoint."""
+def start_driver(tmp_path, jar_path):
+    """Start DRIVER with ``jar_path`` (or none); :func:`driver_result` waits for it."""
     bin_dir, log = tmp_path / "bin", tmp_path / "chmod.log"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     real = shutil.which("chmod")
     wrapper = bin_dir / "chmod"
     wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real} "$@"\n')
     wrapper.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", JAR_ENV: str(jar_path or "")}
     checkpoint = tmp_path / "checkpoint"
-    done = subprocess.run([sys.executable, "-c", DRIVER, str(checkpoint)], env=env, capture_output=True,
-                          text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # Its log to a file, not a pipe: the other driver's pipe is not read while this one runs.
+    with open(tmp_path / "driver.log", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(checkpoint)], env=env, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+    return proc, log, str(checkpoint)
+
+
+def driver_result(started) -> tuple[dict, list[str], str]:
+    """The driver's report, the chmod calls it made, its checkpoint directory."""
+    proc, log, checkpoint = started
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, (log.parent / "driver.log").read_text()[-3000:]
     calls = log.read_text().splitlines() if log.exists() else []
-    return report, calls, str(checkpoint)
+    return json.loads(out.strip().splitlines()[-1]), calls, checkpoint
 
 
 def modes(checkpoint: str) -> set[int]:
@@ -77,10 +90,10 @@ def modes(checkpoint: str) -> set[int]:
 
 def test_with_the_jar_a_local_driver_writes_its_checkpoint_without_forking_chmod(tmp_path, jar):
     os.umask(umask := os.umask(0o022))
-    (tmp_path / "own").mkdir()
-    (tmp_path / "hadoop").mkdir()
-    own, own_calls, own_checkpoint = run_driver(tmp_path / "own", jar)
-    hadoop, hadoop_calls, hadoop_checkpoint = run_driver(tmp_path / "hadoop", None)
+    # Both drivers at once: each JVM takes seconds to start.
+    own_driver, hadoop_driver = start_driver(tmp_path / "own", jar), start_driver(tmp_path / "hadoop", None)
+    own, own_calls, own_checkpoint = driver_result(own_driver)
+    hadoop, hadoop_calls, hadoop_checkpoint = driver_result(hadoop_driver)
 
     assert own["batches"] >= 3 and hadoop["batches"] >= 3
     assert own["fs"] == FILE_SYSTEM
