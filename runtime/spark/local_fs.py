@@ -84,11 +84,16 @@ def build_jar(path: str, javac: str | None = None) -> None:
         if done.returncode != 0:
             raise RuntimeError(f"javac failed ({done.returncode}):\n{done.stdout}{done.stderr}")
         partial = f"{path}.{os.getpid()}.partial"
-        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
-            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
-            for cls in sorted(Path(classes).rglob("*.class")):
-                jar.write(cls, cls.relative_to(classes).as_posix())
-        os.replace(partial, path)
+        try:
+            with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
+                jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
+                for cls in sorted(Path(classes).rglob("*.class")):
+                    jar.write(cls, cls.relative_to(classes).as_posix())
+            os.replace(partial, path)
+        except BaseException:
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise
 
 
 if __name__ == "__main__":
