@@ -63,8 +63,10 @@ def start_driver(tmp_path, jar_path):
     checkpoint = tmp_path / "checkpoint"
     # Its log to a file, not a pipe: the other driver's pipe is not read while this one runs.
     with open(tmp_path / "driver.log", "w") as err:
+        # A process umask other than Hadoop's own (fs.permissions.umask-mode, 022): a file system
+        # that did not set the bits at all would leave the process's 0600 instead of Hadoop's 0644.
         proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(checkpoint)], env=env, stdout=subprocess.PIPE,
-                                stderr=err, text=True)
+                                stderr=err, text=True, umask=0o077)
     return proc, log, str(checkpoint)
 
 
@@ -89,7 +91,6 @@ def modes(checkpoint: str) -> set[int]:
 
 
 def test_with_the_jar_a_local_driver_writes_its_checkpoint_without_forking_chmod(tmp_path, jar):
-    os.umask(umask := os.umask(0o022))
     # Both drivers at once: each JVM takes seconds to start.
     own_driver, hadoop_driver = start_driver(tmp_path / "own", jar), start_driver(tmp_path / "hadoop", None)
     own, own_calls, own_checkpoint = driver_result(own_driver)
@@ -101,8 +102,8 @@ def test_with_the_jar_a_local_driver_writes_its_checkpoint_without_forking_chmod
     # Hadoop's own forks chmod for each log file (so the wrapper would have seen the jar's, too).
     assert len(hadoop_calls) >= 6
     assert own_calls == []
-    # The same bits either way: a file's default (0666) less the umask.
-    assert modes(own_checkpoint) == modes(hadoop_checkpoint) == {0o666 & ~umask}
+    # The same bits either way: a file's default (0666) less Hadoop's umask (022), not the process's.
+    assert modes(own_checkpoint) == modes(hadoop_checkpoint) == {0o644}
 
 
 def test_a_driver_on_a_real_cluster_gets_the_class_path_but_not_the_file_system(jar):
