@@ -19,12 +19,18 @@ log = logging.getLogger("twinflow.peer")
 class NoPair:
     """The worker's side of a flow without a claim pair: nothing bakes, nothing is claimed."""
 
-    pending = baked = claimed = unclaimed = rolled_back = 0
+    pending = baked = claimed = unclaimed = rolled_back = nohit = 0
 
     def offer(self, msg, now, processed=False):
         return None
 
-    def claim(self, msg_id, key, position):
+    def claim(self, claim_id, key, position, rule=""):
+        return []
+
+    def rule_pending(self):
+        return {}
+
+    def resolved(self):
         return []
 
     def take_claims(self, claims):
@@ -72,7 +78,7 @@ class Claims:
                         self.name, from_node, why, from_node=from_node, from_epoch=epoch, reason=why)
         return why
 
-    def on_claims(self, epoch: int, claims: list[tuple[str, str, str]]) -> int:
+    def on_claims(self, epoch: int, claims: list[tuple[str, str, str, str]]) -> int:
         """Release the baked messages an escalation claims, once Redis proves them processed
         (ID cache or processed mark, one round trip): a claim is a hint, the ID cache the
         record, so no escalation, forged or buggy, releases a message nobody processed.
@@ -85,7 +91,7 @@ class Claims:
             self.known_epoch = max(self.known_epoch, epoch)
             if self.role == MASTER:
                 return 0  # a newer master is us: nothing of ours is baked
-            taken = self.sort.take_claims([(mid, parse(key), pos) for mid, key, pos in claims])
+            taken = self.take_claims_of(claims, parse)
         proven = [False] * len(taken)
         try:
             if taken:
@@ -96,6 +102,18 @@ class Claims:
                 self.claims_unproven += proven.count(False)
         self._update_backpressure()
         return released
+
+    def take_claims_of(self, claims: list[tuple[str, str, str, str]], parse) -> list:
+        """The sort's take of the claims whose key reads as the pair's key type (caller holds the
+        lock). A key that does not read is a claim no master of this flow made: it releases
+        nothing, and what it names bakes on until a good claim, the mark or a rollback."""
+        good = []
+        for cid, key, pos, rule in claims:
+            try:
+                good.append((cid, parse(key), pos, rule))
+            except ValueError:  # BadInput is one
+                self.claims_unproven += 1
+        return self.sort.take_claims(good)
 
     def escalation_targets(self) -> dict[str, str]:
         """The other members' gRPC addresses; raises MembersUnknown while ZooKeeper cannot

@@ -2,7 +2,7 @@
 
 :class:`EscalationSender` (on the master) keeps one bidirectional ``Escalate``
 stream open to every target peer and sends the processed messages' claims
-(id, key, uplink position) in acknowledged batches. The receiving side,
+(claim ID, key, uplink position, ruleset) in acknowledged batches. The receiving side,
 :class:`~twinflow.cluster.escalation_servicer.EscalationServicer` (on a
 worker), hands each batch to the worker's claim logic and acknowledges it.
 
@@ -39,11 +39,11 @@ Under failure:
 ...     return len(claims)
 >>> server, port = create_server("127.0.0.1:0", escalation=EscalationServicer("orders", on_claims))
 >>> sender = EscalationSender("orders", "node-a", lambda: 7, lambda: {"node-b": f"127.0.0.1:{port}"})
->>> sender.send([("m1", "1700000000000", "1700000000000-0")])
+>>> sender.send([("m1", "1700000000000", "1700000000000-0", "orders")])
 >>> sender.flush(5.0)
 True
 >>> got
-[('m1', '1700000000000', '1700000000000-0')]
+[('m1', '1700000000000', '1700000000000-0', 'orders')]
 >>> sender.stop(); _ = server.stop(None).wait()
 """
 
@@ -108,7 +108,7 @@ def read_by(claims: list[Claim], handled: str | None) -> list[Claim]:
     message, is one the worker will find processed and never bake. A claim left out wrongly
     costs only time: the worker's sweep releases what the processed mark covers.
 
-    >>> claims = [("a", "1", "5-0"), ("b", "2", "7-0"), ("c", "3", "10-0")]
+    >>> claims = [("a", "1", "5-0", "all"), ("b", "2", "7-0", "all"), ("c", "3", "10-0", "all")]
     >>> [c[0] for c in read_by(claims, "7-0")], read_by(claims, None) == claims, read_by(claims, "1-0")
     (['a', 'b'], True, [])
     """
@@ -386,8 +386,8 @@ class EscalationSender:
                 seq, claims = batch.seq, batch.claims
             message = pb.EscalationBatch(flow=self.flow, from_node=self.peer_id, epoch=self._epoch(), seq=seq)
             add = message.claims.add  # add() is 1.5x faster than building Envelopes to extend with
-            for i, k, p in claims:
-                add(id=i, key=k, position=p)
+            for i, k, p, r in claims:
+                add(id=i, key=k, position=p, rule=r)
             yield message
 
     def _next_batch(self, t: _Target, stream: _Stream) -> tuple[_Batch | None, float]:

@@ -18,7 +18,7 @@ from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
 log = logging.getLogger("twinflow.escalation")
 
-Claim = tuple[str, str, str]  # (message id, key as text, uplink position)
+Claim = tuple[str, str, str, str]  # (claim ID, key as text, uplink position, ruleset)
 
 # The most claims a worker takes in one batch (a flow's escalation_batch is at most 10,000):
 # each costs the worker a bake lookup and an ID-cache read, so a larger batch is refused.
@@ -73,7 +73,7 @@ class EscalationServicer(pb_grpc.EscalationServicer):
         if len(batch.claims) > self.max_claims:
             reason = f"{len(batch.claims)} claims in one batch; at most {self.max_claims}"
             return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
-        claims = [(e.id, e.key, e.position) for e in batch.claims]
+        claims = [(e.id, e.key, e.position, e.rule) for e in batch.claims]
         try:
             why = admit(batch.from_node, batch.epoch) if admit is not None else None
             if why is not None:  # logged by admit, which knows this member and its epoch (escalation_refused)

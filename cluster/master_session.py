@@ -98,7 +98,9 @@ class Outcome:
     skipped: int = 0     # messages of committed steps that were processed already
     failed: int = 0      # messages that left by the failure stream (the flow refused them)
     steps: int = 0       # steps committed
-    claims: list[tuple[str, str, str]] = field(default_factory=list)  # (id, key, position) to escalate
+    # (claim ID, key as text, position, ruleset) to escalate: one per message a claim pair's
+    # ruleset takes (a nohit message was never held by the worker, so it needs no claim)
+    claims: list[tuple[str, str, str, str]] = field(default_factory=list)
     refused: Fenced | RedisUnavailable | None = None  # why the session ended here, if it did
     rest: list[Message] | None = None  # run_batch: the uncommitted rest (None: all of it committed)
 
@@ -107,7 +109,7 @@ class Outcome:
         self.delivered += len(fresh)
         self.skipped += len(chunk) - len(fresh)
         if escalate:
-            self.claims.extend((m.id, str(m.key), m.position) for m in chunk)
+            self.claims.extend((m.cid, str(m.key), m.position, m.rule) for m in chunk if m.rule is not None)
 
 
 class MasterSession:

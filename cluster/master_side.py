@@ -79,7 +79,7 @@ class MasterSide:
             self.refused(out.refused)
         self._note_open()
 
-    def escalate(self, claims: list[tuple[str, str, str]]) -> None:
+    def escalate(self, claims: list[tuple[str, str, str, str]]) -> None:
         """Send the claims of committed steps, to each target only those of messages it has
         read (``escalation.read_by``): how far each has handled the uplink is read here, after
         the COMMITs. A worker reading behind has read few of them. Redis unreachable in that

@@ -95,7 +95,8 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self._next_status = self._next_sweep = self._next_trim = float("-inf")
         pair = spec.pair
         self.keys = flow_keys(graph)
-        self.sort = ClaimSortNode(pair.bake_time, pair.unclaimed_outlink, pair.max_pending) if pair else NoPair()
+        self.sort = ClaimSortNode(pair.rules.bake_times(), pair.unclaimed_outlink, pair.max_pending) \
+            if pair else NoPair()
         self.session: MasterSession | None = None  # the master's term: its flow, a cache of its state in Redis
         self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
         self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
@@ -249,6 +250,8 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
                 "delivered": self.delivered,
                 "failed": self.failed,
                 "unclaimed": self.sort.unclaimed,
+                "nohit": self.sort.nohit,
+                "rule_pending": self.sort.rule_pending(),  # RULE_PEND: held per ruleset of the claim pair
                 "backpressure": int(self.held),
                 "holding": int(self.holding),
                 "grpc_address": self.address,

@@ -16,6 +16,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as PingTimeout
 
+from ..runtime.store.flow_store import SURFACED
 from .membership import MembersUnknown
 from .roles import MASTER, WORKER
 
@@ -55,7 +56,8 @@ class MemberTimers:
         now = self.clock.now()
         with self._lock:
             if self.role != MASTER:
-                self._to_surface.extend(self.sort.tick(now))
+                self._to_surface.extend((m, SURFACED) for m in self.sort.tick(now))
+            self._to_surface.extend(self.sort.resolved())  # how surfaced messages ended since
             deadline = self.sort.next_deadline()
             surface, self._to_surface = self._to_surface, []
         try:
@@ -63,9 +65,12 @@ class MemberTimers:
             if master_deadline is not None and (deadline is None or master_deadline < deadline):
                 deadline = master_deadline
             if surface:
-                log.warning("%d messages fully baked without a claim (first: %s)", len(surface), surface[0].id)
+                fresh = [m for m, event in surface if event == SURFACED]
+                if fresh:
+                    log.warning("%d messages fully baked without a claim (first: %s)", len(fresh), fresh[0].id)
                 try:
-                    self.store.surface_unclaimed(surface, self.spec.pair.unclaimed_outlink)
+                    pair = self.spec.pair
+                    self.store.surface_unclaimed(surface, pair.outlink_name(pair.unclaimed_outlink))
                 except Exception:
                     with self._lock:  # surfaced on the next round instead; they are still held
                         self._to_surface[:0] = surface

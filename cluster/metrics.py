@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("twinflow.metrics")
 
 # Outcomes of twinflow_messages_total, each a counter the member keeps (status() or its attributes).
-OUTCOMES = ("delivered", "skipped", "failed", "claimed", "unclaimed", "rolled_back", "claims_unproven")
+OUTCOMES = ("delivered", "skipped", "failed", "claimed", "unclaimed", "rolled_back", "claims_unproven", "nohit")
 ROLES = ("master", "worker", "starting")
 
 
@@ -139,6 +139,12 @@ class PeerCollector(Collector):
             ("twinflow_epoch", "epoch", "The master's epoch (a worker: the newest it has seen)"),
         ):
             family(GaugeMetricFamily, name, doc).add_metric(who, int(s.get(key) or 0))
+        rule_pending = s.get("rule_pending") or {}
+        if rule_pending:
+            gauge = family(GaugeMetricFamily, "twinflow_rule_pending",
+                           "RULE_PEND: messages the worker's claim sort withholds now, per ruleset", ["ruleset"])
+            for ruleset, count in sorted(rule_pending.items()):
+                gauge.add_metric(who + [ruleset], int(count))
         if s.get("clock_offset_s") is not None:  # known once the flow's clock sampled Redis's time
             family(GaugeMetricFamily, "twinflow_clock_offset_seconds",
                    "This machine's wall clock minus the Redis server's time, as the flow's clock last "

@@ -44,7 +44,7 @@ log = logging.getLogger("twinflow.peer")
 
 
 # The status counts a sharded flow's peer sums over its members.
-SUMMED = ("pending", "baked", "claimed", "rolled_back", "delivered", "failed", "unclaimed", "uplink_lag",
+SUMMED = ("pending", "baked", "claimed", "rolled_back", "delivered", "failed", "unclaimed", "nohit", "uplink_lag",
           "backpressure", "holding")
 
 
@@ -219,6 +219,11 @@ class Peer:
         out["flow"] = self.name
         for key in SUMMED:
             out[key] = sum(int(r.get(key) or 0) for r in rows)
+        rule_pending: dict[str, int] = {}
+        for r in rows:
+            for ruleset, count in (r.get("rule_pending") or {}).items():
+                rule_pending[ruleset] = rule_pending.get(ruleset, 0) + count
+        out["rule_pending"] = rule_pending
         out["streaming"] = int(all(r["streaming"] for r in rows))
         out["role"] = " ".join(f"s{k}:{r['role']}" for k, r in enumerate(rows))
         out["epoch"] = max(r["epoch"] for r in rows)

@@ -86,7 +86,7 @@ class ShardResult:
     msgs: list[Message] = field(default_factory=list)  # worker: to bake; master: not committed (no doc)
     rows: list[tuple] = field(default_factory=list)     # "driver": the rows as read, to decode there
     done: list[bool] = field(default_factory=list)      # worker: processed already, per message
-    claims: list[tuple[str, str, str]] = field(default_factory=list)
+    claims: list[tuple[str, str, str, str]] = field(default_factory=list)
     next_deadline: float | None = None
     fenced_by: int = 0                  # the newer epoch that refused a step
     unreachable: str = ""               # why Redis did not take a step in time
@@ -96,14 +96,15 @@ class ShardResult:
     left: Counter = field(default_factory=Counter)  # committed steps' outputs per stream (the peer's metrics)
 
     # What travels back is what the driver uses: a message to bake needs its ID, key,
-    # position and body, not its parsed document (pickling that cost more than the batch).
+    # position, body, ruleset and claim ID, not its parsed document (pickling that cost more
+    # than the batch).
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["msgs"] = [(m.id, m.key, m.position, m.body) for m in self.msgs]
+        state["msgs"] = [(m.id, m.key, m.position, m.body, m.rule, m.cid) for m in self.msgs]
         return state
 
     def __setstate__(self, state: dict) -> None:
-        state["msgs"] = [Message(i, k, p, b) for i, k, p, b in state["msgs"]]
+        state["msgs"] = [Message(i, k, p, b, {}, r, c) for i, k, p, b, r, c in state["msgs"]]
         self.__dict__.update(state)
 
 

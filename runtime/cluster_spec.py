@@ -12,7 +12,7 @@ and ``twinflow replay`` ignores them; ``twinflow run`` needs ``uplink``::
       claims:                      # the worker's half of the claim pair
         type: sort
         pairs_with: deliver        # same uplink; on each node exactly one of the two runs
-        key: seq
+        key: seq                   # the short form: one ruleset; or rulesets, as the sort node takes
         bake_time: 5.0
     cluster: {session_timeout: 2.0}
     failure: {max_entries: 100000}
@@ -37,6 +37,8 @@ from pathlib import Path
 
 from .keys import KEY_TYPES
 from .message import MessageSpec
+from .nodes.sort import read_outlink_names, read_rulesets
+from .nodes.sort.claim_rules import ClaimRules
 from .params import Params
 
 __all__ = ["ClusterSpec", "ClaimPair", "SecuritySpec", "parse_cluster"]
@@ -50,13 +52,26 @@ MAX_STEP_MESSAGES = 1000
 
 @dataclass(frozen=True)
 class ClaimPair:
-    """The worker's claim-mode sort and the master's action it pairs with."""
+    """The worker's claim-mode sort and the master's action it pairs with.
+
+    ``rules`` are its rulesets (the short form's one ruleset ``all`` too); ``names`` its own
+    names for the outlinks done, bypass, failure and nohit, in that order."""
 
     sort: str
     action: str
-    bake_time: float
+    rules: ClaimRules
     unclaimed_outlink: str
     max_pending: int
+    names: tuple[str, str, str, str] = ("done", "bypass", "failure", "nohit")
+
+    @property
+    def bake_time(self) -> float:
+        """The longest bake of its rulesets: how long a message may wait for its claim."""
+        return max(self.rules.bake_times().values())
+
+    def outlink_name(self, outlink: str) -> str:
+        """The flow file's name for one of the sort's four outlinks (done, bypass, failure, nohit)."""
+        return self.names[("done", "bypass", "failure", "nohit").index(outlink)]
 
 
 @dataclass(frozen=True)
@@ -118,37 +133,66 @@ def read_message(top: Params) -> MessageSpec:
     )
 
 
-def read_pair(sort: Params, kinds: dict[str, str]) -> tuple[ClaimPair, str, str]:
-    """A sort node's section with ``pairs_with``: the pair, its key field and key type."""
-    sort.only("type", "pairs_with", "key", "key_type", "bake_time", "unclaimed_outlink", "max_pending")
+def read_pair(sort: Params, kinds: dict[str, str], message: MessageSpec) -> ClaimPair:
+    """A sort node's section with ``pairs_with``: the worker's half of the claim pair.
+
+    Either ``rulesets`` as the sort node takes them (``runtime/nodes/sort``), or the short
+    form, ``key`` (a field path) and ``bake_time``: one baking ruleset, ``all``, whose claim ID
+    is the message ID."""
+    sort.only("type", "pairs_with", "key", "key_type", "bake_time", "unclaimed_outlink", "max_pending",
+              "rulesets", "xa_mode", "outlinks")
     action = sort.get("pairs_with", str, check=lambda v: kinds.get(v) == "action",
                       why="must name an action node of this flow")
-    pair = ClaimPair(
+    key_type = sort.choice("key_type", KEY_TYPES, "int")
+    if sort.has("rulesets"):
+        for short in ("key", "bake_time"):
+            if sort.has(short):
+                raise sort.error(short, "only without rulesets (each ruleset has its own key and bake_time)")
+        rules = ClaimRules(tuple(read_rulesets(sort, key_type, pair=True)), key_type, message.max_number_digits)
+    else:
+        key = sort.get("key", str, check=bool, why="must not be empty")
+        bake_time = sort.get("bake_time", (int, float), 5.0, check=lambda v: 0 < v <= 86400,
+                             why="must be seconds in (0, 86400]") * 1.0
+        rules = ClaimRules.short_form(key, key_type, message.id_path, bake_time, message.max_number_digits)
+        xa = sort.get("xa_mode", int, 1, check=lambda v: v in (0, 1), why="must be 1 or 0")
+        rules = replace(rules, rulesets=tuple(replace(r, xa_mode=xa) for r in rules.rulesets))
+    for i, r in enumerate(rules.rulesets):
+        if r.bake_time > 86400:
+            raise sort.doc.error(f"{sort.field_name('rulesets')}[{i}].bake_time", "must be seconds in (0, 86400]")
+        if r.type != "claim" and r.xa_mode == 0:
+            where = f"{sort.field_name('rulesets')}[{i}].xa_mode" if sort.has("rulesets") else sort.field_name("xa_mode")
+            raise sort.doc.error(where, XA0_REFUSED)
+    return ClaimPair(
         sort=sort.path.rpartition(".")[2],
         action=action,
-        bake_time=sort.get("bake_time", (int, float), 5.0, check=lambda v: 0 < v <= 86400,
-                           why="must be seconds in (0, 86400]") * 1.0,
+        rules=rules,
         unclaimed_outlink=sort.choice("unclaimed_outlink", ("done", "failure"), "done"),
         max_pending=sort.integer("max_pending", 1_000_000, minimum=1),
+        names=read_outlink_names(sort),
     )
-    key = sort.get("key", str, check=bool, why="must not be empty")
-    return pair, key, sort.choice("key_type", KEY_TYPES, "int")
 
 
-def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str, str] | None) -> ClusterSpec | None:
+# XA mode 0 (the worker keeps withheld messages in Redis so that the uplink may be trimmed past
+# them) is refused rather than taken and ignored: until the worker has that held store, a
+# message trimmed from the uplink before the master processed it would be lost on failover.
+XA0_REFUSED = ("xa_mode 0 is not available on the cluster yet: withheld messages stay in the uplink "
+               "(xa_mode 1), which is never trimmed past a message the flow has not processed")
+
+
+def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None) -> ClusterSpec | None:
     """The cluster sections of a flow file, or None when it has no ``uplink`` (replay only)."""
     for section in ("cluster", "failure", "security"):
         if top.has(section) and not top.has("uplink"):
             raise top.error(section, "only with an uplink section (the flow runs on the cluster)")
     if not top.has("uplink"):
         if pair is not None:
-            raise top.error("uplink", f"is required: node {pair[0].sort!r} pairs with {pair[0].action!r}, "
+            raise top.error("uplink", f"is required: node {pair.sort!r} pairs with {pair.action!r}, "
                                       f"which only means something on the cluster")
         return None
     up = top.section("uplink").only("stream", "batch_size", "max_batch_size", "batch_bytes", "retention",
                                     "shards", "shard_key")
     if pair is not None:
-        message = replace(message, key_path=pair[1], key_type=pair[2])
+        message = replace(message, key_path=None, key_type=pair.rules.key_type, rules=pair.rules)
     cl = top.section("cluster", default={}).only(
         "session_timeout", "escalation_batch", "write_lease", "wait_replicas", "replica_wait_ms", "redis_checks",
         "step_messages")
@@ -178,7 +222,7 @@ def parse_cluster(top: Params, message: MessageSpec, pair: tuple[ClaimPair, str,
         retention=up.get("retention", (int, float), 3600, check=lambda v: 0 <= v <= 365 * 86400,
                          why="must be seconds in [0, 31536000]") * 1.0,
         message=message,
-        pair=pair[0] if pair else None,
+        pair=pair,
         session_timeout=session_timeout,
         escalation_batch=cl.get("escalation_batch", int, 500, check=lambda v: 1 <= v <= 10_000,
                                 why="must be 1..10000"),

@@ -77,9 +77,9 @@ def parse_graph(text: str, file: str = "<string>") -> FlowGraph:
         kind = n.choice("type", KINDS)
         if kind == "sort" and n.has("pairs_with"):
             if pair is not None:
-                raise n.error("pairs_with", f"node {pair[0].sort!r} already pairs with {pair[0].action!r} "
+                raise n.error("pairs_with", f"node {pair.sort!r} already pairs with {pair.action!r} "
                                             f"(a flow has one claim pair)")
-            pair = read_pair(n, kinds)
+            pair = read_pair(n, kinds, message)
             continue
         nodes[node_name] = builder(kind)(node_name, node_params(n))
         node_links = n.section("links", default={})
@@ -89,7 +89,7 @@ def parse_graph(text: str, file: str = "<string>") -> FlowGraph:
                                                 f"(it has: {', '.join(nodes[node_name].outlinks)})")
             if not isinstance(target, str) or target not in raw_nodes:
                 raise node_links.error(outlink, f"links to {target!r}, which is not a node of this flow")
-            if pair is not None and target == pair[0].sort or kinds.get(target) == "sort" and \
+            if pair is not None and target == pair.sort or kinds.get(target) == "sort" and \
                     isinstance(raw_nodes[target], dict) and "pairs_with" in raw_nodes[target]:
                 raise node_links.error(outlink, f"links to {target!r}, the worker's half of the claim pair, "
                                                 f"which reads the uplink only")

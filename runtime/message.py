@@ -38,8 +38,8 @@ the integer counts.) Integer IDs are bounded like every number, by
 
 >>> spec = MessageSpec(id_path="id", key_path="seq", key_type="int")
 >>> m = decode("1700000000000-0", b'{"id": "a1", "seq": 7}', spec)
->>> (m.id, m.key, m.position)
-('a1', 7, '1700000000000-0')
+>>> (m.id, m.key, m.position, m.rule, m.cid)
+('a1', 7, '1700000000000-0', 'all', 'a1')
 >>> decode("1-0", b'{"id": 1, "seq": 7}', spec).id == decode("1-1", b'{"id": "1", "seq": 7}', spec).id
 True
 """
@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from itertools import accumulate
 from typing import Any
 
@@ -83,18 +83,31 @@ class MessageSpec:
     """
 
     id_path: str = "id"
-    key_path: str | None = None   # the claim pair's sort key; None when the flow has no pair
+    key_path: str | None = None   # the claim pair's short form: its one sort key field
     key_type: str = "int"
     id_ttl: int = 7 * 86400       # seconds a processed ID is remembered
     max_bytes: int = 1 << 20
     max_depth: int = 64
     max_number_digits: int = 100
+    # The claim pair's rulesets (runtime/nodes/sort/claim_rules.ClaimRules); None: the short
+    # form of key_path, or no pair at all when that is None too.
+    rules: Any = None
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_number_digits"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+    @cached_property
+    def claim_rules(self) -> Any:
+        """How decode reads each message's ruleset, key and claim ID, or None without a pair."""
+        if self.rules is not None or self.key_path is None:
+            return self.rules
+        from .nodes.sort.claim_rules import ClaimRules  # the pure core's sort package, read late
+        # bake_time only matters to the worker's node, which takes it from the flow's ClaimPair.
+        return ClaimRules.short_form(self.key_path, self.key_type, self.id_path, bake_time=1.0,
+                                     max_digits=self.max_number_digits)
 
     def parse_key(self, raw: Any) -> Any:
         """The sort key as ``key_type`` (see ``runtime/keys.py``); raises BadInput when it is not one."""
@@ -107,10 +120,12 @@ class MessageSpec:
 @dataclass(slots=True, unsafe_hash=True)
 class Message:
     id: str
-    key: Any       # None when the flow has no claim pair
+    key: Any       # the claim pair's sort key; None when the flow has no pair, or no ruleset takes it
     position: str  # the uplink entry ID
     body: bytes
     doc: dict = field(default_factory=dict, compare=False, repr=False)
+    rule: str | None = None  # the claim pair's ruleset that takes it; None: no pair, or nohit
+    cid: str | None = None   # its claim ID under that ruleset (the ruleset's id template, or the key)
 
     def msg(self) -> Msg:
         """The message as the flow's nodes take it."""
@@ -238,15 +253,16 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
         except MissingField:
             raise BadInput(f"message has no ID field '{spec.id_path}'") from None
         if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or raw_id == "":
+            # The rare cases sorted out only here, off the hot path: "" is a string, so saying
+            # it is not one would send the producer looking for the wrong fault.
+            if raw_id == "":
+                raise BadInput(f"ID field '{spec.id_path}' is empty")
             raise BadInput(f"ID field '{spec.id_path}' is not a non-empty string or integer")
-        key = None
-        if spec.key_path is not None:
-            try:
-                raw_key = _path(spec.key_path).get(doc)
-            except MissingField:
-                raise BadInput(f"message has no key field '{spec.key_path}'") from None
-            key = spec.parse_key(raw_key)
-        return Message(str(raw_id), key, position, data, doc)  # positional: a third cheaper (measured)
+        rules = spec.claim_rules
+        claim = rules.classify(doc) if rules is not None else None
+        if claim is None:
+            return Message(str(raw_id), None, position, data, doc)  # positional: a third cheaper (measured)
+        return Message(str(raw_id), claim[1], position, data, doc, claim[0], claim[2])
     except BadInput:
         raise
     except Exception as exc:  # the backstop: one bad message must never stop the peer

@@ -18,8 +18,13 @@ emission (a join, an aggregation) travels on as one message whose ID is the
 members' IDs joined by ``+`` and whose document is ``{"ids": [...],
 "messages": [...]}``.
 
-A bad line (not JSON, no ``at``, time going backwards, no message ID) is
-reported with its line number on the error stream and the run goes on.
+A bad line (not JSON, no ``at``, an ``at`` that is not a finite number, time
+going backwards, no message ID, an ID that is not a non-empty string or
+integer) is reported with its line number on the error stream and the run
+goes on. IDs follow the cluster's rule (``runtime/message.py``): ``1`` and
+``"1"`` are the same ID. So does the claim pair of a cluster flow: a message
+whose ruleset's key or claim ID cannot be built (the cluster sends it to its
+failure stream on both peers) is a bad line here too, with the same reason.
 
 >>> from twinflow.runtime.flowgraph import parse_graph
 >>> g = parse_graph("flow: f\\nnodes:\\n  a: {type: action}\\n")
@@ -30,10 +35,11 @@ reported with its line number on the error stream and the run goes on.
 from __future__ import annotations
 
 import json
+import math
 from typing import Callable, Iterable, Iterator
 
 from .engine import Engine
-from .fields import MissingField
+from .fields import BadInput, MissingField
 from .flowgraph import FlowGraph
 from .nodes.base import Msg
 
@@ -53,18 +59,36 @@ def parse_event(line: str, last_at: float, graph: FlowGraph) -> tuple[float, Msg
     at = event.get("at")
     if isinstance(at, bool) or not isinstance(at, (int, float)):
         raise BadEvent("'at' is missing or not a number")
+    # json reads NaN and Infinity, and integers too large for a float: each would crash
+    # the clock later (OverflowError), far from the line that caused it.
+    try:
+        at = float(at)
+    except OverflowError:
+        raise BadEvent("'at' is too large for a time") from None
+    if not math.isfinite(at):
+        raise BadEvent(f"'at' is not a finite number ({at})")
     if at < last_at:
         raise BadEvent(f"'at' goes back in time ({at} after {last_at})")
     doc = {k: v for k, v in event.items() if k != "at"}
     if not doc:
-        return float(at), None
+        return at, None
     try:
         msg_id = graph.id_path.get(doc)
     except MissingField as exc:
         raise BadEvent(str(exc)) from None
-    if isinstance(msg_id, (dict, list)) or msg_id is None or msg_id == "":
-        raise BadEvent(f"message ID {msg_id!r} is not a string or number")
-    return float(at), Msg(str(msg_id), doc)
+    # The cluster's rule (message.decode): a boolean or a float read as its text would be
+    # an ID the cluster refuses, so replay would show a flow the cluster never runs.
+    if msg_id == "":
+        raise BadEvent(f"ID field '{graph.id_path.path}' is empty")
+    if not isinstance(msg_id, (str, int)) or isinstance(msg_id, bool):
+        raise BadEvent(f"ID field '{graph.id_path.path}' is not a non-empty string or integer")
+    rules = graph.message.claim_rules  # a cluster flow's claim pair: the cluster's decode refuses these
+    if rules is not None:
+        try:
+            rules.classify(doc)
+        except BadInput as exc:
+            raise BadEvent(str(exc)) from None
+    return at, Msg(str(msg_id), doc)
 
 
 def replay(graph: FlowGraph, lines: Iterable[str], until: float | None = None,

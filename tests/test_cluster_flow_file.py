@@ -29,7 +29,9 @@ def test_example_flow_loads():
     g = load_graph(Path(__file__).parents[1] / "examples" / "cluster.yaml")
     assert g.name == "demo" and g.cluster.pair.bake_time == 5.0 and g.message.id_ttl == 604800
     assert list(g.nodes) == ["deliver"]  # the worker's half is not a node of the master's graph
-    assert (g.cluster.message.key_path, g.cluster.message.key_type) == ("seq", "int")
+    rules = g.cluster.message.claim_rules
+    assert (rules.baking, rules.key_type) == (("all",), "int")
+    assert rules.classify({"id": "a", "seq": "7"}) == ("all", 7, "a")  # the short form: the claim ID is the message ID
 
 
 def test_defaults():
@@ -115,7 +117,9 @@ def test_nodes_whose_state_is_not_in_redis_yet_are_refused_by_run():
     ("bake_time: 2", "bake_time: soon", 9, "nodes.sort.bake_time", "must be a int or float"),
     ("pairs_with: act", "pairs_with: nobody", 9, "nodes.sort.pairs_with", "must name an action node"),
     ("key: seq, ", "", 9, "nodes.sort.key", "is required"),
-    ("bake_time: 2", "bake_time: 2, rulesets: []", 9, "nodes.sort.rulesets", "unknown field"),
+    ("bake_time: 2", "bake_time: 2, rulesets: []", 9, "nodes.sort.key", "only without rulesets"),
+    ("bake_time: 2", "bake_time: 2, xa_mode: 0", 9, "nodes.sort.xa_mode", "not available on the cluster yet"),
+    ("bake_time: 2", "bake_time: 2, outlinks: [a, b, c]", 9, "nodes.sort.outlinks", "exactly four"),
     ("uplink: {stream: up}", "uplink: {stream: up, extra: 1}", 2, "uplink.extra", "unknown field"),
     ("flow: f1", "flow: 'has space'", 1, "flow", "letters, digits"),
     ("    type: action", "    type: teleport", 7, "nodes.act.type", "must be one of"),

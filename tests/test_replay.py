@@ -1,5 +1,7 @@
 """The replay engine and flow graphs: time order, routing, groups, refusals, bad lines."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from twinflow.runtime.flowgraph import parse_graph
@@ -78,6 +80,54 @@ def test_bad_lines_are_reported_with_their_number_and_the_run_goes_on():
     assert [o["id"] for o in out if o["node"] == "first"] == ["a", "d"]
     assert [n for n, _ in bad] == [2, 3, 4, 5]
     assert "goes back in time" in bad[2][1] and "no field 'id'" in bad[3][1]
+
+
+def bad_reasons(lines):
+    bad = []
+    out = list(replay(parse_graph(TWO), lines, on_bad=lambda n, why: bad.append((n, why))))
+    return out, bad
+
+
+@pytest.mark.parametrize("at, reason", [
+    ("NaN", "'at' is not a finite number (nan)"),
+    ("Infinity", "'at' is not a finite number (inf)"),
+    ("-Infinity", "'at' is not a finite number (-inf)"),
+    ("1" + "0" * 400, "'at' is too large for a time"),
+])
+def test_an_at_that_is_not_a_finite_number_is_a_bad_line_not_a_crash(at, reason):
+    out, bad = bad_reasons(['{"at": 1, "id": "a"}', '{"at": %s, "id": "b"}' % at, '{"at": 2, "id": "c"}'])
+    assert [o["id"] for o in out if o["node"] == "first"] == ["a", "c"]
+    assert bad == [(2, reason)]
+
+
+@pytest.mark.parametrize("raw_id, reason", [
+    ("true", "ID field 'id' is not a non-empty string or integer"),
+    ("false", "ID field 'id' is not a non-empty string or integer"),
+    ("1.5", "ID field 'id' is not a non-empty string or integer"),
+    ("null", "ID field 'id' is not a non-empty string or integer"),
+    ("[1]", "ID field 'id' is not a non-empty string or integer"),
+    ('""', "ID field 'id' is empty"),
+])
+def test_ids_the_cluster_refuses_are_refused_with_the_reason(raw_id, reason):
+    out, bad = bad_reasons(['{"at": 1, "id": %s}' % raw_id])
+    assert out == [] and bad == [(1, reason)]
+
+
+def test_an_integer_id_and_its_decimal_text_are_one_id():
+    out, bad = bad_reasons(['{"at": 1, "id": 1}', '{"at": 1, "id": "1"}'])
+    assert bad == [] and {o["id"] for o in out} == {"1"}
+
+
+def test_the_command_names_the_events_file_and_line(tmp_path, capsys):
+    from twinflow.cli_tools import cmd_replay
+
+    flow, events = tmp_path / "flow.yaml", tmp_path / "events.jsonl"
+    flow.write_text(TWO)
+    events.write_text('{"at": 1, "id": "a"}\n{"at": NaN, "id": "b"}\n{"at": 2, "id": true}\n')
+    assert cmd_replay(SimpleNamespace(flow=str(flow), events=str(events), until=None)) == 1
+    err = capsys.readouterr().err
+    assert f"{events}:2: 'at' is not a finite number (nan)" in err
+    assert f"{events}:3: ID field 'id' is not a non-empty string or integer" in err
 
 
 def test_engine_clock_never_goes_back():

@@ -85,7 +85,7 @@ class EscalationClient:
     ...     esc.send(7, [("o1", "1700000000000", "1700000000000-0")])
     Ack(seq=1, accepted=True, claimed=1, reason='')
     >>> got
-    [('o1', '1700000000000', '1700000000000-0')]
+    [('o1', '1700000000000', '1700000000000-0', '')]
     >>> _ = server.stop(None).wait()
     """
 
@@ -95,8 +95,10 @@ class EscalationClient:
         self._stream: _Stream | None = None
         self._closed = False
 
-    def send(self, epoch: int, claims: list[tuple[str, str, str]], timeout_s: float = 5.0) -> Ack:
-        """Send one batch of ``claims`` at ``epoch``; return its ack.
+    def send(self, epoch: int, claims: list[tuple[str, ...]], timeout_s: float = 5.0) -> Ack:
+        """Send one batch of ``claims`` at ``epoch``; return its ack. A claim is (claim ID, key
+        as text, uplink position) and, optionally, the claim pair's ruleset it releases in
+        (without one: every baking group).
 
         Raises ``grpc.RpcError`` when the stream fails (``UNAVAILABLE``: the
         peer is down; ``UNAUTHENTICATED``/``PERMISSION_DENIED``: the token)
@@ -111,8 +113,8 @@ class EscalationClient:
             seq = stream.next_seq
             stream.next_seq += 1
             batch = pb.EscalationBatch(flow=self.flow, from_node=self.from_node, epoch=epoch, seq=seq)
-            for message_id, key, position in claims:
-                batch.claims.add(id=message_id, key=key, position=position)
+            for claim in claims:
+                batch.claims.add(id=claim[0], key=claim[1], position=claim[2], rule=claim[3] if len(claim) > 3 else "")
             stream.requests.put(batch)
             try:
                 ack = stream.acks.get(timeout=timeout_s)

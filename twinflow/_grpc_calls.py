@@ -65,7 +65,10 @@ def _handover(channel: grpc.Channel, timeout_s: float) -> dict:
 
 
 def _to_dict(message) -> dict:
-    return {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
+    out = {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
+    if "rule_pending" in out:  # a map field: a plain dict, as the status in Redis gives it
+        out["rule_pending"] = dict(out["rule_pending"])
+    return out
 
 
 # ---- the one-call functions that were in twinflow.cluster.grpc_server ----------

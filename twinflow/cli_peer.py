@@ -17,7 +17,7 @@ from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, _address,
                                  _grpc_security, _load_flow, _spark_conf, _table)
 
 STATUS_COLUMNS = ["peer_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
-                  "delivered", "failed", "unclaimed", "backpressure", "redis", "grpc_address"]
+                  "delivered", "failed", "unclaimed", "backpressure", "redis", "grpc_address", "rule_pending"]
 # The peers `twinflow status` last found in Redis, asked over gRPC when Redis does not answer.
 PEERS_SEEN = Path(".twinflow") / "peers-{flow}.json"
 
@@ -137,8 +137,15 @@ def cmd_status(args) -> int:
         print(f"flow {graph.name}: no live peers")
         return 0
     columns = STATUS_COLUMNS if len(stores) == 1 else ["flow", *STATUS_COLUMNS]
-    print(_table(columns, [[r.get(c, "") for c in columns] for r in rows]))
+    print(_table(columns, [[_cell(r.get(c, "")) for c in columns] for r in rows]))
     return 0
+
+
+def _cell(value) -> str:
+    """A status value as a table shows it; RULE_PEND (a mapping) as ``ruleset=count ...``."""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    return value
 
 
 def _statuses_over_grpc(addresses: list[str], security) -> list[dict]:

@@ -26,7 +26,7 @@ class InFlight:
     source: str
     target: str
     epoch: int
-    claims: list[tuple[str, str, str]]
+    claims: list[tuple[str, str, str, str]]
 
 
 class EscalationNet:
@@ -63,7 +63,7 @@ class SimSender:
     def target_ids(self) -> list[str]:
         return sorted(self._last)
 
-    def send(self, claims: list[tuple[str, str, str]], read_upto: dict[str, str | None] | None = None) -> None:
+    def send(self, claims: list[tuple[str, str, str, str]], read_upto: dict[str, str | None] | None = None) -> None:
         if self.stopped or not claims:
             return
         epoch = self.epoch()

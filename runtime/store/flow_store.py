@@ -21,6 +21,7 @@ up the role instead of holding it while it waits.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -40,6 +41,7 @@ from .uplink_access import UplinkAccess
 if TYPE_CHECKING:
     from .step import Step
 
+SURFACED = "surfaced"  # the claim pair's notice that a message baked fully without a claim
 DELIVER_MAX_MESSAGES = 1000      # per delivery script: keeps each script short
 DELIVER_MAX_BYTES = 16 << 20     # per delivery script: far below Redis's 1 GiB query buffer
 
@@ -397,29 +399,34 @@ class FlowStore(RedisCalls, UplinkAccess):
             self._await_replicas(replicas, replica_wait_ms, deadline_s)
         return n
 
-    def surface_unclaimed(self, messages: list[Message], outlink: str, cap: int = 100_000) -> None:
-        """Make fully baked, unclaimed messages visible (capped stream; they stay in the node)."""
-        if not messages:
+    def surface_unclaimed(self, notes: list[tuple[Message, str]], outlink: str, cap: int = 100_000) -> None:
+        """Write the claim pair's notices on unclaimed messages (capped stream): ``surfaced``
+        when a message baked fully without a claim (it stays held), then, once it leaves,
+        ``claimed`` (the master processed it) or ``rolled_back`` (a promoted peer processes
+        it). A message's one delivery is the flow's, never the notice."""
+        if not notes:
             return
 
         def write():
             pipe = self.r.pipeline(transaction=False)
-            for m in messages:
+            for m, event in notes:
                 pipe.xadd(self.keys.unclaimed, {"id": m.id, "position": m.position, "outlink": outlink,
-                                                "node": self.peer_id}, maxlen=cap, approximate=True)
+                                                "event": event, "rule": m.rule or "", "node": self.peer_id},
+                          maxlen=cap, approximate=True)
             pipe.execute()
 
         self._call("surface_unclaimed", write)
 
     # -- peer status ------------------------------------------------------
     def write_status(self, status: dict, ttl_s: int = 10) -> None:
-        """One attempt, no retry (the next status replaces it): raises when Redis does not answer."""
+        """One attempt, no retry (the next status replaces it): raises when Redis does not answer.
+        A mapping (``rule_pending``) is written as JSON text, read back as a mapping."""
         key = self.keys.peer(self.peer_id)
 
         def write():
             pipe = self.r.pipeline(transaction=False)
             pipe.sadd(self.keys.peers, self.peer_id)
-            pipe.hset(key, mapping={k: str(v) for k, v in status.items()})
+            pipe.hset(key, mapping={k: json.dumps(v) if isinstance(v, dict) else str(v) for k, v in status.items()})
             pipe.expire(key, ttl_s)
             pipe.execute()
 
@@ -437,6 +444,8 @@ class FlowStore(RedisCalls, UplinkAccess):
                     continue
                 row = {k.decode(): v.decode() for k, v in h.items()}
                 row.setdefault("peer_id", row.get("node_id", nid))  # written by a peer from before peer_id
+                if row.get("rule_pending", "").startswith("{"):
+                    row["rule_pending"] = loads(row["rule_pending"])
                 out.append(row)
             return out
 

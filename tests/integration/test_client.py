@@ -402,8 +402,8 @@ class Claims:
         return len(claims)
 
 
-def claims(start: int, n: int) -> list[tuple[str, str, str]]:
-    return [(f"m{i}", str(1_700_000_000_000 + i), f"{1_700_000_000_000 + i}-0") for i in range(start, start + n)]
+def claims(start: int, n: int) -> list[tuple[str, str, str, str]]:
+    return [(f"m{i}", str(1_700_000_000_000 + i), f"{1_700_000_000_000 + i}-0", "all") for i in range(start, start + n)]
 
 
 def test_escalation_client_sends_batches_acked_in_order(servers):

@@ -20,8 +20,8 @@ from twinflow.testing.servers import free_port
 FLOW = "orders"
 
 
-def make_claims(start: int, n: int) -> list[tuple[str, str, str]]:
-    return [(f"m{i}", str(1_700_000_000_000 + i), f"{1_700_000_000_000 + i}-0") for i in range(start, start + n)]
+def make_claims(start: int, n: int) -> list[tuple[str, str, str, str]]:
+    return [(f"m{i}", str(1_700_000_000_000 + i), f"{1_700_000_000_000 + i}-0", "all") for i in range(start, start + n)]
 
 
 def send_in_chunks(sender: EscalationSender, claims, chunk: int = 100) -> None:

@@ -238,9 +238,9 @@ def test_hung_publishes_starve_neither_escalation_nor_admin():
         wait_until(lambda: uplink.inside == DEFAULT_INGEST_LIMIT, 10.0, what="the ingest limit saturated")
 
         sender = EscalationSender(FLOW, "node-a", lambda: 7, lambda: {"node-b": address})
-        sender.send([("m1", "1700000000000", "1700000000000-0")])
+        sender.send([("m1", "1700000000000", "1700000000000-0", "all")])
         assert sender.flush(5.0), sender.stats()
-        assert claimed == [("m1", "1700000000000", "1700000000000-0")]
+        assert claimed == [("m1", "1700000000000", "1700000000000-0", "all")]
 
         assert peer_status(address, timeout_s=2.0)["role"] == "master"
 
@@ -298,7 +298,7 @@ def test_admin_and_escalation_limits_refuse_the_call_beyond_them_at_once():
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert refused.value.details() == "1 admin calls in progress; retry"
 
-        sender.send([("m1", "1700000000000", "1700000000000-0")])
+        sender.send([("m1", "1700000000000", "1700000000000-0", "all")])
         assert sender.flush(5.0), sender.stats()  # the one stream allowed is the sender's
         with pytest.raises(grpc.RpcError) as refused:
             _escalate_once(address)

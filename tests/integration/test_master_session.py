@@ -65,7 +65,7 @@ class Session(MasterSession):
 
 
 def claimed(out) -> list[str]:
-    return [mid for mid, _, _ in out.claims]
+    return [mid for mid, _, _, _ in out.claims]
 
 
 @pytest.fixture
@@ -74,7 +74,8 @@ def store(redis_url, flow_name):
 
 
 def batch(n: int) -> list[Message]:
-    return [Message(id=f"m{i}", key=i, position=f"{i + 1}-0", body=b'{"x":1}', doc={"id": f"m{i}", "x": 1})
+    return [Message(id=f"m{i}", key=i, position=f"{i + 1}-0", body=b'{"x":1}', doc={"id": f"m{i}", "x": 1},
+                    rule="all", cid=f"m{i}")
             for i in range(n)]
 
 
@@ -142,7 +143,7 @@ class ReloadedMidBatch(Session):
 
 def test_a_step_built_on_a_flow_reloaded_while_the_step_before_was_in_flight_is_built_again(store):
     def doc(i, kind, order):
-        return Message(id=f"m{i}", key=i, position=f"{i + 1}-0", body=b"{}",
+        return Message(id=f"m{i}", key=i, position=f"{i + 1}-0", body=b"{}", rule="all", cid=f"m{i}",
                        doc={"id": f"m{i}", "type": kind, "order_id": order})
     # Step 1 ends with o1's order (its group opens); step 2 holds o1's payment.
     msgs = [doc(i, "order", f"x{i}") for i in range(DELIVER_MAX_MESSAGES - 1)]
@@ -166,7 +167,8 @@ def test_a_message_whose_values_cannot_be_written_leaves_by_the_failure_stream_a
     # A message no decoder would let through (its ID a lone surrogate, made here directly):
     # its step cannot be encoded for Redis. The backstop finds it, and only it fails.
     msgs = batch(6)
-    msgs[2] = Message(id="\ud800", key=2, position=msgs[2].position, body=b'{"id": "\\ud800"}', doc={"id": "\ud800"})
+    msgs[2] = Message(id="\ud800", key=2, position=msgs[2].position, body=b'{"id": "\\ud800"}', doc={"id": "\ud800"},
+                      rule="all", cid="\ud800")
     session = Session(store, GatedWrites(0))
     if guess:
         session.load()  # a flow held: the session guesses from its mark

@@ -24,7 +24,7 @@ def test_decodes_nested_id_and_typed_key():
     (b"{not json", "not JSON"),
     (b"[1, 2]", "not a JSON object"),
     (b'{"seq": 1}', "no ID field 'meta.id'"),
-    (b'{"meta": {"id": ""}, "seq": 1}', "not a non-empty string"),
+    (b'{"meta": {"id": ""}, "seq": 1}', "ID field 'meta.id' is empty"),
     (b'{"meta": {"id": "a"}}', "no key field 'seq'"),
     (b'{"meta": {"id": "a"}, "seq": "x"}', "is not an int"),
     (b'{"meta": {"id": "a"}, "seq": true}', "is not an int"),
@@ -241,9 +241,14 @@ def test_integer_ids_are_accepted_only_within_the_number_bound():
     assert "a number longer than 100 digits" in refused(b'{"id": ' + b"9" * 101 + b', "seq": 7}')
 
 
-@pytest.mark.parametrize("raw_id", [b"true", b"1.0", b"null", b"[1]", b'""'])
+@pytest.mark.parametrize("raw_id", [b"true", b"false", b"1.0", b"1.5", b"null", b"[1]", b'{"a": 1}'])
 def test_ids_that_are_neither_text_nor_integers_are_refused(raw_id):
-    assert "is not a non-empty string or integer" in refused(b'{"id": ' + raw_id + b', "seq": 7}')
+    assert refused(b'{"id": ' + raw_id + b', "seq": 7}') == "ID field 'id' is not a non-empty string or integer"
+
+
+def test_an_empty_id_is_refused_as_empty():
+    # "" is a string: the reason must not say it is not one.
+    assert refused(b'{"id": "", "seq": 7}') == "ID field 'id' is empty"
 
 
 # -- properties -----------------------------------------------------------------------

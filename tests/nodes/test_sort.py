@@ -261,7 +261,7 @@ def test_claim_mode_bad_input_goes_to_failure():
     assert node.on_message(m("o1", type="order"), 0.0)[0].info == {"reason": "message has no field 'seq'"}
     assert node.on_message(m("e", type="esc", seq=1), 0.0)[0].info == {"reason": "message has no field 'ref'"}
     emits = node.on_message(m("e2", type="esc", seq=1, ref=[1]), 0.0)
-    assert out(emits) == [("failure", "e2")] and emits[0].info == {"reason": "ID [1] is not a non-empty string or number"}
+    assert out(emits) == [("failure", "e2")] and emits[0].info == {"reason": "ID [1] is not a non-empty string or integer"}
     assert node.pending() == 0
 
 

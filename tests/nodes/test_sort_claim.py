@@ -10,7 +10,8 @@ from twinflow.runtime.nodes.sort import ClaimSortNode
 
 
 def msg(i: int, key: int | None = None) -> Message:
-    return Message(id=f"m{i}", key=i if key is None else key, position=f"{1000 + i}-0", body=b"{}")
+    return Message(id=f"m{i}", key=i if key is None else key, position=f"{1000 + i}-0", body=b"{}",
+                   rule="all", cid=f"m{i}")
 
 
 def ids(msgs):
@@ -74,8 +75,45 @@ def test_claim_and_the_processed_mark_reach_overdue_messages():
     assert ids(node.claim("m0", 0, msg(0).position)) == ["m0"]
     claimed = node.claimed
     assert node.release_upto(msg(2).position) == 2  # m1, m2: at or before the mark
-    assert node.claimed == claimed  # overdue ones were already reported, not claimed again
+    assert node.claimed == claimed + 2  # a report is a notice: each message's one exit still counts
     assert ids(node.rollback()) == ["m3"]
+    # Every exit counted once: 4 messages, 3 claimed and 1 rolled back, 4 notices before.
+    assert (node.claimed, node.rolled_back, node.unclaimed, node.pending) == (3, 1, 4, 0)
+    # And each notice is closed by how its message ended, once.
+    assert [(m.id, how) for m, how in node.resolved()] == [
+        ("m0", "claimed"), ("m1", "claimed"), ("m2", "claimed"), ("m3", "rolled_back")]
+    assert node.resolved() == []
+
+
+def test_a_message_no_baking_ruleset_takes_leaves_by_nohit():
+    node = ClaimSortNode({"orders": 5.0, "payments": 1.0})
+    assert node.offer(Message("x", None, "1-0", b"{}"), now=0.0) == "nohit"  # no ruleset took it
+    assert node.offer(Message("c", 3, "2-0", b"{}", rule="escalations", cid="c"), now=0.0) == "nohit"  # a claim
+    assert node.nohit == 2 and node.pending == 0
+    assert node.rule_pending() == {"orders": 0, "payments": 0, "nohit": 0}
+
+
+def test_a_claim_releases_in_its_own_ruleset_only():
+    """Groups key their messages their own way: a claim of one never releases another's."""
+    node = ClaimSortNode({"orders": 5.0, "payments": 5.0})
+    node.offer(Message("o1", 1, "1-0", b"{}", rule="orders", cid="A-1"), now=0.0)
+    node.offer(Message("p1", 1, "2-0", b"{}", rule="payments", cid="P-1"), now=0.0)
+    node.offer(Message("o2", 2, "3-0", b"{}", rule="orders", cid="A-2"), now=0.0)
+    assert node.rule_pending() == {"orders": 2, "payments": 1, "nohit": 0}
+    assert ids(node.claim("A-2", 2, "3-0", "orders")) == ["o1", "o2"]
+    assert node.rule_pending() == {"orders": 0, "payments": 1, "nohit": 0}
+    # A claim ruleset's claim (or one naming no ruleset) claims in every group, as replay's one cache.
+    assert ids(node.claim("P-1", 1, "3-0", "escalations")) == ["p1"]
+    assert node.pending == 0
+
+
+def test_each_ruleset_bakes_for_its_own_time():
+    node = ClaimSortNode({"slow": 5.0, "quick": 1.0})
+    node.offer(Message("s", 1, "1-0", b"{}", rule="slow", cid="s"), now=0.0)
+    node.offer(Message("q", 2, "2-0", b"{}", rule="quick", cid="q"), now=0.0)
+    assert node.next_deadline() == 1.0
+    assert ids(node.tick(1.0)) == ["q"]
+    assert node.next_deadline() == 5.0
 
 
 def test_the_processed_mark_releases_baking_messages_as_claimed():
@@ -144,7 +182,8 @@ def test_every_message_leaves_exactly_once_by_claim_or_rollback(evs, keys):
 
 class ScanModel:
     """The claim node before it shared ClaimCache with the flow-file sort node: a plain
-    scan of everything baked, too slow to keep, kept here as the behaviour to match."""
+    scan of everything baked, too slow to keep, kept here as the behaviour to match (each
+    message's exit counted once: a release by the mark counts an overdue message as claimed)."""
 
     def __init__(self, bake_time: float):
         self.bake_time = bake_time
@@ -179,7 +218,7 @@ class ScanModel:
     def release_upto(self, position):
         upto = position_order(position)
         take = [p for p, _ in self.held() if position_order(p) <= upto]
-        self.claimed += sum(p in self.baked for p in take)
+        self.claimed += len(take)  # an overdue one too: its report was a notice, this its exit
         for p in take:
             self._remove(p)
         return len(take)
@@ -251,14 +290,14 @@ def test_a_claim_taken_as_a_hint_releases_only_what_is_proven():
     and a message that left meanwhile (the processed mark) is not released twice."""
     node = ClaimSortNode(bake_time=5.0)
     for i in range(1, 5):
-        node.offer(Message(f"m{i}", i, f"{i}-0", b"{}"), now=0.0)
-    taken = node.take_claims([("m3", 3, "3-0")])  # would release m1..m3
+        node.offer(Message(f"m{i}", i, f"{i}-0", b"{}", rule="all", cid=f"m{i}"), now=0.0)
+    taken = node.take_claims([("m3", 3, "3-0", "all")])  # would release m1..m3
     assert [m.id for m in node.claimed_messages(taken)] == ["m1", "m2", "m3"]
     assert node.release_upto("1-0") == 1  # m1 leaves by the mark while the claim is being proven
     released = node.settle_claims(taken, [True, False, True])
     assert [m.id for m in released] == ["m3"]
     assert node.pending == 2 and node.claimed == 2  # m1 by the mark, m3 by the claim
     # m2 went back to baking: a later proven claim still releases it, and m4 stays.
-    again = node.take_claims([("m2", 2, "2-0")])
+    again = node.take_claims([("m2", 2, "2-0", "all")])
     assert [m.id for m in node.settle_claims(again, [True] * len(again))] == ["m2"]
     assert [m.id for m in node.rollback()] == ["m4"]

@@ -24,37 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctwinflow/wire/twinflow.proto\x12\rtwinflow.wire\"C\n\x08\x45nvelope\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\"w\n\x0f\x45scalationBatch\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x11\n\tfrom_node\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\'\n\x06\x63laims\x18\x05 \x03(\x0b\x32\x17.twinflow.wire.Envelope\"O\n\rEscalationAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07\x63laimed\x18\x03 \x01(\r\x12\x0e\n\x06reason\x18\x04 \x01(\t\"I\n\x0ePublishRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.twinflow.wire.Envelope\"!\n\x0cPublishReply\x12\x11\n\tpositions\x18\x01 \x03(\t\"\x0f\n\rStatusRequest\"\xaa\x02\n\nNodeStatus\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x13\n\x07node_id\x18\x02 \x01(\tB\x02\x18\x01\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nuplink_lag\x18\x05 \x01(\x03\x12\r\n\x05\x62\x61ked\x18\x06 \x01(\x03\x12\x0f\n\x07\x63laimed\x18\x07 \x01(\x03\x12\x13\n\x0brolled_back\x18\x08 \x01(\x03\x12\x11\n\tdelivered\x18\t \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\n \x01(\x03\x12\x11\n\tunclaimed\x18\x0b \x01(\x03\x12\x14\n\x0cgrpc_address\x18\x0c \x01(\t\x12\x14\n\x0c\x62\x61\x63kpressure\x18\r \x01(\x03\x12\r\n\x05redis\x18\x0e \x01(\t\x12\x11\n\tzookeeper\x18\x0f \x01(\t\x12\x0f\n\x07peer_id\x18\x10 \x01(\t\"$\n\x0fHandoverRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"P\n\rHandoverReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x12\n\nnew_master\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t2Z\n\nEscalation\x12L\n\x08\x45scalate\x12\x1e.twinflow.wire.EscalationBatch\x1a\x1c.twinflow.wire.EscalationAck(\x01\x30\x01\x32O\n\x06Ingest\x12\x45\n\x07Publish\x12\x1d.twinflow.wire.PublishRequest\x1a\x1b.twinflow.wire.PublishReply2\x94\x01\n\x05\x41\x64min\x12\x41\n\x06Status\x12\x1c.twinflow.wire.StatusRequest\x1a\x19.twinflow.wire.NodeStatus\x12H\n\x08Handover\x12\x1e.twinflow.wire.HandoverRequest\x1a\x1c.twinflow.wire.HandoverReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctwinflow/wire/twinflow.proto\x12\rtwinflow.wire\"Q\n\x08\x45nvelope\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x0c\n\x04rule\x18\x05 \x01(\t\"w\n\x0f\x45scalationBatch\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x11\n\tfrom_node\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\'\n\x06\x63laims\x18\x05 \x03(\x0b\x32\x17.twinflow.wire.Envelope\"O\n\rEscalationAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07\x63laimed\x18\x03 \x01(\r\x12\x0e\n\x06reason\x18\x04 \x01(\t\"I\n\x0ePublishRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.twinflow.wire.Envelope\"!\n\x0cPublishReply\x12\x11\n\tpositions\x18\x01 \x03(\t\"\x0f\n\rStatusRequest\"\xaf\x03\n\nNodeStatus\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x13\n\x07node_id\x18\x02 \x01(\tB\x02\x18\x01\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nuplink_lag\x18\x05 \x01(\x03\x12\r\n\x05\x62\x61ked\x18\x06 \x01(\x03\x12\x0f\n\x07\x63laimed\x18\x07 \x01(\x03\x12\x13\n\x0brolled_back\x18\x08 \x01(\x03\x12\x11\n\tdelivered\x18\t \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\n \x01(\x03\x12\x11\n\tunclaimed\x18\x0b \x01(\x03\x12\x14\n\x0cgrpc_address\x18\x0c \x01(\t\x12\x14\n\x0c\x62\x61\x63kpressure\x18\r \x01(\x03\x12\r\n\x05redis\x18\x0e \x01(\t\x12\x11\n\tzookeeper\x18\x0f \x01(\t\x12\x0f\n\x07peer_id\x18\x10 \x01(\t\x12@\n\x0crule_pending\x18\x11 \x03(\x0b\x32*.twinflow.wire.NodeStatus.RulePendingEntry\x12\r\n\x05nohit\x18\x12 \x01(\x03\x1a\x32\n\x10RulePendingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"$\n\x0fHandoverRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"P\n\rHandoverReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x12\n\nnew_master\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t2Z\n\nEscalation\x12L\n\x08\x45scalate\x12\x1e.twinflow.wire.EscalationBatch\x1a\x1c.twinflow.wire.EscalationAck(\x01\x30\x01\x32O\n\x06Ingest\x12\x45\n\x07Publish\x12\x1d.twinflow.wire.PublishRequest\x1a\x1b.twinflow.wire.PublishReply2\x94\x01\n\x05\x41\x64min\x12\x41\n\x06Status\x12\x1c.twinflow.wire.StatusRequest\x1a\x19.twinflow.wire.NodeStatus\x12H\n\x08Handover\x12\x1e.twinflow.wire.HandoverRequest\x1a\x1c.twinflow.wire.HandoverReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'twinflow.wire.twinflow_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_NODESTATUS_RULEPENDINGENTRY']._loaded_options = None
+  _globals['_NODESTATUS_RULEPENDINGENTRY']._serialized_options = b'8\001'
   _globals['_NODESTATUS'].fields_by_name['node_id']._loaded_options = None
   _globals['_NODESTATUS'].fields_by_name['node_id']._serialized_options = b'\030\001'
   _globals['_ENVELOPE']._serialized_start=47
-  _globals['_ENVELOPE']._serialized_end=114
-  _globals['_ESCALATIONBATCH']._serialized_start=116
-  _globals['_ESCALATIONBATCH']._serialized_end=235
-  _globals['_ESCALATIONACK']._serialized_start=237
-  _globals['_ESCALATIONACK']._serialized_end=316
-  _globals['_PUBLISHREQUEST']._serialized_start=318
-  _globals['_PUBLISHREQUEST']._serialized_end=391
-  _globals['_PUBLISHREPLY']._serialized_start=393
-  _globals['_PUBLISHREPLY']._serialized_end=426
-  _globals['_STATUSREQUEST']._serialized_start=428
-  _globals['_STATUSREQUEST']._serialized_end=443
-  _globals['_NODESTATUS']._serialized_start=446
-  _globals['_NODESTATUS']._serialized_end=744
-  _globals['_HANDOVERREQUEST']._serialized_start=746
-  _globals['_HANDOVERREQUEST']._serialized_end=782
-  _globals['_HANDOVERREPLY']._serialized_start=784
-  _globals['_HANDOVERREPLY']._serialized_end=864
-  _globals['_ESCALATION']._serialized_start=866
-  _globals['_ESCALATION']._serialized_end=956
-  _globals['_INGEST']._serialized_start=958
-  _globals['_INGEST']._serialized_end=1037
-  _globals['_ADMIN']._serialized_start=1040
-  _globals['_ADMIN']._serialized_end=1188
+  _globals['_ENVELOPE']._serialized_end=128
+  _globals['_ESCALATIONBATCH']._serialized_start=130
+  _globals['_ESCALATIONBATCH']._serialized_end=249
+  _globals['_ESCALATIONACK']._serialized_start=251
+  _globals['_ESCALATIONACK']._serialized_end=330
+  _globals['_PUBLISHREQUEST']._serialized_start=332
+  _globals['_PUBLISHREQUEST']._serialized_end=405
+  _globals['_PUBLISHREPLY']._serialized_start=407
+  _globals['_PUBLISHREPLY']._serialized_end=440
+  _globals['_STATUSREQUEST']._serialized_start=442
+  _globals['_STATUSREQUEST']._serialized_end=457
+  _globals['_NODESTATUS']._serialized_start=460
+  _globals['_NODESTATUS']._serialized_end=891
+  _globals['_NODESTATUS_RULEPENDINGENTRY']._serialized_start=841
+  _globals['_NODESTATUS_RULEPENDINGENTRY']._serialized_end=891
+  _globals['_HANDOVERREQUEST']._serialized_start=893
+  _globals['_HANDOVERREQUEST']._serialized_end=929
+  _globals['_HANDOVERREPLY']._serialized_start=931
+  _globals['_HANDOVERREPLY']._serialized_end=1011
+  _globals['_ESCALATION']._serialized_start=1013
+  _globals['_ESCALATION']._serialized_end=1103
+  _globals['_INGEST']._serialized_start=1105
+  _globals['_INGEST']._serialized_end=1184
+  _globals['_ADMIN']._serialized_start=1187
+  _globals['_ADMIN']._serialized_end=1335
 # @@protoc_insertion_point(module_scope)

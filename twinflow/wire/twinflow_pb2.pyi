@@ -7,16 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("id", "key", "position", "body")
+    __slots__ = ("id", "key", "position", "body", "rule")
     ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
     id: str
     key: str
     position: str
     body: bytes
-    def __init__(self, id: _Optional[str] = ..., key: _Optional[str] = ..., position: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+    rule: str
+    def __init__(self, id: _Optional[str] = ..., key: _Optional[str] = ..., position: _Optional[str] = ..., body: _Optional[bytes] = ..., rule: _Optional[str] = ...) -> None: ...
 
 class EscalationBatch(_message.Message):
     __slots__ = ("flow", "from_node", "epoch", "seq", "claims")
@@ -63,7 +65,14 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("flow", "node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back", "delivered", "failed", "unclaimed", "grpc_address", "backpressure", "redis", "zookeeper", "peer_id")
+    __slots__ = ("flow", "node_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back", "delivered", "failed", "unclaimed", "grpc_address", "backpressure", "redis", "zookeeper", "peer_id", "rule_pending", "nohit")
+    class RulePendingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     FLOW_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +89,8 @@ class NodeStatus(_message.Message):
     REDIS_FIELD_NUMBER: _ClassVar[int]
     ZOOKEEPER_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    RULE_PENDING_FIELD_NUMBER: _ClassVar[int]
+    NOHIT_FIELD_NUMBER: _ClassVar[int]
     flow: str
     node_id: str
     role: str
@@ -96,7 +107,9 @@ class NodeStatus(_message.Message):
     redis: str
     zookeeper: str
     peer_id: str
-    def __init__(self, flow: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., uplink_lag: _Optional[int] = ..., baked: _Optional[int] = ..., claimed: _Optional[int] = ..., rolled_back: _Optional[int] = ..., delivered: _Optional[int] = ..., failed: _Optional[int] = ..., unclaimed: _Optional[int] = ..., grpc_address: _Optional[str] = ..., backpressure: _Optional[int] = ..., redis: _Optional[str] = ..., zookeeper: _Optional[str] = ..., peer_id: _Optional[str] = ...) -> None: ...
+    rule_pending: _containers.ScalarMap[str, int]
+    nohit: int
+    def __init__(self, flow: _Optional[str] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., uplink_lag: _Optional[int] = ..., baked: _Optional[int] = ..., claimed: _Optional[int] = ..., rolled_back: _Optional[int] = ..., delivered: _Optional[int] = ..., failed: _Optional[int] = ..., unclaimed: _Optional[int] = ..., grpc_address: _Optional[str] = ..., backpressure: _Optional[int] = ..., redis: _Optional[str] = ..., zookeeper: _Optional[str] = ..., peer_id: _Optional[str] = ..., rule_pending: _Optional[_Mapping[str, int]] = ..., nohit: _Optional[int] = ...) -> None: ...
 
 class HandoverRequest(_message.Message):
     __slots__ = ("timeout_s",)

@@ -67,26 +67,14 @@ from .node import OUTLINKS, SortNode
 from .rules import KEY_TYPES, NOHIT, ROLLBACK, Pattern, Ruleset
 
 __all__ = ["BYPASS", "DONE", "FAILURE", "NOHIT", "OUTLINKS", "ROLLBACK", "ClaimCache", "ClaimSortNode",
-           "KEY_TYPES", "Pattern", "Ruleset", "SortNode", "build"]
+           "KEY_TYPES", "Pattern", "Ruleset", "SortNode", "build", "read_outlink_names", "read_rulesets"]
 
 
 def build(name: str, p: Params) -> SortNode:
-    p.only("rulesets", "key_type", "id_ttl", "unclaimed_outlink", "rollback_on", "max_pending")
+    p.only("rulesets", "key_type", "id_ttl", "unclaimed_outlink", "rollback_on", "max_pending", "outlinks")
     key_type = p.choice("key_type", KEY_TYPES, "int")
-    sections = p.sections("rulesets")
-    if not sections:
-        raise p.error("rulesets", "must list at least one ruleset")
-    rulesets: list[Ruleset] = []
-    for r in sections:
-        spec = _read_ruleset(r)
-        if any(s.name == spec.name for s in rulesets):
-            raise r.error("name", f"another ruleset is already named {spec.name!r}")
-        rulesets.append(spec)
+    rulesets = read_rulesets(p, key_type)
     claim_mode = any(s.type == "claim" for s in rulesets)
-    for r, spec in zip(sections, rulesets):
-        _check_mode(r, spec, claim_mode)
-    if claim_mode and all(s.type == "claim" for s in rulesets):
-        raise p.error("rulesets", "claim mode needs a ruleset of type sort (the messages that claims release)")
     if not claim_mode:
         for field in ("id_ttl", "unclaimed_outlink", "rollback_on"):
             if p.has(field):
@@ -97,14 +85,65 @@ def build(name: str, p: Params) -> SortNode:
         unclaimed_outlink=p.choice("unclaimed_outlink", (DONE, FAILURE), DONE),
         rollback_on=_read_pattern(p.section("rollback_on")) if p.has("rollback_on") else None,
         max_pending=p.integer("max_pending", 1_000_000, minimum=1),
+        names=read_outlink_names(p),
     )
 
 
-def _read_ruleset(r: Params) -> Ruleset:
-    r.only("name", "match", "key", "type", "bake_time", "session_timeout", "id")
+def read_rulesets(p: Params, key_type: str, *, pair: bool = False) -> list[Ruleset]:
+    """The node's ``rulesets``, each checked against its mode; ``pair``: the cluster's claim
+    pair (the worker's half), which is in claim mode whether or not it lists a claim ruleset
+    (the master's escalations are its claims) and alone knows ``xa_mode``."""
+    node_xa = _xa_mode(p, 1) if pair else 1
+    if not pair and p.has("xa_mode"):
+        raise p.error("xa_mode", _XA_ONLY_PAIR)
+    sections = p.sections("rulesets")
+    if not sections:
+        raise p.error("rulesets", "must list at least one ruleset")
+    rulesets: list[Ruleset] = []
+    for r in sections:
+        spec = _read_ruleset(r, key_type, node_xa, pair)
+        if any(s.name == spec.name for s in rulesets):
+            raise r.error("name", f"another ruleset is already named {spec.name!r}")
+        rulesets.append(spec)
+    claim_mode = pair or any(s.type == "claim" for s in rulesets)
+    for r, spec in zip(sections, rulesets):
+        _check_mode(r, spec, claim_mode)
+    if claim_mode and all(s.type == "claim" for s in rulesets):
+        raise p.error("rulesets", "claim mode needs a ruleset of type sort (a baking ruleset: the messages "
+                                  "that claims release)")
+    return rulesets
+
+
+def read_outlink_names(p: Params) -> tuple[str, str, str, str]:
+    """``outlinks``: the node's own names for done, bypass, failure and nohit, in QFlow's
+    order (the first is done, the second bypass, the third failure, the last nohit)."""
+    names = tuple(p.str_list("outlinks", list(OUTLINKS[:4])))
+    if len(names) != 4:
+        raise p.error("outlinks", f"must name exactly four outlinks: done, bypass, failure, nohit in that "
+                                  f"order (got {len(names)})")
+    if len(set(names)) != 4 or ROLLBACK in names:
+        raise p.error("outlinks", f"must be four different names, none of them {ROLLBACK!r} (got {list(names)})")
+    return names  # type: ignore[return-value]
+
+
+_XA_ONLY_PAIR = "only on the cluster's claim pair (a sort with pairs_with): replay has no uplink to hold messages in"
+
+
+def _xa_mode(p: Params, default: int) -> int:
+    return p.get("xa_mode", int, default, check=lambda v: v in (0, 1),
+                 why="must be 1 (withheld messages stay in the uplink) or 0 (the worker holds them in Redis)")
+
+
+def _read_ruleset(r: Params, key_type: str, node_xa: int, pair: bool) -> Ruleset:
+    r.only("name", "match", "key", "key_type", "type", "bake_time", "session_timeout", "id", "xa_mode")
     name = r.name("name")
     if name == NOHIT:
         raise r.error("name", "'nohit' is the implicit ruleset of the messages no ruleset takes")
+    if r.has("key_type") and r.get("key_type", str) != key_type:
+        raise r.error("key_type", f"must be the node's key_type ({key_type}): every ruleset shares one key "
+                                  f"type, so that a claim's key compares with every held key")
+    if not pair and r.has("xa_mode"):
+        raise r.error("xa_mode", _XA_ONLY_PAIR)
     return Ruleset(
         name=name,
         key=r.template("key"),
@@ -113,15 +152,16 @@ def _read_ruleset(r: Params) -> Ruleset:
         bake_time=r.seconds("bake_time", 0.0),
         session_timeout=r.seconds("session_timeout", 0.0),
         id=r.template("id", None),
+        xa_mode=_xa_mode(r, node_xa),
     )
 
 
 def _check_mode(r: Params, spec: Ruleset, claim_mode: bool) -> None:
     """Refuse what a ruleset's mode would silently ignore."""
     if spec.type == "claim":
-        for field in ("bake_time", "session_timeout"):
+        for field in ("bake_time", "session_timeout", "xa_mode"):
             if r.has(field):
-                raise r.error(field, "has no meaning on a claim ruleset")
+                raise r.error(field, "has no meaning on a claim ruleset (it holds nothing)")
     elif claim_mode:
         if spec.bake_time <= 0:
             raise r.error("bake_time", "claim mode needs bake_time > 0 on every sort ruleset "

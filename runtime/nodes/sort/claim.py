@@ -8,6 +8,7 @@ server.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,8 @@ from .min_queue import MinQueue
 if TYPE_CHECKING:
     from ...message import Message
 
-DONE, BYPASS, FAILURE = "done", "bypass", "failure"
+DONE, BYPASS, FAILURE, NOHIT = "done", "bypass", "failure", "nohit"
+ALL = "all"  # the one baking ruleset of the claim pair's short form (pairs_with, key, bake_time)
 
 
 class _Held:
@@ -53,7 +55,7 @@ class ClaimCache:
     (['m1', 'm2'], ['m3'])
     """
 
-    def __init__(self):
+    def __init__(self, track_resolved: bool = False):
         self._held: dict[Any, _Held] = {}           # order -> held message (baking or overdue)
         self._by_id: dict[str, list[_Held]] = {}
         self._by_key = MinQueue()                  # (key, serial, held); left ones are skipped
@@ -61,9 +63,14 @@ class ClaimCache:
         self._by_order = MinQueue()                # (order, serial, held); left ones are skipped
         self._serial = 0                            # breaks ties so held objects are never compared
         self.baking = 0
-        self.claimed = 0      # released by a claim or the mark while baking, or never baked (processed)
-        self.unclaimed = 0    # reported overdue by expire()
+        # Each message's one exit is counted once: claimed (a claim, the mark, or processed before
+        # it was baked) or rolled back. Being reported overdue is a notice, not an exit.
+        self.claimed = 0      # released by a claim or the mark (overdue or not), or never baked (processed)
+        self.unclaimed = 0    # reported overdue by expire(): notices, each message at most once
         self.rolled_back = 0  # returned by rollback()
+        # With track_resolved: (item, "claimed" | "rolled_back") of each message reported overdue that
+        # has left since, so that whoever published the notice can publish how it ended.
+        self._resolved: list[tuple[Any, str]] | None = [] if track_resolved else None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -130,6 +137,8 @@ class ClaimCache:
             if ok:
                 self._drop(held)
                 released.append(held)
+                if held.overdue and self._resolved is not None:
+                    self._resolved.append((held.item, "claimed"))
             elif from_key_queue:
                 self._by_key.push((held.key, held.serial, held))
         released.sort(key=_ORDER)
@@ -162,22 +171,28 @@ class ClaimCache:
         """Drop every held message at or before uplink order ``upto`` (proven processed
         in bulk: the flow's processed mark); return how many.
 
-        A baking one counts as claimed; an overdue one was already reported.
+        Each counts as claimed (an overdue one too: its report was a notice).
         Costs O(log n) per released message, whatever the cache holds.
         """
         n = 0
         for _, _, held in self._by_order.pop_upto(upto):
             if held.live:
-                if not held.overdue:
-                    self.claimed += 1
+                if held.overdue and self._resolved is not None:
+                    self._resolved.append((held.item, "claimed"))
                 self._drop(held)
                 n += 1
+        self.claimed += n
         self._compact()
         return n
 
     def rollback(self) -> list:
         """Every held item (baking and overdue) in uplink order; the cache is empty after."""
-        out = [h.item for h in sorted(self._held.values(), key=_ORDER)]
+        held = sorted(self._held.values(), key=_ORDER)
+        out = [h.item for h in held]
+        if self._resolved is not None:
+            self._resolved.extend((h.item, "rolled_back") for h in held if h.overdue)
+        for h in held:
+            h.live = False
         self._held.clear()
         self._by_id.clear()
         self._by_key = MinQueue()
@@ -185,6 +200,12 @@ class ClaimCache:
         self._by_order = MinQueue()
         self.baking = 0
         self.rolled_back += len(out)
+        return out
+
+    def drain_resolved(self) -> list[tuple[Any, str]]:
+        """With ``track_resolved``: the messages reported overdue that have left since the last
+        call, each with how (``"claimed"`` or ``"rolled_back"``); empty otherwise."""
+        out, self._resolved = self._resolved or [], [] if self._resolved is not None else None
         return out
 
     def _drop(self, held: _Held) -> None:
@@ -208,19 +229,24 @@ class ClaimCache:
 
 
 class ClaimSortNode:
-    """The cluster's claim-mode sort node: uplink messages bake in a :class:`ClaimCache`.
+    """The cluster's claim-mode sort node: uplink messages bake in one :class:`ClaimCache` per
+    baking ruleset (``claim_rules.ClaimRules``), until the master's escalation claims them.
 
-    The worker of an active-active pair bakes every message it reads from the
-    uplink; the master escalates each message it processed (ID, key, uplink
-    position). A claim releases every baked message at or below the claimed
-    key to ``bypass``; a message whose ID is already known to be processed
-    (``offer(processed=True)``) is never baked. A message that stays unclaimed
-    for ``bake_time`` seconds means the master fell behind or died: :meth:`tick`
-    returns it for ``unclaimed_outlink`` (``done`` by default, as QFlow's
-    documentation says; ``failure`` as QFlow's code did) so it is surfaced, but the node
-    keeps it, because routing it out must never make it unrecoverable: it
-    stays eligible for :meth:`rollback` until a claim or :meth:`release_upto` proves
-    it was processed.
+    The worker of an active-active pair bakes every uplink message its ruleset holds; the
+    master escalates, for each message it processed, a claim: the ruleset, the claim ID and
+    the key as that ruleset builds them, and the message's uplink position. A claim releases,
+    in its ruleset's group only, the message with the claimed ID and every baked message at
+    or below the claimed key (a claim ruleset's claim, or one that names no ruleset, in every
+    group, as replay's one cache does); a message whose ID is already known to be processed
+    (``offer(processed=True)``) is never baked. A message that no baking ruleset takes leaves
+    at once: through ``nohit`` (no ruleset, or a claim ruleset, whose messages are claims).
+    A message that stays unclaimed for its ruleset's ``bake_time`` means the master fell
+    behind or died: :meth:`tick` reports it for ``unclaimed_outlink`` (``done`` by default,
+    as QFlow's documentation says; ``failure`` as QFlow's code did), but the node keeps it,
+    because routing it out must never make it unrecoverable: it stays eligible for
+    :meth:`rollback` until a claim or :meth:`release_upto` proves it was processed. That
+    report is a notice; each message's one exit is its claim (bypass), its rollback, nohit or
+    failure, and :meth:`resolved` says how each reported message ended.
 
     Claims and uplink order. Claiming "every message at or below the key" is
     only safe when the master has processed all of them, which holds when keys
@@ -234,32 +260,42 @@ class ClaimSortNode:
 
     >>> from twinflow.runtime.message import Message
     >>> node = ClaimSortNode(bake_time=5.0)
-    >>> node.offer(Message("a", 1, "10-0", b"{}"), now=0.0) is None  # baked
+    >>> node.offer(Message("a", 1, "10-0", b"{}", rule="all", cid="a"), now=0.0) is None  # baked
     True
-    >>> [m.id for m in node.claim("a", 1, "10-0")]
+    >>> [m.id for m in node.claim("a", 1, "10-0", "all")]
     ['a']
     """
 
-    def __init__(self, bake_time: float, unclaimed_outlink: str = DONE, max_pending: int = 1_000_000):
-        if bake_time <= 0:
-            raise ValueError("bake_time must be > 0 in claim mode")
+    def __init__(self, bake_time: float | Mapping[str, float], unclaimed_outlink: str = DONE,
+                 max_pending: int = 1_000_000):
+        bake_times = {ALL: bake_time} if isinstance(bake_time, (int, float)) else dict(bake_time)
+        if not bake_times or any(t <= 0 for t in bake_times.values()):
+            raise ValueError("bake_time must be > 0 in claim mode, for every baking ruleset")
         if unclaimed_outlink not in (DONE, FAILURE):
             raise ValueError("unclaimed_outlink must be 'done' or 'failure'")
-        self.bake_time = bake_time
+        self.bake_times = bake_times
         self.unclaimed_outlink = unclaimed_outlink
         self.max_pending = max_pending
-        self._cache = ClaimCache()
+        self._caches = {name: ClaimCache(track_resolved=True) for name in bake_times}
+        self._all = tuple(self._caches.values())
+        self.nohit = 0  # messages no baking ruleset takes: left at once
 
     # -- state ------------------------------------------------------------
     @property
     def baked(self) -> int:
         """Messages still baking."""
-        return self._cache.baking
+        return sum(c.baking for c in self._all)
 
     @property
     def pending(self) -> int:
         """Messages the node holds (baking or overdue): what a rollback would return."""
-        return len(self._cache)
+        return sum(len(c) for c in self._all)
+
+    def rule_pending(self) -> dict[str, int]:
+        """RULE_PEND: how many messages each baking ruleset holds (``nohit`` never holds any)."""
+        counts = {name: len(c) for name, c in self._caches.items()}
+        counts[NOHIT] = 0
+        return counts
 
     @property
     def full(self) -> bool:
@@ -268,22 +304,23 @@ class ClaimSortNode:
 
     @property
     def claimed(self) -> int:
-        """Released to bypass: by a claim or the processed mark while baking, or as already processed."""
-        return self._cache.claimed
+        """Released to bypass: by a claim or the processed mark, or as already processed."""
+        return sum(c.claimed for c in self._all)
 
     @property
     def unclaimed(self) -> int:
-        """Routed to unclaimed_outlink after baking fully."""
-        return self._cache.unclaimed
+        """Reported to unclaimed_outlink after baking fully (notices: each message at most once)."""
+        return sum(c.unclaimed for c in self._all)
 
     @property
     def rolled_back(self) -> int:
         """Handed back for processing by rollback()."""
-        return self._cache.rolled_back
+        return sum(c.rolled_back for c in self._all)
 
     def next_deadline(self) -> float | None:
         """When the oldest baking message is fully baked, or None."""
-        return self._cache.next_deadline()
+        deadlines = [d for d in (c.next_deadline() for c in self._all) if d is not None]
+        return min(deadlines) if deadlines else None
 
     # -- input ------------------------------------------------------------
     def offer(self, msg: Message, now: float, processed: bool = False) -> str | None:
@@ -292,38 +329,65 @@ class ClaimSortNode:
         ``processed`` says its ID is already in the ID cache: it is not baked.
         The same uplink entry read again (a replayed batch) is not baked twice.
         """
-        return self._cache.offer(msg, msg.id, msg.key, position_order(msg.position),
-                                 now + self.bake_time, processed)
+        cache = self._caches.get(msg.rule)
+        if cache is None:
+            self.nohit += 1
+            return NOHIT
+        return cache.offer(msg, msg.cid, msg.key, position_order(msg.position),
+                           now + self.bake_times[msg.rule], processed)
 
-    def claim(self, msg_id: str, key: Any, position: str) -> list[Message]:
-        """Release (to bypass) the message ``msg_id`` and every message at or
-        below ``key`` that sits at or before ``position`` in the uplink."""
-        return self._cache.claim(msg_id, key, position_order(position))
+    def claim(self, claim_id: str, key: Any, position: str, rule: str = "") -> list[Message]:
+        """Release (to bypass) the message ``claim_id`` and every message at or below ``key``
+        that sits at or before ``position`` in the uplink, in ``rule``'s group."""
+        taken = self.take_claims([(claim_id, key, position, rule)])
+        return self.settle_claims(taken, [True] * len(taken))
 
-    def take_claims(self, claims: list[tuple[str, Any, str]]) -> list:
-        """What the claims (id, key, position) would release, still held: prove each
+    def take_claims(self, claims: list[tuple[str, Any, str, str]]) -> list:
+        """What the claims (ID, key, position, ruleset) would release, still held: prove each
         message processed, then :meth:`settle_claims` (a claim is a hint, not the record)."""
-        take = self._cache.take
-        return [t for mid, key, pos in claims for t in take(mid, key, position_order(pos))]
+        taken = []
+        for cid, key, pos, rule in claims:
+            order = position_order(pos)
+            cache = self._caches.get(rule)
+            for c in (cache,) if cache is not None else self._all:
+                taken.extend((c, held, flag) for held, flag in c.take(cid, key, order))
+        return taken
 
     @staticmethod
     def claimed_messages(taken: list) -> list[Message]:
         """The messages :meth:`take_claims` took, in the same order."""
-        return [held.item for held, _ in taken]
+        return [held.item for _, held, _ in taken]
 
     def settle_claims(self, taken: list, proven: list[bool]) -> list[Message]:
         """Release to bypass the taken messages proven processed; the others bake on."""
-        return self._cache.settle(taken, proven)
+        by_cache: dict[int, tuple[ClaimCache, list, list]] = {}
+        for (cache, held, flag), ok in zip(taken, proven):
+            _, items, oks = by_cache.setdefault(id(cache), (cache, [], []))
+            items.append((held, flag))
+            oks.append(ok)
+        released = [m for cache, items, oks in by_cache.values() for m in cache.settle(items, oks)]
+        if len(by_cache) > 1:
+            released.sort(key=lambda m: position_order(m.position))
+        return released
 
     def tick(self, now: float) -> list[Message]:
-        """Route every fully baked message to the unclaimed outlink; they stay recoverable."""
-        return self._cache.expire(now)
+        """Report every fully baked message for the unclaimed outlink; they stay recoverable."""
+        return [m for c in self._all for m in c.expire(now)]
+
+    def resolved(self) -> list[tuple[Message, str]]:
+        """The reported (overdue) messages that left since the last call, each with how:
+        ``"claimed"`` (the master did process it) or ``"rolled_back"`` (handed back)."""
+        return [r for c in self._all for r in c.drain_resolved()]
 
     def release_upto(self, position: str) -> int:
         """Drop every message at or before ``position``: the flow's processed mark proves
         the masters processed all of them. Baking ones leave through bypass. Returns how many."""
-        return self._cache.release_upto(position_order(position))
+        order = position_order(position)
+        return sum(c.release_upto(order) for c in self._all)
 
     def rollback(self) -> list[Message]:
         """Every unclaimed message (baking and overdue), in uplink order; the node is empty after."""
-        return self._cache.rollback()
+        out = [m for c in self._all for m in c.rollback()]
+        if len(self._all) > 1:
+            out.sort(key=lambda m: position_order(m.position))
+        return out

@@ -21,8 +21,14 @@ class SortNode(Node):
     outlinks = OUTLINKS
 
     def __init__(self, name: str, rulesets: list[Ruleset], *, key_type: str = "int", id_ttl: float = 86400.0,
-                 unclaimed_outlink: str = DONE, rollback_on: Pattern | None = None, max_pending: int = 1_000_000):
+                 unclaimed_outlink: str = DONE, rollback_on: Pattern | None = None, max_pending: int = 1_000_000,
+                 names: tuple[str, str, str, str] | None = None):
         super().__init__(name)
+        # QFlow lets the four outlinks carry any names: done, bypass, failure, nohit, in that order.
+        renamed = names is not None and tuple(names) != OUTLINKS[:4]
+        self._names = dict(zip(OUTLINKS, names)) if renamed else None
+        if renamed:
+            self.outlinks = (*names, ROLLBACK)
         self.max_pending = max_pending
         self._parse_key = KEY_TYPES[key_type]
         self._rollback_on = rollback_on
@@ -51,6 +57,14 @@ class SortNode(Node):
         return _Static(spec)
 
     def on_message(self, msg: Msg, now: float) -> list[Emit]:
+        out = self._route(msg, now)
+        return out if self._names is None else self._renamed(out)
+
+    def _renamed(self, out: list[Emit]) -> list[Emit]:
+        names = self._names
+        return [Emit(names.get(e.outlink, e.outlink), e.msgs, e.info) for e in out]
+
+    def _route(self, msg: Msg, now: float) -> list[Emit]:
         self._due = None
         doc = msg.doc
         if self._rollback_on is not None and self._rollback_on.matches(doc):
@@ -90,7 +104,7 @@ class SortNode(Node):
         while True:
             timer, at = self._earliest()
             if timer is None or at > now:
-                return out
+                return out if self._names is None else self._renamed(out)
             out += timer.fire(at)
             if timer is not self._claims:
                 self._changed.add(timer.spec.name)

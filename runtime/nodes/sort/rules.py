@@ -16,10 +16,10 @@ from typing import Any
 from ...fields import BadInput, FieldPath, MissingField, Template
 from ...keys import KEY_TYPES as KEY_NAMES, parse_key
 from ..base import Emit, Msg, msg_from_json, msg_json
-from .claim import BYPASS, DONE, ClaimCache
+from .claim import BYPASS, DONE, NOHIT, ClaimCache
 from .min_queue import MinQueue
 
-NOHIT, ROLLBACK = "nohit", "rollback"
+ROLLBACK = "rollback"
 _NO_INFO: Any = MappingProxyType({})
 _UNCLAIMED_INFO: Any = MappingProxyType({"reason": "not claimed within bake_time; held until claimed or rolled back"})
 
@@ -28,9 +28,17 @@ KEY_TYPES = {name: partial(parse_key, name) for name in KEY_NAMES}
 
 
 def _ident(v: Any) -> str:
-    if isinstance(v, (str, int, float)) and not isinstance(v, bool) and v != "":
+    """A claim ID from its template's value: a non-empty string or an integer (``1`` and ``"1"``
+    are one ID, as message IDs are). A JSON ``true``/``false`` or a float is refused: ``1.0``
+    and ``1`` would be one ID while ``"1.0"`` is another, and a bool is no identity at all."""
+    if isinstance(v, str):
+        if v:
+            return v
+        raise BadInput("ID is empty")
+    if isinstance(v, int) and not isinstance(v, bool):
         return str(v)
-    raise BadInput(f"ID {v!r} is not a non-empty string or number")
+    shown = repr(v) if len(repr(v)) <= 80 else f"{repr(v)[:40]}..."
+    raise BadInput(f"ID {shown} is not a non-empty string or integer")
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class Ruleset:
     bake_time: float = 0.0                # seconds
     session_timeout: float = 0.0          # seconds
     id: Template | None = None            # claim mode: the message's ID; default the key
+    xa_mode: int = 1                      # the cluster's claim pair: 1 held in the uplink, 0 in Redis
 
 
 # -- one ruleset's behaviour per mode -------------------------------------------------------------
