@@ -172,11 +172,14 @@ def read_pair(sort: Params, kinds: dict[str, str], message: MessageSpec) -> Clai
     )
 
 
-# XA mode 0 (the worker keeps withheld messages in Redis so that the uplink may be trimmed past
-# them) is refused rather than taken and ignored: until the worker has that held store, a
-# message trimmed from the uplink before the master processed it would be lost on failover.
-XA0_REFUSED = ("xa_mode 0 is not available on the cluster yet: withheld messages stay in the uplink "
-               "(xa_mode 1), which is never trimmed past a message the flow has not processed")
+# XA mode 0 is QFlow's way for a worker to hold more than its own uplink queue keeps: it takes
+# withheld messages off that queue. Here both peers read one Redis stream, which is trimmed only
+# past what the flow processed and every live peer read, so it already keeps every withheld
+# message for as long as it is withheld (XA mode 1), whatever their number; taking them off it
+# would take them from the master's input too. So 0 is refused, never taken and ignored.
+XA0_REFUSED = ("xa_mode 0 is refused on the cluster: both peers read one uplink, which is never trimmed past a "
+               "message the flow has not processed, so every withheld message stays in it (xa_mode 1); "
+               "removing it would remove it from the master's input too")
 
 
 def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None) -> ClusterSpec | None:

@@ -118,7 +118,7 @@ def test_nodes_whose_state_is_not_in_redis_yet_are_refused_by_run():
     ("pairs_with: act", "pairs_with: nobody", 9, "nodes.sort.pairs_with", "must name an action node"),
     ("key: seq, ", "", 9, "nodes.sort.key", "is required"),
     ("bake_time: 2", "bake_time: 2, rulesets: []", 9, "nodes.sort.key", "only without rulesets"),
-    ("bake_time: 2", "bake_time: 2, xa_mode: 0", 9, "nodes.sort.xa_mode", "not available on the cluster yet"),
+    ("bake_time: 2", "bake_time: 2, xa_mode: 0", 9, "nodes.sort.xa_mode", "xa_mode 0 is refused on the cluster"),
     ("bake_time: 2", "bake_time: 2, outlinks: [a, b, c]", 9, "nodes.sort.outlinks", "exactly four"),
     ("uplink: {stream: up}", "uplink: {stream: up, extra: 1}", 2, "uplink.extra", "unknown field"),
     ("flow: f1", "flow: 'has space'", 1, "flow", "letters, digits"),
