@@ -174,3 +174,64 @@ def test_one_claim_pair_per_flow():
     text = GOOD + "  sort2: {type: sort, pairs_with: act, key: seq}\n"
     with pytest.raises(FlowFileError, match="already pairs with"):
         parse_graph(text)
+
+
+RULESETS = """\
+flow: f2
+uplink: {stream: up}
+message: {id: mid}
+input: act
+nodes:
+  act: {type: action, sink: {stream: out}}
+  sort:
+    type: sort
+    pairs_with: act
+    rulesets:
+      - {name: orders, match: {field: kind, equals: order}, key: "{n}", id: "o-{n}", bake_time: 5}
+      - {name: payments, match: {field: kind, equals: payment}, key: "{pay.seq}", bake_time: 3}
+      - {name: acks, type: claim, match: {field: kind, equals: ack}, key: "{n}", id: "o-{n}"}
+"""
+
+
+def test_a_claim_pair_with_rulesets_loads_and_reads_each_message_by_its_ruleset():
+    g = parse_graph(RULESETS)
+    rules = g.cluster.message.claim_rules
+    assert g.cluster.pair.rules is rules and rules.baking == ("orders", "payments")
+    assert rules.bake_times() == {"orders": 5.0, "payments": 3.0} and g.cluster.pair.bake_time == 5.0
+    assert rules.classify({"kind": "order", "n": 7}) == ("orders", 7, "o-7")
+    assert rules.classify({"kind": "payment", "pay": {"seq": "4"}}) == ("payments", 4, "4")  # no id: the key
+    assert rules.classify({"kind": "ack", "n": 7}) == ("acks", 7, "o-7")
+    assert rules.classify({"kind": "note"}) is None  # nohit
+    assert [p.path for p in rules.fields()] == ["kind", "n", "pay.seq"]
+
+
+@pytest.mark.parametrize("old, new, line, field, reason", [
+    ('key: "{n}", id: "o-{n}", bake_time: 5}', 'key: "{n}", id: "o-{n}", bake_time: 5, key_type: str}', 11,
+     "nodes.sort.rulesets[0].key_type", "must be the node's key_type (int)"),
+    ('      - {name: orders, match: {field: kind, equals: order}, key: "{n}", id: "o-{n}", bake_time: 5}\n'
+     '      - {name: payments, match: {field: kind, equals: payment}, key: "{pay.seq}", bake_time: 3}\n', "", 11,
+     "nodes.sort.rulesets", "needs a ruleset of type sort"),
+    ("    rulesets:", "    key: seq\n    rulesets:", 10, "nodes.sort.key", "only without rulesets"),
+    ('key: "{pay.seq}", bake_time: 3}', 'key: "{pay.seq}"}', 12, "nodes.sort.rulesets[1].bake_time",
+     "claim mode needs bake_time > 0"),
+    ('id: "o-{n}"}', 'id: "o-{n}", bake_time: 1}', 13, "nodes.sort.rulesets[2].bake_time", "no meaning on a claim"),
+    ("name: payments", "name: orders", 12, "nodes.sort.rulesets[1].name", "already named 'orders'"),
+    ("name: payments", "name: nohit", 12, "nodes.sort.rulesets[1].name", "implicit ruleset"),
+    ('bake_time: 3}', 'bake_time: 3, xa_mode: 0}', 12, "nodes.sort.rulesets[1].xa_mode", "refused on the cluster"),
+    ('bake_time: 3}', 'bake_time: 90000}', 12, "nodes.sort.rulesets[1].bake_time", "(0, 86400]"),
+    ("    rulesets:", "    outlinks: [a, b, a, d]\n    rulesets:", 10, "nodes.sort.outlinks", "four different"),
+])
+def test_a_bad_ruleset_of_the_pair_is_refused_with_line_field_and_reason(old, new, line, field, reason):
+    text = RULESETS.replace(old, new)
+    assert text != RULESETS
+    with pytest.raises(FlowFileError) as err:
+        parse_graph(text, "bad.yaml")
+    e = err.value
+    assert (e.file, e.line, e.field) == ("bad.yaml", line, field), str(e)
+    assert reason in e.reason, str(e)
+
+
+def test_the_pair_outlinks_may_carry_any_names():
+    g = parse_graph(RULESETS.replace("    rulesets:", "    outlinks: [sorted, late, broken, other]\n    rulesets:"))
+    pair = g.cluster.pair
+    assert pair.names == ("sorted", "late", "broken", "other") and pair.outlink_name("done") == "sorted"

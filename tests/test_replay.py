@@ -152,3 +152,32 @@ def test_bad_graphs_are_refused_naming_the_field(text, field, reason):
     with pytest.raises(FlowFileError) as err:
         parse_graph(text, "g.yaml")
     assert err.value.field == field and reason in err.value.reason and err.value.line is not None
+
+
+def test_a_message_the_claim_pair_cannot_read_is_a_bad_line_as_the_cluster_refuses_it():
+    """A cluster flow's replay refuses, with the cluster's reason, what the cluster's decode sends to
+    its failure stream on both peers: a key or claim ID its ruleset cannot build."""
+    from pathlib import Path
+    from twinflow.runtime.flowgraph import load_graph
+
+    g = load_graph(Path(__file__).parents[1] / "examples" / "cluster-claim-rulesets.yaml")
+    lines = ['{"at": 1, "mid": "a", "kind": "order", "n": 1}',
+             '{"at": 2, "mid": "b", "kind": "order", "n": true}',
+             '{"at": 3, "mid": "c", "kind": "payment", "pay": {}}',
+             '{"at": 4, "mid": "d", "kind": "note"}']
+    bad = []
+    out = [e["id"] for e in replay(g, lines, on_bad=lambda n, why: bad.append((n, why)))]
+    assert out == ["a", "d"]  # a note belongs to no ruleset: the master still delivers it
+    assert bad == [(2, "ruleset 'orders': key True is not an int"),
+                   (3, "ruleset 'payments': message has no key field 'pay.seq'")]
+
+
+def test_the_command_ends_with_each_sort_nodes_rule_pending(tmp_path, capsys):
+    from pathlib import Path
+    from twinflow.cli import main
+
+    example = Path(__file__).parents[1] / "examples" / "sort-claim"
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"at": 0, "id": "o1", "type": "order", "seq": 1}\n')
+    assert main(["replay", str(example / "flow.yaml"), str(events), "--until", "1"]) == 0
+    assert 'worker rule_pending {"escalations": 0, "orders": 1, "nohit": 0}' in capsys.readouterr().err

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
+from twinflow.client import peer_status
 from twinflow.runtime.flowgraph import load_graph
 from twinflow.runtime.positions import position_order
 from twinflow.runtime.replay import replay
@@ -86,6 +87,8 @@ def test_claim_rulesets_live_through_a_master_kill_match_replay(cluster):
     wait_until(lambda: cluster.read_upto("b") == last, 30, what="b to read the first third")
     wait_until(lambda: rule_pending(cluster, "b") == held(first), 10, what="b's RULE_PEND")
     assert int(cluster.status("b")["nohit"]) == 100  # the acknowledgements and the notes
+    over_grpc = peer_status(cluster.status("b")["grpc_address"])  # RULE_PEND in the gRPC status too
+    assert over_grpc["rule_pending"] == held(first) and over_grpc["nohit"] == 100
     # 2. The master goes on: its escalations claim, each in its own group, all that b holds.
     os.killpg(a, signal.SIGCONT)
     wait_until(lambda: rule_pending(cluster, "b") == {"orders": 0, "payments": 0, "nohit": 0}, 30,

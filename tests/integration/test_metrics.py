@@ -114,6 +114,7 @@ def test_a_scrape_shows_what_each_node_did(pair, flow_name):
     rows = [(p, body, None) for p, body in zip(a.store.publish(bodies), bodies)]
     b.on_batch(0, rows)  # the worker bakes first, so the escalation finds every message baked
     assert metric(B, "twinflow_baked", **who_b) == 3
+    assert metric(B, "twinflow_rule_pending", ruleset="all", **who_b) == 3  # RULE_PEND, per ruleset
     a.on_batch(0, rows)  # a master's batch runs ahead of on_batch, as in a real peer: wait for it
     wait_until(lambda: metric(A, "twinflow_batch_duration_seconds_count", role="master", **who_a) == 1,
                10.0, what="a's batch to finish")
@@ -142,6 +143,7 @@ def test_a_scrape_shows_what_each_node_did(pair, flow_name):
     assert value(worker, "twinflow_uplink_read_total", **who_b) == 3
     assert value(worker, "twinflow_messages_total", outcome="claimed", **who_b) == 3
     assert value(worker, "twinflow_baked", **who_b) == 0
+    assert value(worker, "twinflow_rule_pending", ruleset="all", **who_b) == 0
     assert value(worker, "twinflow_escalation_batches_received_total", result="accepted", **who_b) >= 1
     assert value(worker, "twinflow_escalation_batches_received_total", result="refused", **who_b) == 0
     assert value(worker, "twinflow_batch_duration_seconds_count", role="worker", **who_b) == 1

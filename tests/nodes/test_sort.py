@@ -450,3 +450,41 @@ def test_claims_and_rollbacks_return_exactly_the_baked_messages(ops):
         ids = [i for at, o, i in exits if o == "rollback" and at == group_at]
         assert ids == sorted(ids, key=position.__getitem__)
     assert set(rolled) <= {o.id for o in orders}
+
+
+@pytest.mark.parametrize("ref, reason", [
+    (True, "ID True is not a non-empty string or integer"),
+    (1.5, "ID 1.5 is not a non-empty string or integer"),
+    ("", "ID is empty"),
+])
+def test_a_claim_id_that_is_a_bool_a_float_or_empty_leaves_by_failure(ref, reason):
+    node = node_from(CLAIM)
+    emits = node.on_message(m("e", type="esc", seq=1, ref=ref), 0.0)
+    assert out(emits) == [("failure", "e")] and emits[0].info == {"reason": reason}
+    # An integer is an ID, and 1 and "1" are one ID, as message IDs are.
+    node.on_message(m("o1", type="order", seq=1), 0.0)
+    assert out(node.on_message(m("e1", type="esc", seq=0, ref="o1"), 0.0)) == [("bypass", "o1"), ("nohit", "e1")]
+
+
+def test_the_four_outlinks_may_carry_any_names():
+    node = node_from("outlinks: [sorted, late, broken, other]\n" + CLAIM)
+    assert node.outlinks == ("sorted", "late", "broken", "other", "rollback")
+    node.on_message(m("o1", type="order", seq=1), 0.0)
+    assert out(node.on_time(5.0)) == [("sorted", "o1")]  # done: surfaced unclaimed
+    assert out(node.on_message(m("e1", type="esc", seq=1, ref="o1"), 6.0)) == [("late", "o1"), ("other", "e1")]
+    assert out(node.on_message(m("o2", type="order"), 7.0)) == [("broken", "o2")]
+    assert out(node.on_message(m("x", type="promote"), 8.0)) == [("other", "x")]
+
+
+@pytest.mark.parametrize("names, reason", [
+    ("[a, b, c]", "exactly four"), ("[a, b, c, a]", "four different"), ("[a, b, c, rollback]", "four different")])
+def test_outlink_names_are_four_different_ones(names, reason):
+    with pytest.raises(FlowFileError, match=reason):
+        node_from(f"outlinks: {names}\n" + CLAIM)
+
+
+def test_xa_mode_belongs_to_the_cluster_pair_only():
+    with pytest.raises(FlowFileError, match="only on the cluster's claim pair"):
+        node_from("xa_mode: 1\n" + CLAIM)
+    with pytest.raises(FlowFileError, match="only on the cluster's claim pair"):
+        node_from(CLAIM.replace("bake_time: 5}", "bake_time: 5, xa_mode: 1}"))

@@ -71,7 +71,7 @@ __all__ = ["BYPASS", "DONE", "FAILURE", "NOHIT", "OUTLINKS", "ROLLBACK", "ClaimC
 
 
 def build(name: str, p: Params) -> SortNode:
-    p.only("rulesets", "key_type", "id_ttl", "unclaimed_outlink", "rollback_on", "max_pending", "outlinks")
+    p.only("rulesets", "key_type", "id_ttl", "unclaimed_outlink", "rollback_on", "max_pending", "outlinks", "xa_mode")
     key_type = p.choice("key_type", KEY_TYPES, "int")
     rulesets = read_rulesets(p, key_type)
     claim_mode = any(s.type == "claim" for s in rulesets)
