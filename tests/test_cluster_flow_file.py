@@ -148,13 +148,18 @@ def test_nodes_whose_state_is_not_in_redis_yet_are_refused_by_run():
      "names no field"),
 ])
 def test_bad_field_is_refused_with_line_field_and_reason(old, new, line, field, reason):
-    text = GOOD.replace(old, new)
-    assert text != GOOD
+    assert_refused(GOOD, old, new, line, field, reason)
+
+
+def assert_refused(good: str, old: str, new: str, line: int, field: str, reason: str) -> None:
+    """``good`` with ``old`` made ``new`` is refused at ``line``, naming ``field`` and ``reason``."""
+    text = good.replace(old, new)
+    assert text != good
     with pytest.raises(FlowFileError) as err:
         parse_graph(text, "bad.yaml")
     e = err.value
     assert (e.file, e.line, e.field) == ("bad.yaml", line, field), str(e)
-    assert reason in e.reason
+    assert reason in e.reason, str(e)
     assert str(e).startswith(f"bad.yaml:{line}: {field}: ")
 
 
@@ -222,13 +227,7 @@ def test_a_claim_pair_with_rulesets_loads_and_reads_each_message_by_its_ruleset(
     ("    rulesets:", "    outlinks: [a, b, a, d]\n    rulesets:", 10, "nodes.sort.outlinks", "four different"),
 ])
 def test_a_bad_ruleset_of_the_pair_is_refused_with_line_field_and_reason(old, new, line, field, reason):
-    text = RULESETS.replace(old, new)
-    assert text != RULESETS
-    with pytest.raises(FlowFileError) as err:
-        parse_graph(text, "bad.yaml")
-    e = err.value
-    assert (e.file, e.line, e.field) == ("bad.yaml", line, field), str(e)
-    assert reason in e.reason, str(e)
+    assert_refused(RULESETS, old, new, line, field, reason)
 
 
 def test_the_pair_outlinks_may_carry_any_names():
