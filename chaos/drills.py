@@ -5,17 +5,21 @@ Each drill runs on a fresh :class:`~twinflow.testing.local_cluster.LocalCluster`
 (every link through the fault proxy) with the chained flow by default
 (history -> AND join -> action, with the claim pair), so faults also hit
 pending joins and their time-outs. A producer publishes ``messages`` orders
-and payments (twinflow/testing/messages.py) at ``rate`` per second; the drill
-injects its fault at a point given as a share of the messages sent. Then
-the one checker (:mod:`twinflow.testing.checker`) reads every outlink and counts:
+and payments (twinflow/testing/messages.py) at ``rate`` per second, or, for
+a flow file whose fields they lack, messages made from its own fields or from
+example messages (twinflow/testing/flow_messages.py); the drill injects its
+fault at a point given as a share of the messages sent. Then the one checker
+(:mod:`twinflow.testing.checker`) reads every outlink and counts:
 
 - ``lost``: sent messages that never left the flow;
 - ``duplicated``: leavings beyond the first per message;
 - ``out_of_order``: resequence outputs out of sequence within a group;
 - ``stale_writes``: outputs written by a master after a newer epoch's first
   write, or at an epoch another peer wrote at (one writer per epoch);
-- ``rto_s``: for each fault, the last sink write before it to the first
-  after it (the largest, when a drill faults twice).
+- ``rto_s``: for each fault, from the fault itself (the time the drill
+  injected it) to the first write after it, or to the first write of a newer
+  epoch when one wrote after it (the largest, when a drill faults twice; none
+  when nothing was written after a fault).
 
 The Redis failover drills (``redis-failover`` on Sentinel,
 ``redis-cluster-failover`` on a Redis Cluster) run with ``cluster.wait_replicas``
@@ -38,8 +42,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..runtime.waiting import wait_for
+from ..runtime.flowgraph import parse_graph
+from ..testing.flow_messages import CHAINED_MESSAGES, messages_for
 from ..testing.messages import CHAINED
-from ..testing.producers import DrillProducer
+from ..testing.producers import DrillProducer, PacedProducer
 from ..testing import checker
 from ..testing.checker import check_outputs
 from ..testing.local_cluster import LocalCluster
@@ -361,15 +367,47 @@ KILLS_MASTER = set(DRILLS) - {"zk-partition-master", "redis-restart", "kill-duri
 
 
 # -- running one ------------------------------------------------------------------------------------
+class FlowProducer(PacedProducer):
+    """The drill producer for a flow of its own fields: publishes ``source.doc(seq)``
+    (twinflow/testing/flow_messages.py) through ``cluster.publish`` at ``rate``, and remembers
+    each message's ID where the flow keeps it; waits while ``gate`` is clear, as DrillProducer."""
+
+    def __init__(self, cluster: LocalCluster, source, total: int, rate: float, gate: threading.Event,
+                 batch: int = 50):
+        super().__init__("drill-producer", cluster.publish, source.doc, total, rate, batch, gate)
+        self.source = source
+
+    def run(self) -> None:
+        start, paced, seq = time.monotonic(), 0, 0
+        try:
+            while seq < self.count:
+                if self.gate is not None and not self.gate.is_set():
+                    self.gate.wait()
+                    start, paced = time.monotonic(), 0
+                docs = [self.document(i) for i in range(seq, min(seq + self.batch, self.count))]
+                self.send(docs)
+                self.ids.extend(self.source.id_of(d) for d in docs)
+                seq += len(docs)
+                paced += len(docs)
+                delay = start + paced / self.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        except BaseException as exc:  # reported by the caller
+            self.error = exc
+
+
 def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str | None = None,
               rate: float = 1000.0, settle_s: float = 90.0, say: Callable[[str], None] = lambda text: None,
-              keep: bool = False, wait_replicas: int | None = None) -> dict:
+              keep: bool = False, wait_replicas: int | None = None, samples: list[dict] | None = None) -> dict:
     """Run one drill on a fresh cluster and check it; returns the result (see the module docstring).
 
     ``wait_replicas``: the flow's ``cluster.wait_replicas`` (and the producer's WAIT) for the
-    Redis failover drills; None: 1 for them, the flow's own for the others."""
+    Redis failover drills; None: 1 for them, the flow's own for the others. ``samples``:
+    example messages for a ``flow_text`` whose messages cannot all be made up (CannotGenerate,
+    raised before anything starts, names the field)."""
     if name not in DRILLS:
         raise KeyError(f"unknown drill {name!r} (known: {', '.join(DRILLS)})")
+    source = messages_for(parse_graph(flow_text, "drill flow"), samples) if flow_text else CHAINED_MESSAGES
     flow_text = flow_text or CHAINED.read_text()
     if name in REDIS_HA and wait_replicas is None:
         wait_replicas = 1
@@ -383,7 +421,8 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
         worker = cluster.other(master)
         wait_for(lambda: cluster.status(worker).get("streaming") == "1", 120, 0.2)
         gate = threading.Event()
-        producer = DrillProducer(cluster, messages, rate, gate)
+        producer = DrillProducer(cluster, messages, rate, gate) if source is CHAINED_MESSAGES else \
+            FlowProducer(cluster, source, messages, rate, gate)
         drill = Drill(cluster, master, worker, random.Random(seed), lambda: len(producer.ids), messages, say=say,
                       producing=gate)
         producer.start()

@@ -30,6 +30,9 @@ class NoPair:
     def rule_pending(self):
         return {}
 
+    def held_at(self, position):
+        return None
+
     def resolved(self):
         return []
 

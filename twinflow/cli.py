@@ -147,7 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--hosts", action="store_true",
                     help="a drill between the hosts of a fresh full lab (root): host-partition, "
                          "asymmetric-partition, host-crash, spark-worker-crash, rolling-restart, clock-skew, or all")
-    dr.add_argument("--flow", help="flow file (default: the chained flow)")
+    dr.add_argument("--flow", help="flow file (default: the chained flow); its messages are made from its own "
+                                   "fields (docs/contributing/drills.md)")
+    dr.add_argument("--samples", metavar="FILE",
+                    help="with --flow: example messages, one JSON object a line; the producer sends copies of "
+                         "them, each with a fresh ID and a growing sort key")
     dr.add_argument("--wait-replicas", type=int, default=None,
                     help="cluster.wait_replicas for the flow and the producer's WAIT (default: 1 for "
                          "redis-failover and redis-cluster-failover, the flow's own for the others)")
@@ -161,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--runs", type=int, default=1000)
     sm.add_argument("--steps", type=int, default=200, help="steps with faults per run (then it settles)")
     sm.add_argument("--messages", type=int, default=40, help="messages the producer publishes per run")
-    sm.add_argument("--flow", help="flow file (default: the kind's; one with uplink.shards runs as sharded)")
+    sm.add_argument("--flow", help="flow file (default: the kind's; one with uplink.shards runs as sharded); "
+                                   "its messages are made from its own fields (docs/contributing/simulator.md)")
+    sm.add_argument("--samples", metavar="FILE",
+                    help="with --flow: example messages, one JSON object a line; the producer sends copies of "
+                         "them, each with a fresh ID and a growing sort key")
     sm.add_argument("--kind", choices=("pair", "chained", "sharded"), default="chained",
                     help="the built-in flow: the claim pair alone, the chained flow (default), or the chained "
                          "flow in two uplink shards run on simulated executors")

@@ -79,6 +79,9 @@ def cmd_replay(args) -> int:
     with events:
         for line in replay(graph, events, until=args.until, on_bad=report):
             print(json.dumps(line, default=str))
+    for name, node in graph.nodes.items():  # RULE_PEND: what each sort still holds at the end
+        if hasattr(node, "rule_pending"):
+            print(f"twinflow: {name} rule_pending {json.dumps(node.rule_pending())}", file=sys.stderr)
     if bad:
         print(f"twinflow: {len(bad)} bad event line(s) skipped", file=sys.stderr)
     return 1 if bad else 0
@@ -123,14 +126,18 @@ def cmd_drill(args) -> int:
         signal.signal(signal.SIGTERM, lambda *_: child.terminate())
         signal.signal(signal.SIGINT, lambda *_: None)
         return child.wait()
-    flow_text = None
+    flow_text, samples = None, None
     if args.flow:
-        _load_flow(args.flow)  # refused here, with file, line and field, before anything starts
+        graph = _load_flow(args.flow)  # refused here, with file, line and field, before anything starts
         flow_text = Path(args.flow).read_text()
+        samples = _flow_messages(args, graph)
+    elif args.samples:
+        print("twinflow: --samples goes with --flow (the built-in flow has messages of its own)", file=sys.stderr)
+        return EXIT_BAD_FLOW
 
     def run_one(name: str, seed: int, say) -> dict:
         return run_drill(name, seed=seed, messages=args.messages, flow_text=flow_text, rate=args.rate or 1000.0,
-                         say=say, wait_replicas=args.wait_replicas)
+                         say=say, wait_replicas=args.wait_replicas, samples=samples)
     return drill_series(args, names, run_one, lambda name, seed: f"twinflow drill {name} --seed {seed} "
                                                                   f"--messages {args.messages}")
 
@@ -202,16 +209,22 @@ def cmd_simulate(args) -> int:
     _need_extra("chaos", "fakeredis", "lupa")
     from twinflow.chaos.sim.simulator import run_once, simulate
 
-    flow_text = None
+    flow_text, samples = None, None
     if args.flow:
-        _load_flow(args.flow)
+        graph = _load_flow(args.flow)
         flow_text = Path(args.flow).read_text()
+        samples = _flow_messages(args, graph)
+    elif args.samples:
+        print("twinflow: --samples goes with --flow (the built-in kinds have messages of their own)", file=sys.stderr)
+        return EXIT_BAD_FLOW
     kind = None if args.flow else args.kind
     wait = not args.no_wait
     rerun = f"twinflow simulate --seed {{seed}} --runs 1 --steps {args.steps} --messages {args.messages}" + (
-        f" --flow {args.flow}" if args.flow else f" --kind {args.kind}") + ("" if wait else " --no-wait")
+        f" --flow {args.flow}" if args.flow else f" --kind {args.kind}") + (
+        f" --samples {args.samples}" if args.samples else "") + ("" if wait else " --no-wait")
     if args.runs == 1:  # one seed: its whole trace on request
-        r = run_once(args.seed, args.steps, args.messages, flow_text, verbose=args.verbose, kind=kind, wait=wait)
+        r = run_once(args.seed, args.steps, args.messages, flow_text, verbose=args.verbose, kind=kind, wait=wait,
+                     samples=samples)
         if args.trace or not r.passed:
             print("\n".join(r.trace), file=sys.stderr)
         out = {"runs": 1, "failed": int(not r.passed), **r.summary()}
@@ -219,22 +232,40 @@ def cmd_simulate(args) -> int:
         return 0 if r.passed else 1
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     out = simulate(args.seed, args.runs, args.steps, args.messages, flow_text, jobs=args.jobs, say=say,
-                   kind=kind, wait=wait)
+                   kind=kind, wait=wait, samples=samples)
     failures = out.pop("failures")
-    samples = out.pop("with_expected", [])
+    with_expected = out.pop("with_expected", [])
     for r in failures:
         print("\n".join(r.trace[-args.trace_lines:]), file=sys.stderr)
     if args.json:
         print(json.dumps({**out, "failed_seeds": [r.seed for r in failures],
-                          "expected": [f"seed {r.seed}: {p}" for r in samples for p in r.expected[:2]],
+                          "expected": [f"seed {r.seed}: {p}" for r in with_expected for p in r.expected[:2]],
                           "problems": [p for r in failures for p in r.problems[:3]]}))
     else:
         print(_simulate_text(out, failures, rerun))
         if out.get("counts"):
             print("counts: " + ", ".join(f"{k} {v}" for k, v in out["counts"].items()))
-        for r in samples[:5]:
+        for r in with_expected[:5]:
             print(f"seed {r.seed} (no WAIT), what its failovers cost: " + "; ".join(r.expected[:2]))
     return 0 if not failures else 1
+
+
+def _flow_messages(args, graph) -> list[dict] | None:
+    """The ``--samples`` of a ``--flow`` run, read; exits EXIT_BAD_FLOW, in one line naming the
+    field, when the flow's messages can be neither made up nor made from the samples
+    (twinflow/testing/flow_messages.py)."""
+    from twinflow.testing.flow_messages import SAMPLES_HINT, CannotGenerate, SamplesError, messages_for, read_samples
+
+    try:
+        samples = read_samples(args.samples) if args.samples else None
+        messages_for(graph, samples)
+    except CannotGenerate as exc:
+        print(f"twinflow: cannot make up messages for {args.flow}: {exc}; {SAMPLES_HINT}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_FLOW) from None
+    except SamplesError as exc:
+        print(f"twinflow: --samples refused: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_FLOW) from None
+    return samples
 
 
 def _simulate_text(out: dict, failures: list, rerun: str) -> str:

@@ -17,7 +17,7 @@ from typing import Callable
 
 from ...cluster.master_flow import MasterFlow
 from ...runtime.store.flow_store import FlowStore
-from ...testing.messages import order_or_payment
+from ...testing.flow_messages import CHAINED_MESSAGES
 from ...cluster.on_cluster import flow_keys
 from . import hostile
 from .checker import duplicate_exit
@@ -29,8 +29,12 @@ MAX_FAULTS = 5
 class Schedule:
     """The seeded choices of one run."""
 
-    def __init__(self, world: World, rng: random.Random, messages: int, say: Callable[[str], None]):
+    def __init__(self, world: World, rng: random.Random, messages: int, say: Callable[[str], None],
+                 source=CHAINED_MESSAGES):
         self.world, self.rng, self.messages, self.say = world, rng, messages, say
+        # What the producer publishes: the built-in orders and payments, or a --flow file's own
+        # messages (twinflow/testing/flow_messages.py): message i, its ID, a document re-sent.
+        self.source = source
         self.keys = flow_keys(world.graph)
         self.sent: list[str] = []
         self.published: Counter = Counter()   # ID -> times the producer published it
@@ -97,15 +101,16 @@ class Schedule:
     def publish(self) -> str:
         k = self.rng.randint(1, 6)
         start = len(self.sent)
-        fresh = [order_or_payment(i) for i in range(start, min(start + k, self.messages))]
+        source, id_of = self.source, self.source.id_of
+        fresh = [source.doc(i) for i in range(start, min(start + k, self.messages))]
         docs, again = list(fresh), ""
         if start and self.rng.random() < 0.15:
             # A producer's retry: a message already sent, with its ID, again. The flow processes
             # it once (once more only if its ID expired from the ID cache meanwhile).
-            docs.insert(self.rng.randint(0, len(docs)), order_or_payment(self.rng.randrange(start)))
-            again = f" with {docs[0]['id'] if len(docs) == 1 else 'one'} sent before"
+            docs.insert(self.rng.randint(0, len(docs)), source.doc(self.rng.randrange(start)))
+            again = f" with {id_of(docs[0]) if len(docs) == 1 else 'one'} sent before"
         bodies = [json.dumps(d).encode() for d in docs]
-        ids: list[str | None] = [d["id"] for d in docs]
+        ids: list[str | None] = [id_of(d) for d in docs]
         bad = ""
         if self.world.dims.hostile and self.rng.random() < self.world.dims.hostile:
             for _ in range(self.rng.randint(1, 2)):
@@ -115,14 +120,15 @@ class Schedule:
                 bodies.insert(at, body)
                 ids.insert(at, ("hostile", hid))
                 bad += f"; hostile {what}"
-        if self.world.dims.resend and self.exit is not None and self.rng.random() < self.world.dims.resend:
+        if self.world.dims.resend and self.exit is not None and source.resends \
+                and self.rng.random() < self.world.dims.resend:
             doc, of = self.resend()
             if doc is not None:
                 at = self.rng.randint(0, len(bodies))
                 bodies.insert(at, json.dumps(doc).encode())
-                ids.insert(at, doc["id"])
+                ids.insert(at, id_of(doc))
                 docs.insert(at, doc)
-                bad += f"; {doc['id']} re-sends the document of {of}"
+                bad += f"; {id_of(doc)} re-sends the document of {of}"
         positions = self.world.publish(self.keys.uplink, bodies)
         now = self.world.clock.now()
         for position, mid in zip(positions, ids):
@@ -132,11 +138,11 @@ class Schedule:
                 self.good[position] = mid
                 self.published[mid] += 1
         for d in docs:
-            self.docs.setdefault(d["id"], d)
+            self.docs.setdefault(id_of(d), d)
             if self.exit is not None:
                 self.first_published.setdefault(str(d.get(self.exit.uuid_field)), now)
-        self.sent.extend(d["id"] for d in fresh)
-        span = f" ({docs[0]['id']}..{docs[-1]['id']})" if docs else ""
+        self.sent.extend(id_of(d) for d in fresh)
+        span = f" ({id_of(docs[0])}..{id_of(docs[-1])})" if docs else ""
         return f"{len(bodies)} messages{span}{again}{bad}"
 
     def resend(self) -> tuple[dict | None, str | None]:
@@ -150,8 +156,8 @@ class Schedule:
         # Half of them among the latest: a new master that missed the last steps shows there.
         of = self.rng.choice(left[-5:] if self.rng.random() < 0.5 else left)
         self.counts["resent"] += 1
-        doc = {**self.docs[of], "id": f"r{self.counts['resent']:05d}"}
-        self.resent[doc["id"]] = self.first_published[str(doc.get(self.exit.uuid_field))]
+        doc = self.source.resent(self.docs[of], self.counts["resent"])
+        self.resent[self.source.id_of(doc)] = self.first_published[str(doc.get(self.exit.uuid_field))]
         return doc, of
 
     def all_sent(self) -> list[str]:

@@ -48,6 +48,7 @@ import yaml
 from ...runtime.cluster_spec import MAX_STEP_MESSAGES
 from ...runtime.flowgraph import parse_graph
 from ...runtime.shards import shard_graph
+from ...testing.flow_messages import CHAINED_MESSAGES, messages_for
 from .checker import Checker
 from .redis_model import virtual_time
 from .schedule import Schedule
@@ -182,13 +183,16 @@ def kind_of(flow_text: str) -> str:
 
 def run_once(seed: int, steps: int = 200, messages: int = 40, flow_text: str | None = None,
              settle_s: float = 120.0, verbose: bool = False, kind: str | None = None, wait: bool = True,
-             only: dict | None = None) -> RunResult:
+             only: dict | None = None, samples: list[dict] | None = None) -> RunResult:
     """One seeded run; see the module docstring. ``kind``: pair, chained (the default) or
     sharded, or the flow in ``flow_text``; ``wait`` False: Redis failovers without
     ``wait_replicas`` (what they cost is counted in ``expected``, not failed); ``only`` fixes
-    some of the run's dimensions (``draw_dims``)."""
+    some of the run's dimensions (``draw_dims``). The producer publishes the built-in orders
+    and payments, or, for a ``flow_text`` whose fields they lack, messages made from its own
+    fields or from ``samples`` (``testing/flow_messages.py``; CannotGenerate when it cannot)."""
     rng = random.Random(seed)
     trace: list[str] = []
+    given = flow_text is not None
     if flow_text is None:
         kind = kind or "chained"
         flow_text = KINDS[kind].read_text()
@@ -197,6 +201,7 @@ def run_once(seed: int, steps: int = 200, messages: int = 40, flow_text: str | N
     sharded = kind == "sharded" or kind_of(flow_text) == "sharded"
     dims, settings = draw_dims(seed, sharded, wait, only)
     full = parse_graph(flow_for(flow_text, dims, settings), "simulated flow")
+    source = messages_for(full, samples) if given else CHAINED_MESSAGES
     dims.step_messages = full.cluster.step_messages  # what the run steps by (a --flow file may set its own)
     graph = shard_graph(full, 0) if sharded else full
     workdir = Path(tempfile.mkdtemp(prefix="twinflow-sim-"))
@@ -210,16 +215,18 @@ def run_once(seed: int, steps: int = 200, messages: int = 40, flow_text: str | N
     world = World(graph, workdir, lambda line: trace.append(line), dims, rng, full_graph=full)
     try:
         with virtual_time(world.clock.now):
-            return _run(world, rng, result, steps, messages, settle_s)
+            return _run(world, rng, result, steps, messages, settle_s, source)
     finally:
         quiet.setLevel(level)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _run(world: World, rng: random.Random, result: RunResult, steps: int, messages: int,
-         settle_s: float) -> RunResult:
+         settle_s: float, source=CHAINED_MESSAGES) -> RunResult:
     world.say(f"dimensions: {result.dims}")
-    schedule = Schedule(world, rng, messages, world.say)
+    if source is not CHAINED_MESSAGES:
+        world.say(f"messages: {source.name}")
+    schedule = Schedule(world, rng, messages, world.say, source)
     world.interleave_hook = schedule.while_writing
     checker = Checker(world, schedule.published, schedule.hostiles, schedule.good,
                       world.graph.cluster.message.id_ttl, schedule.resent)
@@ -313,10 +320,10 @@ def _step(world: World, schedule: Schedule, checker: Checker, result: RunResult,
 
 
 def _chunk(seeds: range, steps: int, messages: int, flow_text: str | None, kind: str | None = None,
-           wait: bool = True) -> tuple[Counter, list[RunResult]]:
+           wait: bool = True, samples: list[dict] | None = None) -> tuple[Counter, list[RunResult]]:
     totals, failures = Counter(), []
     for seed in seeds:
-        r = run_once(seed, steps, messages, flow_text, kind=kind, wait=wait)
+        r = run_once(seed, steps, messages, flow_text, kind=kind, wait=wait, samples=samples)
         totals.update(runs=1, sent=r.sent, faults=r.faults, promotions=r.promotions, lost=r.lost,
                       duplicated=r.duplicated, killed_ahead=r.killed_ahead)
         totals.update({f"counts.{k}": v for k, v in r.counts.items()})
@@ -329,25 +336,28 @@ def _chunk(seeds: range, steps: int, messages: int, flow_text: str | None, kind:
 
 def simulate(seed: int = 1, runs: int = 1000, steps: int = 200, messages: int = 40, flow_text: str | None = None,
              jobs: int = 1, chunk: int = 50, say: Callable[[str], None] = lambda text: None,
-             kind: str | None = None, wait: bool = True) -> dict:
+             kind: str | None = None, wait: bool = True, samples: list[dict] | None = None) -> dict:
     """``runs`` runs with seeds ``seed`` .. ``seed + runs - 1`` on ``jobs`` processes; returns the
-    totals and every failed run (with its trace)."""
+    totals and every failed run (with its trace). A ``flow_text`` whose messages cannot be made
+    up (and no ``samples``) raises CannotGenerate here, before any run."""
+    if flow_text is not None:
+        messages_for(parse_graph(flow_text, "simulated flow"), samples)
     began = time.monotonic()
     chunks = [range(s, min(s + chunk, seed + runs)) for s in range(seed, seed + runs, chunk)]
     totals: Counter = Counter()
     failures: list[RunResult] = []
 
-    samples: list[RunResult] = []
+    with_expected: list[RunResult] = []
 
     def add(part: tuple[Counter, list[RunResult]]) -> None:
         totals.update(part[0])
         failures.extend(r for r in part[1] if not r.passed)
-        samples.extend(r for r in part[1] if r.passed and len(samples) < 20)
+        with_expected.extend(r for r in part[1] if r.passed and len(with_expected) < 20)
         say(f"{totals['runs']}/{runs} runs, {len(failures)} failed, {time.monotonic() - began:.0f} s")
 
     if jobs <= 1:
         for c in chunks:
-            add(_chunk(c, steps, messages, flow_text, kind, wait))
+            add(_chunk(c, steps, messages, flow_text, kind, wait, samples))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -361,7 +371,8 @@ def simulate(seed: int = 1, runs: int = 1000, steps: int = 200, messages: int = 
         try:
             with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
                 for part in pool.map(functools.partial(_chunk, steps=steps, messages=messages,
-                                                       flow_text=flow_text, kind=kind, wait=wait), chunks):
+                                                       flow_text=flow_text, kind=kind, wait=wait,
+                                                       samples=samples), chunks):
                     add(part)
         finally:
             gc.unfreeze()
@@ -369,6 +380,6 @@ def simulate(seed: int = 1, runs: int = 1000, steps: int = 200, messages: int = 
     return {"runs": totals["runs"], "seconds": round(time.monotonic() - began, 1), "failed": len(failures),
             "sent": totals["sent"], "faults": totals["faults"], "promotions": totals["promotions"],
             "killed_ahead": totals["killed_ahead"], "lost": totals["lost"], "duplicated": totals["duplicated"],
-            "kind": kind or "chained", "wait_replicas": wait,
+            "kind": kind or (kind_of(flow_text) if flow_text is not None else "chained"), "wait_replicas": wait,
             "counts": {k[7:]: v for k, v in sorted(totals.items()) if k.startswith("counts.")}, "failures": failures,
-            "with_expected": samples}
+            "with_expected": with_expected}

@@ -42,6 +42,29 @@ def test_drill_keeps_every_promise(drill, tmp_path):
     assert int.from_bytes(head[16:20], "big") == 1000 and int.from_bytes(head[20:24], "big") == 400
 
 
+def test_a_drill_runs_a_flow_with_its_own_field_names(tmp_path):
+    """The producer publishes messages made from the flow's own fields (ID mid, sort key n, history
+    uuid ref, join type kind and activation oid: twinflow/testing/flow_messages.py), not the
+    built-in orders and payments, which this flow would send to the failure stream."""
+    text = CHAINED.read_text().replace("timeout: 10 ", "timeout: 3 ")
+    for old, new in (("message: {id: id,", "message: {id: mid,"), ("uuid: uuid ", "uuid: ref "),
+                     ("type_field: type", "type_field: kind"), ("activation_field: order_id", "activation_field: oid"),
+                     ("key: seq", "key: n")):
+        assert old in text
+        text = text.replace(old, new)
+    flow = tmp_path / "renamed.yaml"
+    flow.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", "kill-master", "--seed", "7", "--messages",
+                        "3000", "--rate", "600", "--flow", str(flow), "--json"], capture_output=True, text=True,
+                       timeout=280)
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, (r.stdout[-2000:], r.stderr[-3000:])
+    result = lines[0]
+    assert result["lost"] == 0 and result["duplicated"] == 0, result
+    assert result["rto_s"] is not None and result["rto_s"] < 3.0, result
+    assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])
+
+
 def test_kernel_faults_refuse_outside_the_drills_own_network_namespace(monkeypatch):
     # Never a rule on this machine's own firewall: not even with the marker set by hand.
     from twinflow.chaos.kernel_faults import KernelFaultsUnavailable, PortDrops, in_private_netns, netns_command

@@ -13,8 +13,9 @@ What leaves a flow is read from its output streams as :class:`SinkEntry` rows
 Against the IDs that were sent, :meth:`Tally.report` adds ``lost`` (sent, never left)
 and ``unexpected`` (left, never sent). :func:`check` reads a whole run at once (entries
 in Redis time order) and adds ``out_of_order`` (resequence outputs out of sequence
-within their group, :func:`count_out_of_order`) and ``rto_s`` (for each fault, the last
-write before it to the first after it, :func:`recovery_s`; the largest).
+within their group, :func:`count_out_of_order`) and ``rto_s`` (for each fault, from the
+fault itself to the first write after it, :func:`recovery_after_fault_s`; the largest, and
+none when nothing was written after one of the faults).
 
 The failover simulator feeds its :class:`Tally` step by step and layers its own rules
 on top (an ID that expired from the ID cache may leave again; hostile messages leave by
@@ -58,7 +59,7 @@ class SinkReport:
     stale_writes: int = 0             # entries of an epoch older than one that had written
     two_writers: int = 0              # entries of an epoch another peer had written at
     out_of_order: int = 0             # resequence outputs out of sequence (check() only)
-    rto_s: float | None = None        # the longest recovery after a fault (check() only)
+    rto_s: float | None = None        # the longest recovery after a fault, from the fault (check() only)
 
     @property
     def exactly_once(self) -> bool:
@@ -203,14 +204,16 @@ def check(outputs: dict[str, list[SinkEntry]], sent_ids: list[str], faults: Iter
           sequences: dict[str, list[tuple[object, object]]] | None = None) -> SinkReport:
     """Every promise over a whole run: :func:`check_outputs`, resequence outputs in order
     (``sequences``, from :func:`read_sequences`) and the longest recovery after ``faults``
-    (epoch seconds each began)."""
+    (epoch seconds each began, as the drill that injected it recorded):
+    :func:`recovery_after_fault_s` of each. When nothing was written after one of them,
+    ``rto_s`` is None: that fault was never recovered from (a drill that kills the master
+    then fails)."""
     report = check_outputs(outputs, sent_ids)
     report.out_of_order = sum(count_out_of_order(rows) for rows in (sequences or {}).values())
     writes = in_time_order(outputs)
-    for at in faults:
-        gap = recovery_s(writes, at)
-        if gap is not None:
-            report.rto_s = gap if report.rto_s is None else max(report.rto_s, gap)
+    gaps = [recovery_after_fault_s(writes, at) for at in faults]
+    if gaps and None not in gaps:
+        report.rto_s = max(gaps)
     return report
 
 
@@ -252,10 +255,36 @@ def count_out_of_order(rows: Iterable[tuple[object, object]]) -> int:
     return bad
 
 
+def recovery_after_fault_s(writes: list[SinkEntry], at: float) -> float | None:
+    """The recovery time of a fault at ``at`` (epoch s, when the drill injected it): seconds
+    from ``at`` to the first write after it, or, when a newer epoch wrote after the fault, to
+    that epoch's first write (a dying master's commit in flight as the fault began is not a
+    recovery). Newer than the epoch of the last write before the fault; with no write before
+    it (a master too slow to have written yet), newer than the lowest epoch written after it
+    (the one that may be the dying master's), so the measure errs long, never short. None
+    when nothing was written after the fault. ``writes``: in time order.
+
+    >>> ms = 1_800_000_000_000
+    >>> late = [SinkEntry("m1", 1, "a", ms + 1_200), SinkEntry("m2", 2, "b", ms + 2_000)]
+    >>> recovery_after_fault_s(late, 1_800_000_000.5)   # nothing before; a's COMMIT in flight landed
+    1.5
+    """
+    after = [w for w in writes if w.written_ms / 1000 > at]
+    if not after:
+        return None
+    before = [w for w in writes if w.written_ms / 1000 <= at]
+    epoch = before[-1].epoch if before else min(w.epoch for w in after)
+    first = next((w for w in after if w.epoch > epoch), after[0])
+    return first.written_ms / 1000 - at
+
+
 def recovery_s(writes: list[SinkEntry], at: float) -> float | None:
-    """Seconds from the last write before a fault at ``at`` (epoch s) to the first write after
-    it; when a newer epoch wrote after the fault, to that epoch's first write: a dying master's
-    commit in flight as the fault began is not a recovery. ``writes``: in time order."""
+    """The gap the writes show around a fault at ``at`` (epoch s): seconds from the last write
+    before it to the first write after it; when a newer epoch wrote after the fault, to that
+    epoch's first write. None without a write on each side. ``rto_s`` no longer uses it (a
+    master that wrote nothing before the fault left no gap to measure:
+    :func:`recovery_after_fault_s`); the drills between hosts report it per fault
+    (``rto_each_s``). ``writes``: in time order."""
     before = [w for w in writes if w.written_ms / 1000 <= at]
     after = [w for w in writes if w.written_ms / 1000 > at]
     if not before or not after:

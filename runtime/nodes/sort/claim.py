@@ -202,6 +202,11 @@ class ClaimCache:
         self.rolled_back += len(out)
         return out
 
+    def item_at(self, order: Any) -> Any:
+        """The item held at uplink ``order``, or None."""
+        held = self._held.get(order)
+        return None if held is None else held.item
+
     def drain_resolved(self) -> list[tuple[Any, str]]:
         """With ``track_resolved``: the messages reported overdue that have left since the last
         call, each with how (``"claimed"`` or ``"rolled_back"``); empty otherwise."""
@@ -373,6 +378,16 @@ class ClaimSortNode:
     def tick(self, now: float) -> list[Message]:
         """Report every fully baked message for the unclaimed outlink; they stay recoverable."""
         return [m for c in self._all for m in c.expire(now)]
+
+    def held_at(self, position: str) -> Message | None:
+        """The message held from uplink ``position``, or None: what a claim of it left behind
+        (the simulator checks that a proven claim never does)."""
+        order = position_order(position)
+        for c in self._all:
+            item = c.item_at(order)
+            if item is not None:
+                return item
+        return None
 
     def resolved(self) -> list[tuple[Message, str]]:
         """The reported (overdue) messages that left since the last call, each with how:

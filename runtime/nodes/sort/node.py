@@ -123,6 +123,11 @@ class SortNode(Node):
             self._due = (best, best_at)
         return self._due
 
+    @property
+    def rulesets(self) -> tuple[Ruleset, ...]:
+        """The node's rulesets, in the order they are tried."""
+        return tuple(rule.spec for rule in self._rules)
+
     def pending(self) -> int:
         return sum(rule.held for rule in self._rules)
 
