@@ -92,7 +92,7 @@ def test_rulesets_nested_paths_and_text_keys():
         if m.rule is not None:
             assert m.rule not in last or m.key > last[m.rule]       # str keys grow too
             last[m.rule] = m.key
-    assert rules == {"orders": 30, "payments": 30, None: 30}        # each baking ruleset in turn, and nohit
+    assert rules == {"orders": 23, "payments": 23, "acks": 22, None: 22}  # each ruleset in turn, and nohit
     assert source.doc(0)["doc"]["kind"] == "ORD-000"                  # made from the regex
 
 

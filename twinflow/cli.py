@@ -170,9 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--samples", metavar="FILE",
                     help="with --flow: example messages, one JSON object a line; the producer sends copies of "
                          "them, each with a fresh ID and a growing sort key")
-    sm.add_argument("--kind", choices=("pair", "chained", "sharded"), default="chained",
-                    help="the built-in flow: the claim pair alone, the chained flow (default), or the chained "
-                         "flow in two uplink shards run on simulated executors")
+    sm.add_argument("--kind", choices=("pair", "chained", "sharded", "rulesets"), default="chained",
+                    help="the built-in flow: the claim pair alone, the chained flow (default), the chained "
+                         "flow in two uplink shards run on simulated executors, or the claim pair's rulesets "
+                         "(examples/cluster-claim-rulesets.yaml)")
     sm.add_argument("--no-wait", action="store_true",
                     help="Redis failovers without cluster.wait_replicas: what they lose is counted, not failed")
     sm.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")

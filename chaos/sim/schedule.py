@@ -298,8 +298,30 @@ class Schedule:
             released = target.on_claims(batch.epoch, batch.claims)
         except Exception as exc:
             return f"{batch.source}->{batch.target} epoch {batch.epoch}: refused ({exc})"
+        self._check_claims_released(batch)
         dup = " (duplicated)" if roll < 0.2 else ""
         return f"{batch.source}->{batch.target} epoch {batch.epoch}: {len(batch.claims)} claims{dup}, {released} released"
+
+    def _check_claims_released(self, batch) -> None:
+        """A claim the worker took must release the message it names once Redis shows that message
+        processed: the claim's ruleset, ID and key are the ones the worker baked it under. (Redis
+        is the record, so a wrong claim costs no message; what it costs is a processed message
+        held until the mark passes it, surfaced as unclaimed on the way. This is where it shows.)"""
+        target = self.world.peers[batch.target].member
+        if target.role == "master":
+            return  # a master holds nothing: its promotion rolled the bake back
+        left = [(c, m) for c in batch.claims if (m := target.sort.held_at(c[2])) is not None]
+        if not left:
+            return
+        try:
+            proven = target.store.processed([m for _, m in left], deadline_s=0)
+        except Exception:  # Redis away: the worker could not prove them either
+            return
+        wrong = [f"{m.id} (claim {c[0]!r} of {c[3]!r}, baked as {m.cid!r} of {m.rule!r})"
+                 for (c, m), ok in zip(left, proven) if ok]
+        if wrong:
+            self.world.stops.append(f"{batch.target} took claims that left their processed messages held: "
+                                    f"{', '.join(wrong[:3])}")
 
     def advance(self, seconds: float) -> str:
         self.world.advance(seconds)

@@ -56,7 +56,9 @@ from .world import START_TIME, Dims, Killed, SimulationStuck, World
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 CHAINED = EXAMPLES / "cluster-chained.yaml"
-KINDS = {"pair": EXAMPLES / "cluster.yaml", "chained": CHAINED, "sharded": EXAMPLES / "cluster-sharded.yaml"}
+KINDS = {"pair": EXAMPLES / "cluster.yaml", "chained": CHAINED, "sharded": EXAMPLES / "cluster-sharded.yaml",
+         # the claim pair's rulesets: two baking groups, a claim ruleset, nohit traffic, fields named `mid`, `n`, ...
+         "rulesets": EXAMPLES / "cluster-claim-rulesets.yaml"}
 
 
 def draw_dims(seed: int, sharded: bool, wait: bool = True, only: dict | None = None) -> tuple[Dims, dict]:
@@ -184,8 +186,8 @@ def kind_of(flow_text: str) -> str:
 def run_once(seed: int, steps: int = 200, messages: int = 40, flow_text: str | None = None,
              settle_s: float = 120.0, verbose: bool = False, kind: str | None = None, wait: bool = True,
              only: dict | None = None, samples: list[dict] | None = None) -> RunResult:
-    """One seeded run; see the module docstring. ``kind``: pair, chained (the default) or
-    sharded, or the flow in ``flow_text``; ``wait`` False: Redis failovers without
+    """One seeded run; see the module docstring. ``kind``: pair, chained (the default),
+    sharded or rulesets, or the flow in ``flow_text``; ``wait`` False: Redis failovers without
     ``wait_replicas`` (what they cost is counted in ``expected``, not failed); ``only`` fixes
     some of the run's dimensions (``draw_dims``). The producer publishes the built-in orders
     and payments, or, for a ``flow_text`` whose fields they lack, messages made from its own
@@ -201,7 +203,8 @@ def run_once(seed: int, steps: int = 200, messages: int = 40, flow_text: str | N
     sharded = kind == "sharded" or kind_of(flow_text) == "sharded"
     dims, settings = draw_dims(seed, sharded, wait, only)
     full = parse_graph(flow_for(flow_text, dims, settings), "simulated flow")
-    source = messages_for(full, samples) if given else CHAINED_MESSAGES
+    # The built-in kinds' orders and payments where they fit the flow (messages_for keeps them then).
+    source = messages_for(full, samples) if given or kind not in ("pair", "chained", "sharded") else CHAINED_MESSAGES
     dims.step_messages = full.cluster.step_messages  # what the run steps by (a --flow file may set its own)
     graph = shard_graph(full, 0) if sharded else full
     workdir = Path(tempfile.mkdtemp(prefix="twinflow-sim-"))

@@ -14,7 +14,7 @@ made from what it reads (:func:`messages_for`):
   its ``type_field``, one group of all its types per activation on its
   ``activation_field`` (an integer), one group in ten missing its last type (it expires);
 - the claim pair's rulesets (``rulesets``, or the short form ``key``): message ``n``
-  goes to baking ruleset ``n mod R`` (its ``match`` field set to the ruleset's
+  goes to ruleset ``n mod R`` (baking and claim rulesets alike) (its ``match`` field set to the ruleset's
   ``equals``, or to a string made from its ``regex``), and, when every ruleset has a
   ``match``, one in ``R + 1`` matches none (``nohit``); every key field holds a value
   that grows with the message number, of the pair's ``key_type``; a claim ID template's
@@ -131,7 +131,7 @@ class _Field:
 
 @dataclass
 class _Target:
-    """A baking ruleset messages are sent to: its match field and the value that matches."""
+    """A ruleset messages are sent to: its match field and the value that matches."""
 
     name: str
     path: FieldPath | None = None
@@ -184,9 +184,7 @@ class FlowPlan:
 
     def _claim_rules(self) -> None:
         rules = self.rules
-        for r in rules.rulesets:
-            if r.type == "claim":
-                continue  # acknowledgements: the generator sends none
+        for r in rules.rulesets:  # claim rulesets too: their messages (acknowledgements) claim in every group
             self._key_template(r.key, rules.key_type, f"the sort key of ruleset '{r.name}'")
             if r.id is not None:
                 for f in r.id.fields:
@@ -391,7 +389,7 @@ class FlowMessages:
         return doc
 
     def _aim(self, doc: dict, seq: int) -> None:
-        """Send message ``seq`` to its baking ruleset in turn, or to none (nohit)."""
+        """Send message ``seq`` to its ruleset in turn, or to none (nohit)."""
         targets = self.plan.targets
         if not targets:
             return
