@@ -148,7 +148,8 @@ def read_pair(sort: Params, kinds: dict[str, str], message: MessageSpec) -> Clai
         for short in ("key", "bake_time"):
             if sort.has(short):
                 raise sort.error(short, "only without rulesets (each ruleset has its own key and bake_time)")
-        rules = ClaimRules(tuple(read_rulesets(sort, key_type, pair=True)), key_type, message.max_number_digits)
+        rules = ClaimRules(tuple(read_rulesets(sort, key_type, pair=True)), key_type, message.max_number_digits,
+                           message.id_path)
     else:
         key = sort.get("key", str, check=bool, why="must not be empty")
         bake_time = sort.get("bake_time", (int, float), 5.0, check=lambda v: 0 < v <= 86400,

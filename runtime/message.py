@@ -258,11 +258,12 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
             if raw_id == "":
                 raise BadInput(f"ID field '{spec.id_path}' is empty")
             raise BadInput(f"ID field '{spec.id_path}' is not a non-empty string or integer")
+        msg_id = str(raw_id)
         rules = spec.claim_rules
-        claim = rules.classify(doc) if rules is not None else None
+        claim = rules.classify(doc, msg_id) if rules is not None else None
         if claim is None:
-            return Message(str(raw_id), None, position, data, doc)  # positional: a third cheaper (measured)
-        return Message(str(raw_id), claim[1], position, data, doc, claim[0], claim[2])
+            return Message(msg_id, None, position, data, doc)  # positional: a third cheaper (measured)
+        return Message(msg_id, claim[1], position, data, doc, claim[0], claim[2])
     except BadInput:
         raise
     except Exception as exc:  # the backstop: one bad message must never stop the peer

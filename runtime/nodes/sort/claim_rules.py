@@ -46,6 +46,10 @@ from .rules import Ruleset, _ident
 CLAIM = "claim"
 
 
+def _single(t: Template) -> bool:
+    return t.template == f"{{{t.fields[0].path}}}"
+
+
 @dataclass(frozen=True)
 class ClaimRules:
     """The claim pair's rulesets in order, their one key type, and the digits a key may have."""
@@ -53,14 +57,25 @@ class ClaimRules:
     rulesets: tuple[Ruleset, ...]
     key_type: str = "int"
     max_digits: int = 100
+    id_path: str | None = None  # the flow's message ID: an id template of just it reuses decode's ID
     baking: tuple[str, ...] = field(init=False)       # names of the rulesets that hold messages
     claiming: frozenset[str] = field(init=False)      # names of the claim rulesets
+    # Per ruleset, what classify() reads, worked out once: every uplink message passes here.
+    _plans: tuple = field(init=False, repr=False, compare=False)
+    _int_below: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "baking", tuple(r.name for r in self.rulesets if r.type != CLAIM))
         object.__setattr__(self, "claiming", frozenset(r.name for r in self.rulesets if r.type == CLAIM))
         if not self.baking:
             raise ValueError("a claim pair needs a baking ruleset (type sort)")
+        message_id = None if self.id_path is None else f"{{{self.id_path}}}"
+        object.__setattr__(self, "_plans", tuple(
+            (r, r.match, r.key.fields[0] if _single(r.key) else r.key,
+             r.id is not None and r.id.template == message_id)
+            for r in self.rulesets))
+        # A plain integer key needs no parsing below this (parse_key's digit bound at most).
+        object.__setattr__(self, "_int_below", 10 ** min(self.max_digits, 18) if self.key_type == "int" else 0)
 
     @classmethod
     def short_form(cls, key_path: str, key_type: str, id_path: str, bake_time: float,
@@ -68,7 +83,7 @@ class ClaimRules:
         """The pair's short form (``key``, ``bake_time``) as one baking ruleset, ``all``, that
         takes every message; its claim ID is the message ID, as the short form always had."""
         return cls((Ruleset(ALL, Template(f"{{{key_path}}}"), id=Template(f"{{{id_path}}}"),
-                            bake_time=bake_time),), key_type, max_digits)
+                            bake_time=bake_time),), key_type, max_digits, id_path)
 
     def bake_times(self) -> dict[str, float]:
         """Each baking ruleset's bake time, in seconds."""
@@ -78,23 +93,31 @@ class ClaimRules:
         """Each baking ruleset's XA mode (1: its held messages stay in the uplink)."""
         return {r.name: r.xa_mode for r in self.rulesets if r.type != CLAIM}
 
-    def classify(self, doc: Any) -> tuple[str, Any, str] | None:
+    def classify(self, doc: Any, message_id: str | None = None) -> tuple[str, Any, str] | None:
         """``(ruleset, key, claim ID)`` of the first ruleset that takes ``doc``; None: nohit.
+        ``message_id``: the message's ID as decode read it (an ``id`` template of just the
+        message ID field then takes it as it is).
 
         Raises BadInput, naming the ruleset, when its key or ID cannot be built."""
-        for r in self.rulesets:
-            if r.match is None or r.match.matches(doc):
+        for r, match, key_of, is_message_id in self._plans:
+            if match is None or match.matches(doc):
                 break
         else:
             return None
         try:
-            key = parse_key(self.key_type, r.key.render(doc), self.max_digits)
+            raw = key_of.get(doc) if type(key_of) is FieldPath else key_of.render(doc)
+            if type(raw) is int and -self._int_below < raw < self._int_below:
+                key = raw  # what parse_key gives a plain int, without the call
+            else:
+                key = parse_key(self.key_type, raw, self.max_digits)
         except MissingField as exc:
             raise BadInput(f"ruleset {r.name!r}: message has no key field '{exc.args[0]}'") from None
         except BadInput as exc:
             raise BadInput(f"ruleset {r.name!r}: {exc}") from None
         if r.id is None:
             return r.name, key, str(key)
+        if is_message_id and message_id is not None:
+            return r.name, key, message_id
         try:
             ident = _ident(r.id.render(doc))
         except MissingField as exc:
