@@ -161,7 +161,8 @@ def read_pair(sort: Params, kinds: dict[str, str], message: MessageSpec) -> Clai
         if r.bake_time > 86400:
             raise sort.doc.error(f"{sort.field_name('rulesets')}[{i}].bake_time", "must be seconds in (0, 86400]")
         if r.type != "claim" and r.xa_mode == 0:
-            where = f"{sort.field_name('rulesets')}[{i}].xa_mode" if sort.has("rulesets") else sort.field_name("xa_mode")
+            own = sort.has("rulesets") and "xa_mode" in sort.value["rulesets"][i]  # else inherited from the node
+            where = f"{sort.field_name('rulesets')}[{i}].xa_mode" if own else sort.field_name("xa_mode")
             raise sort.doc.error(where, XA0_REFUSED)
     return ClaimPair(
         sort=sort.path.rpartition(".")[2],

@@ -225,6 +225,7 @@ def test_a_claim_pair_with_rulesets_loads_and_reads_each_message_by_its_ruleset(
     ('bake_time: 3}', 'bake_time: 3, xa_mode: 0}', 12, "nodes.sort.rulesets[1].xa_mode", "refused on the cluster"),
     ('bake_time: 3}', 'bake_time: 90000}', 12, "nodes.sort.rulesets[1].bake_time", "(0, 86400]"),
     ("    rulesets:", "    outlinks: [a, b, a, d]\n    rulesets:", 10, "nodes.sort.outlinks", "four different"),
+    ("    rulesets:", "    xa_mode: 0\n    rulesets:", 10, "nodes.sort.xa_mode", "refused on the cluster"),
 ])
 def test_a_bad_ruleset_of_the_pair_is_refused_with_line_field_and_reason(old, new, line, field, reason):
     assert_refused(RULESETS, old, new, line, field, reason)

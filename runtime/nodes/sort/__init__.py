@@ -34,9 +34,16 @@ held message back through ``rollback`` in arrival order (then leaves
 through ``nohit`` itself). See :class:`ClaimCache` and :class:`ClaimSortNode`
 (the cluster's claim node, built on the same cache).
 
-The package, by concern: ``claim`` (the claim logic), ``rules`` (rulesets
-and their modes), ``node`` (the node), ``min_queue``; this module reads the
-flow file.
+The four outlinks may carry any names (``outlinks``: done, bypass, failure,
+nohit, in QFlow's order). The cluster's claim pair (a sort with
+``pairs_with``) reads its rulesets here too (:func:`read_rulesets` with
+``pair=True``: claim mode always, ``xa_mode`` allowed) and classifies each
+uplink message with ``claim_rules.ClaimRules``.
+
+The package, by concern: ``claim`` (the claim logic and the cluster's claim
+node), ``claim_rules`` (the pair's reading of a message), ``rules``
+(rulesets and their modes), ``node`` (the node), ``min_queue``; this module
+reads the flow file.
 
 Bad input: a message whose key (or, in claim mode, ID) field is missing or
 of the wrong type leaves through ``failure`` with ``info["reason"]`` and
@@ -131,7 +138,7 @@ _XA_ONLY_PAIR = "only on the cluster's claim pair (a sort with pairs_with): repl
 
 def _xa_mode(p: Params, default: int) -> int:
     return p.get("xa_mode", int, default, check=lambda v: v in (0, 1),
-                 why="must be 1 (withheld messages stay in the uplink) or 0 (the worker holds them in Redis)")
+                 why="must be 1 (withheld messages stay in the uplink) or 0 (they are taken off it)")
 
 
 def _read_ruleset(r: Params, key_type: str, node_xa: int, pair: bool) -> Ruleset:
