@@ -374,26 +374,7 @@ class FlowProducer(PacedProducer):
 
     def __init__(self, cluster: LocalCluster, source, total: int, rate: float, gate: threading.Event,
                  batch: int = 50):
-        super().__init__("drill-producer", cluster.publish, source.doc, total, rate, batch, gate)
-        self.source = source
-
-    def run(self) -> None:
-        start, paced, seq = time.monotonic(), 0, 0
-        try:
-            while seq < self.count:
-                if self.gate is not None and not self.gate.is_set():
-                    self.gate.wait()
-                    start, paced = time.monotonic(), 0
-                docs = [self.document(i) for i in range(seq, min(seq + self.batch, self.count))]
-                self.send(docs)
-                self.ids.extend(self.source.id_of(d) for d in docs)
-                seq += len(docs)
-                paced += len(docs)
-                delay = start + paced / self.rate - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-        except BaseException as exc:  # reported by the caller
-            self.error = exc
+        super().__init__("drill-producer", cluster.publish, source.doc, total, rate, batch, gate, id_of=source.id_of)
 
 
 def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str | None = None,

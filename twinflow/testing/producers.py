@@ -114,12 +114,15 @@ class Producing:
 class PacedProducer(threading.Thread):
     """Publishes ``count`` documents ``document(seq)`` in batches through ``send(docs)`` at ``rate``
     per second; while ``gate`` (if any) is clear it waits, and paces again from when it opens.
-    ``ids`` holds what was sent, ``error`` what stopped it (for the caller to report)."""
+    ``ids`` holds what was sent (each document's ID as ``id_of`` reads it; default its ``id``),
+    ``error`` what stopped it (for the caller to report)."""
 
     def __init__(self, name: str, send: Callable[[list[dict]], object], document: Callable[[int], dict],
-                 count: int, rate: float, batch: int = 50, gate: threading.Event | None = None):
+                 count: int, rate: float, batch: int = 50, gate: threading.Event | None = None,
+                 id_of: Callable[[dict], str] = lambda doc: doc["id"]):
         super().__init__(daemon=True, name=name)
         self.send, self.document, self.count, self.rate, self.batch, self.gate = send, document, count, rate, batch, gate
+        self.id_of = id_of
         self.ids: list[str] = []
         self.error: BaseException | None = None
 
@@ -132,7 +135,7 @@ class PacedProducer(threading.Thread):
                     start, paced = time.monotonic(), 0
                 docs = [self.document(i) for i in range(seq, min(seq + self.batch, self.count))]
                 self.send(docs)
-                self.ids.extend(d["id"] for d in docs)
+                self.ids.extend(self.id_of(d) for d in docs)
                 seq += len(docs)
                 paced += len(docs)
                 # Pace to the rate: sleep until this batch's scheduled time.
