@@ -75,15 +75,19 @@ def test_status_reads_every_live_node(redis_url, tmp_path):
 
     store = FlowStore(redis.Redis.from_url(redis_url), FlowKeys("clistatus"), "n1")
     store.write_status({"peer_id": "n1", "role": "master", "epoch": 4, "baked": 0, "claimed": 0,
-                        "rolled_back": 2, "delivered": 10, "failed": 1, "unclaimed": 0, "grpc_address": "h:1"})
+                        "rolled_back": 2, "delivered": 10, "failed": 1, "unclaimed": 0, "grpc_address": "h:1",
+                        "rule_pending": {"orders": 3, "payments": 0, "nohit": 0}})
     store.publish([b"{}"] * 3)
     r = twinflow("status", str(flow), "--redis", redis_url, "--json")
     assert r.returncode == 0, r.stderr
     (peer,) = json.loads(r.stdout)["peers"]
     assert peer["role"] == "master" and peer["epoch"] == "4" and peer["uplink_lag"] == 3
+    assert peer["rule_pending"] == {"orders": 3, "payments": 0, "nohit": 0}  # RULE_PEND, a mapping again
     table = twinflow("status", str(flow), "--redis", redis_url)
     assert table.stdout.splitlines()[0].split()[:4] == ["peer_id", "role", "epoch", "uplink_lag"]
     assert table.stdout.splitlines()[2].split()[:4] == ["n1", "master", "4", "3"]
+    assert table.stdout.splitlines()[0].split()[-1] == "rule_pending"
+    assert table.stdout.splitlines()[2].endswith("orders=3 payments=0 nohit=0")
 
 
 @pytest.mark.parametrize("args", [["demo", "--help"], ["services", "--help"], ["run", "--help"]])
