@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING
 
 from ..runtime.message import Message
-
-from ..runtime.positions import position_order
-from ..runtime.store.store_errors import Fenced, RedisUnavailable
+from ..runtime.store.store_errors import RedisUnavailable
 from .master_flow import collector_paused
 from .roles import MASTER, WORKER
-from .uplink_rows import decode_rows, last_position, processed_as_worker, record_bad
+from .timings import BatchTimings
+from .uplink_rows import decode_rows, last_position, record_bad
 
 if TYPE_CHECKING:
+    from .member import FlowMember
     from .shard_task import ShardResult
 
 log = logging.getLogger("twinflow.peer")
@@ -35,15 +36,33 @@ class PeerStopping(RuntimeError):
 
 
 class BatchIntake:
-    """How a member takes a batch (mixed into FlowMember)."""
+    """How a member takes a batch from the uplink (see the module doc)."""
+
+    def __init__(self, member: "FlowMember", ahead: Executor | None):
+        self.m = member
+        spec = member.spec
+        self.ahead = ahead  # where a master's batch runs ahead of Spark (or None)
+        self._ahead: Future | None = None  # the batch running ahead, if any
+        self.batch_error: BaseException | None = None  # why a batch that ran ahead failed
+        # A batch never takes the bake past max_pending: the reader takes at
+        # most max_read_size entries (read_size under light load, growing under
+        # a backlog; a quarter of max_pending at most, so that the bake can
+        # hold a few big batches), and holds while the next batch might not fit.
+        self.read_size = min(spec.batch_size, spec.max_pending)
+        self.max_read_size = min(spec.max_batch_size, max(self.read_size, spec.max_pending // 4))
+        self.holding = False  # a master batch waits for ZooKeeper to come back
+        self.batch_timings = BatchTimings((MASTER, WORKER))  # batch durations by role
+        self.task_pid = 0     # the process that ran this shard's last batch (a sharded flow's executor)
+        self.state_loads = 0  # whole-state loads executors made for this shard's batches
 
     # -- batches from the uplink ------------------------------------------
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
         """Process one batch whole, or raise so that Spark does not commit it; a master's batch
-        may run ahead instead (module doc, "Batches run ahead")."""
-        self._settle_ahead()
+        may run ahead instead (module doc)."""
+        self.settle_ahead()
         handed = False
-        self.batch_lock.acquire()
+        lock = self.m.batch_lock
+        lock.acquire()
         try:
             last = last_position(rows)
             if self._may_run_ahead(last):
@@ -53,19 +72,19 @@ class BatchIntake:
             self._decode_and_take(batch_id, rows, last)
         finally:
             if not handed:
-                self.batch_lock.release()
+                lock.release()
 
     def _may_run_ahead(self, last: str | None) -> bool:
         """Whether this batch may run after on_batch returned (caller holds batch_lock): as master,
-        once handled_id in Redis covers it; else it runs here, as before."""
-        if self.ahead is None or last is None or self._stop.is_set():
+        once handled_id in Redis covers it; else it runs in on_batch."""
+        m = self.m
+        if self.ahead is None or last is None or m.stopping.is_set():
             return False
-        with self._lock:
-            if self.role != MASTER:
-                return False
+        if m.state.role != MASTER:
+            return False
         try:  # on every replica asked for: a failover must not take it back (FlowStore.record_handled)
-            self.store.record_handled(last, deadline_s=self.lease_s, replicas=self.spec.wait_replicas,
-                                      replica_wait_ms=self.spec.replica_wait_ms)
+            m.store.record_handled(last, deadline_s=m.lease_s, replicas=m.spec.wait_replicas,
+                                   replica_wait_ms=m.spec.replica_wait_ms)
         except RedisUnavailable:
             return False
         return True
@@ -73,17 +92,18 @@ class BatchIntake:
     def _run_ahead(self, batch_id: int, rows: list[tuple], last: str) -> None:
         """The batch thread: the batch as on_batch would have run it (decoding too: Spark's
         thread goes back to Spark sooner), then batch_lock released."""
+        m = self.m
         try:
             self._decode_and_take(batch_id, rows, last)
         except PeerStopping as exc:  # handled_id covers it: a promoted member delivers it
-            log.info("%s: %s", self.cfg.peer_id, exc)
+            log.info("%s: %s", m.cfg.peer_id, exc)
         except BaseException as exc:
             self.batch_error = exc
-            self._event(logging.ERROR, "batch_failed", "%s: batch %d failed after Spark committed it; stopping",
-                        self.cfg.peer_id, batch_id, batch=batch_id, exc_info=True)
+            m.event(logging.ERROR, "batch_failed", "%s: batch %d failed after Spark committed it; stopping",
+                    m.cfg.peer_id, batch_id, batch=batch_id, exc_info=True)
             raise
         finally:
-            self.batch_lock.release()
+            m.batch_lock.release()
 
     def _decode_and_take(self, batch_id: int, rows: list[tuple], last: str | None) -> None:
         """Decode the rows and take the batch, Python's cyclic collector paused meanwhile.
@@ -96,10 +116,10 @@ class BatchIntake:
         full (docs/performance.md). It runs again once the batch is over.
         """
         with collector_paused():
-            msgs, bad = self._decode(rows)
+            msgs, bad = self.decode(rows)
             self._take_batch(batch_id, msgs, bad, last)
 
-    def _settle_ahead(self, timeout_s: float | None = None) -> None:
+    def settle_ahead(self, timeout_s: float | None = None) -> None:
         """Wait for the batch running ahead; raise what it raised."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
@@ -107,15 +127,14 @@ class BatchIntake:
 
     def _take_batch(self, batch_id: int, msgs: list[Message], bad: list[tuple], last: str | None) -> None:
         """Record the bad entries, then bake or run the batch (caller holds batch_lock)."""
-        if self._stop.is_set():
+        m = self.m
+        if m.stopping.is_set():
             raise PeerStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
-        started, role = time.perf_counter(), self.role  # wall time, also under a simulator's clock
-        with self._lock:
-            self.read += len(msgs) + len(bad)
+        started, role = time.perf_counter(), m.state.role  # wall time, also under a simulator's clock
+        m.state.count(read=len(msgs) + len(bad))
         if bad:
-            record_bad(self.store, self.spec, bad)
-            with self._lock:
-                self.failed += len(bad)
+            record_bad(m.store, m.spec, bad)
+            m.state.count(failed=len(bad))
         if last is None:
             return
         try:
@@ -124,107 +143,76 @@ class BatchIntake:
             self.holding = False
             self.batch_timings.observe(role, time.perf_counter() - started)
 
+    def _process(self, batch_id: int, msgs: list[Message], last: str) -> None:
+        m = self.m
+        while True:
+            if m.stopping.is_set():
+                raise PeerStopping(f"batch {batch_id} held while stopping; it is read again on restart")
+            role, epoch = m.state.role_and_epoch()
+            if role != MASTER:
+                m.claims.bake(msgs, last)
+                return
+            if m.leadership.may_write():
+                rest = m.master.run(msgs, epoch, last)
+                if rest is None:
+                    m.state.handled(last)
+                else:  # stepped down part-way: the rest is a worker's
+                    m.claims.bake(rest, last)
+                return
+            # Master but ZooKeeper is suspended: hold the batch until the
+            # connection is back (keep the role) or the session is lost (bake).
+            self.holding = True
+            m.pause(0.05)
+
     # -- batches run on an executor (a sharded flow, see shard_reading) ------
     def executor_role(self) -> tuple[str, int]:
         """What an executor may do with this shard's next batch (caller holds batch_lock): run it as
         master at the epoch, bake-check it as worker, or hand it back ("driver": starting, or a
         master whose ZooKeeper connection is suspended, which must hold it here)."""
-        with self._lock:
-            role, epoch = self.role, self.epoch
-        if role == MASTER and self.leadership.may_write():
+        role, epoch = self.m.state.role_and_epoch()
+        if role == MASTER and self.m.leadership.may_write():
             return MASTER, epoch
         return (WORKER, 0) if role == WORKER else ("driver", 0)
 
     def take_result(self, batch_id: int, r: "ShardResult") -> None:
         """Finish a batch an executor ran for this shard (caller holds batch_lock): count it, send
         its claims, step down if its writes were refused, bake what it could not commit."""
+        m = self.m
         if r.warm:
             self.warmed()
         self.task_pid = r.pid
         self.state_loads += r.state_loads
-        if self._stop.is_set():
+        if m.stopping.is_set():
             raise PeerStopping(f"batch {batch_id} finished while stopping; it is read again on restart")
-        with self._lock:
-            self.failed += r.failed
-            self.delivered += r.delivered
-            self.skipped += r.skipped
-            # Handed back to the driver, the good rows are counted by _take_batch here.
-            self.read += r.read if r.role in (MASTER, WORKER) else r.failed
-        self.left.update(r.left)
+        # Handed back to the driver, the good rows are counted by _take_batch here.
+        m.state.count(failed=r.failed, delivered=r.delivered, skipped=r.skipped,
+                      read=r.read if r.role in (MASTER, WORKER) else r.failed)
+        m.master.count_left(r.left)
         if r.last is None:
             return
         if r.role == WORKER:
-            self._offer(r.msgs, r.done, r.last)
+            m.claims.offer(r.msgs, r.done, r.last)
             return
         if r.role != MASTER:  # bad entries: recorded by the executor already
-            self._take_batch(batch_id, self._decode(r.rows)[0], [], r.last)
+            self._take_batch(batch_id, self.decode(r.rows)[0], [], r.last)
             return
-        if self.session is not None:
-            self.session.drop()  # the executor committed: a flow here is behind Redis
-        self.remote_deadline = r.next_deadline
-        self.remote_batch_at = self.monotonic()
-        if r.claims and self.spec.pair is not None:
-            self.escalate(r.claims)
-        if r.fenced_by:
-            self.refused(Fenced(r.epoch, r.fenced_by))
-        elif r.unreachable:
-            self._lost_redis(r.unreachable)
+        m.master.took_executor_batch(r)
         if r.msgs:  # not committed: a worker's now
-            self._bake(r.msgs, r.last)
+            m.claims.bake(r.msgs, r.last)
         else:
-            self._handled(r.last)
-        self._wake.set()
+            m.state.handled(r.last)
+        m.wake.set()
 
-    def _process(self, batch_id: int, msgs: list[Message], last: str) -> None:
-        while True:
-            if self._stop.is_set():
-                raise PeerStopping(f"batch {batch_id} held while stopping; it is read again on restart")
-            with self._lock:
-                role, epoch = self.role, self.epoch
-            if role != MASTER:
-                self._bake(msgs, last)
-                return
-            if self.leadership.may_write():
-                rest = self._run_master(msgs, epoch, last)
-                if rest is None:
-                    self._handled(last)
-                else:  # stepped down part-way: the rest is a worker's
-                    self._bake(rest, last)
-                return
-            # Master but ZooKeeper is suspended: hold the batch until the
-            # connection is back (keep the role) or the session is lost (bake).
-            self.holding = True
-            self._pause(0.05)
-
-    def _decode(self, rows) -> tuple[list[Message], list[tuple]]:
+    def decode(self, rows) -> tuple[list[Message], list[tuple]]:
         """Messages, and (position, reason, body, size) of the entries that are bad."""
-        msgs, bad, warm = decode_rows(rows, self.spec.message)
+        msgs, bad, warm = decode_rows(rows, self.m.spec.message)
         if warm:
             self.warmed()
         return msgs, bad
 
     def warmed(self) -> None:
         """The query's first batch has run: from now on it reads at speed."""
-        if not self.streaming:
-            self.streaming_since = time.time()
-            self.streaming = True
-            self.health.streaming(True)
-            self._event(logging.INFO, "streaming", "%s is streaming", self.cfg.peer_id)
-
-    def _handled(self, position: str) -> None:
-        with self._lock:
-            if self.handled_upto is None or position_order(position) > position_order(self.handled_upto):
-                self.handled_upto = position
-
-    def _bake(self, msgs: list[Message], last: str) -> None:
-        """Bake as worker (caller holds batch_lock); records how far this member handled the uplink."""
-        self._offer(*processed_as_worker(self.store, msgs, last, self.spec), last)
-
-    def _offer(self, msgs: list[Message], done: list[bool], last: str) -> None:
-        now = self.clock.now()
-        with self._lock:
-            for m, d in zip(msgs, done):
-                self.sort.offer(m, now, processed=d)
-        self._handled(last)
-        self._update_backpressure()
-        self._wake.set()
+        m = self.m
+        if m.state.start_streaming():
+            m.health.streaming(True)
+            m.event(logging.INFO, "streaming", "%s is streaming", m.cfg.peer_id)

@@ -3,7 +3,9 @@
 A term begins at promotion with a :class:`~twinflow.cluster.master_session.MasterSession`
 at the new epoch, and ends when the member steps down or is demoted (the session is ended,
 so no step of it is sent after that). The session runs the batches and fires the
-deadlines; this side acts on what it returns: counts, claims to escalate, a refusal.
+deadlines and returns what it did; :class:`MasterSide` acts on that: counts, claims to
+escalate, a refusal. A sharded flow's executors run the master's batches themselves and
+return the same (:meth:`MasterSide.took_executor_batch`).
 
 Under failure (promise 3): a write the fence refuses, or one that cannot reach Redis
 within the write lease, makes the member step down; the session drops its flow on any
@@ -13,20 +15,42 @@ failed step, so the next step is built on the state Redis holds.
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 from ..runtime.message import Message
 from ..runtime.store.store_errors import Fenced, RedisUnavailable
 from .master_flow import MasterFlow
 from .master_session import MasterSession, Outcome
-from .roles import WORKER
+from .roles import MASTER, WORKER
+from .timings import LATENESS_BUCKETS, Timings
+
+if TYPE_CHECKING:
+    from .member import FlowMember
+    from .shard_task import ShardResult
 
 log = logging.getLogger("twinflow.peer")
 
+# A sharded flow's master fires a time-out itself once this long has passed without a batch
+# (whose executor would have fired it): the most a time-out waits for that under no load.
+REMOTE_FIRE_AFTER_S = 0.25
+BUSY_RETRY_S = 0.05  # how soon the timer looks again at a deadline a batch in progress holds up
+
 
 class MasterSide:
-    """A member's master term (mixed into FlowMember)."""
+    """A member's master term and what it does with its outcomes (see the module doc)."""
 
-    session: MasterSession | None
+    def __init__(self, member: "FlowMember", writes: Executor | None):
+        self.m = member
+        self.writes = writes  # where the master's COMMITs go from (master_session)
+        self.session: MasterSession | None = None  # the term: its flow, a cache of its state in Redis
+        self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
+        self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
+        self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master
+        self.driver_steps = 0     # steps this member committed itself (an executor's kept flow is then stale)
+        self.left: Counter = Counter()  # stream -> messages committed master steps sent there
+        self.lateness = Timings(LATENESS_BUCKETS)  # how late due deadlines fired (flow clock)
 
     @property
     def flow(self) -> MasterFlow | None:
@@ -34,89 +58,138 @@ class MasterSide:
         session = self.session
         return session.flow if session is not None else None
 
-    def _begin_term(self, epoch: int) -> MasterSession:
+    # -- the term ---------------------------------------------------------------
+    def begin_term(self, epoch: int) -> MasterSession:
         """A new session at ``epoch``, with the state the old master committed loaded."""
-        self._end_term()
-        session = MasterSession(self.graph, self.store, epoch, self.writes, left=self.left, warm=self.warm)
+        self.end_term()
+        m = self.m
+        session = MasterSession(m.graph, m.store, epoch, self.writes, left=self.left, warm=m.warm)
         self.session = session
+        self.remote_deadline = None
         session.load()
-        self._note_open()
+        self.note_open()
         return session
 
-    def _end_term(self) -> None:
+    def end_term(self) -> None:
         session, self.session = self.session, None
         if session is not None:
             session.end()
 
-    def _run_master(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
+    def step_down(self, reason: str) -> None:
+        """Leave the role: a worker from now on, the term ended, the election told."""
+        self.m.state.become(WORKER)
+        self.end_term()
+        self.m.leadership.step_down(reason)
+
+    # -- batches and deadlines -----------------------------------------------------
+    def run(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
         """Run a batch through the flow as master at ``epoch`` (caller holds batch_lock); None when
         all of it was committed, else the uncommitted rest, after this member stopped being master."""
         session = self.session
         if session is None or session.epoch != epoch or not session.active:
             return msgs
-        out = session.run_batch(msgs, last, self.clock.now)
+        out = session.run_batch(msgs, last, self.m.clock.now)
         self._act_on(out)
         if out.rest is None:
-            self._wake.set()  # the step may have opened an earlier deadline
+            self.m.wake.set()  # the step may have opened an earlier deadline
         return out.rest
 
-    def _fire(self, now: float) -> None:
-        """Fire the flow's deadlines due at ``now`` (caller holds batch_lock, as master)."""
-        session = self.session
-        if session is not None and session.active:
-            self._act_on(session.fire(now))
+    def fire_due(self, now: float) -> float | None:
+        """As master, fire the flow's deadlines due at ``now`` and commit what they did;
+        returns the next deadline. A batch in progress fires them itself, so this never waits
+        for one; and the flow is only read holding the member (``batch_lock``), never while a batch
+        builds a step on it or drops it."""
+        m = self.m
+        if m.state.role != MASTER:
+            return None
+        if not m.batch_lock.acquire(blocking=False):
+            # A batch holds the member and fires them itself (an executor's, before its batch);
+            # look again shortly rather than spin on a deadline already past.
+            return now + BUSY_RETRY_S
+        try:
+            flow = self.flow
+            due = flow.next_deadline() if flow is not None else self.remote_deadline
+            if due is None or due > now:
+                return due
+            if flow is None:
+                # Executors run this shard's batches and fire what is due first, on a flow they
+                # keep; firing here would load the whole state. Only when no batch came lately.
+                quiet = m.monotonic() - self.remote_batch_at
+                if quiet < REMOTE_FIRE_AFTER_S:
+                    return now + REMOTE_FIRE_AFTER_S - quiet
+            session = self.session
+            # A flow dropped is loaded again by the session.
+            if m.state.role == MASTER and m.leadership.may_write() and session is not None and session.active:
+                self.lateness.observe(max(0.0, now - due))  # once per firing round: the earliest due
+                self._act_on(session.fire(now))
+            flow = self.flow
+            return flow.next_deadline() if flow is not None else None
+        finally:
+            m.batch_lock.release()
 
+    def took_executor_batch(self, r: "ShardResult") -> None:
+        """What an executor did as master with this shard's batch (caller holds batch_lock):
+        its claims sent, a step-down if its writes were refused."""
+        if self.session is not None:
+            self.session.drop()  # the executor committed: a flow here is behind Redis
+        self.remote_deadline = r.next_deadline
+        self.remote_batch_at = self.m.monotonic()
+        if r.claims and self.m.spec.pair is not None:
+            self.escalate(r.claims)
+        if r.fenced_by:
+            self.refused(Fenced(r.epoch, r.fenced_by))
+        elif r.unreachable:
+            self.lost_redis(r.unreachable)
+
+    def count_left(self, left: Counter) -> None:
+        """Messages an executor's committed steps sent to each stream."""
+        self.left.update(left)
+
+    # -- outcomes ------------------------------------------------------------------
     def _act_on(self, out: Outcome) -> None:
         """Count what a session did, escalate its claims, step down if it was refused."""
-        with self._lock:
-            self.delivered += out.delivered
-            self.skipped += out.skipped
-            self.failed += out.failed
+        self.m.state.count(delivered=out.delivered, skipped=out.skipped, failed=out.failed)
         self.driver_steps += out.steps
         if out.claims:
             self.escalate(out.claims)
         if out.refused is not None:
             self.refused(out.refused)
-        self._note_open()
+        self.note_open()
 
     def escalate(self, claims: list[tuple[str, str, str, str]]) -> None:
         """Send the claims of committed steps, to each target only those of messages it has
         read (``escalation.read_by``): how far each has handled the uplink is read here, after
         the COMMITs. A worker reading behind has read few of them. Redis unreachable in that
         one try: every claim goes (a claim is a hint; the worker's Redis check decides)."""
-        targets = self.sender.target_ids()
+        sender = self.m.sender
+        targets = sender.target_ids()
         try:
-            upto = self.store.handled_positions(targets, deadline_s=0) if targets else None
+            upto = self.m.store.handled_positions(targets, deadline_s=0) if targets else None
         except RedisUnavailable:
             upto = None
-        self.sender.send(claims, upto)
+        sender.send(claims, upto)
 
     def refused(self, exc: Fenced | RedisUnavailable) -> None:
         """A write of this master (here or on an executor) was refused or never got through."""
         if not isinstance(exc, Fenced):
-            self._lost_redis(str(exc))
+            self.lost_redis(str(exc))
             return
-        self._event(logging.ERROR, "fenced", "%s: %s; stepping down", self.cfg.peer_id, exc,
-                    epoch=exc.epoch, newest=exc.newest)
-        with self._lock:
-            self.known_epoch = max(self.known_epoch, exc.newest)
-            self.fenced += 1
-        self._step_down("fenced")
+        m = self.m
+        m.event(logging.ERROR, "fenced", "%s: %s; stepping down", m.cfg.peer_id, exc,
+                epoch=exc.epoch, newest=exc.newest)
+        m.state.saw_epoch(exc.newest)
+        m.state.count(fenced=1)
+        self.step_down("fenced")
 
-    def _lost_redis(self, why: str) -> None:
-        self._event(logging.ERROR, "lease_expired", "%s: %s; over the write lease (%.1f s): stepping down",
-                    self.cfg.peer_id, why, self.lease_s, reason=why, lease=self.lease_s)
-        self._step_down("Redis unreachable")
+    def lost_redis(self, why: str) -> None:
+        m = self.m
+        m.event(logging.ERROR, "lease_expired", "%s: %s; over the write lease (%.1f s): stepping down",
+                m.cfg.peer_id, why, m.lease_s, reason=why, lease=m.lease_s)
+        self.step_down("Redis unreachable")
 
-    def _note_open(self) -> None:
+    def note_open(self) -> None:
         """Count what the flow holds open, for status (caller holds batch_lock: status itself never
         reads the flow, which a batch may be building a step on)."""
         flow = self.flow
         if flow is not None:
             self.open_in_flow = flow.pending()
-
-    def _step_down(self, reason: str) -> None:
-        with self._lock:
-            self.role = WORKER
-        self._end_term()
-        self.leadership.step_down(reason)

@@ -20,18 +20,23 @@ The rule that makes a message processed: the commit of the step that ran it
 also moves the processed mark, the position up to which the masters handled
 every uplink entry, in uplink order (``master_flow.py`` says it per node).
 
-Promises under failure (numbered as in docs/concepts/promises.md) are each kept by the module
-that holds the concern, and said in its docstring:
+It is made of parts that each own their state and are handed the member,
+whose shared pieces they read (its store, election, clock, ``batch_lock``):
 
-- ``batch_intake``: batches processed whole or not committed, run ahead (1);
-- ``master_side``: the master's steps, fencing and stepping down (3);
+- ``member_state``: role and epoch (changed there only), handled position, counts;
+- ``batch_intake``: batches processed whole or not committed, run ahead (promise 1);
+- ``master_side``: the master's term, what it does with a session's outcome, stepping down (3);
 - ``promotion``: fence, catch up, roll back on promotion (1, 2);
-- ``claims``: escalations admitted only from the master; claims proven (1, 3);
+- ``claims``: the worker's bake; escalations admitted only from the master; claims proven (1, 3);
 - ``backpressure``: a worker never drops, it stops reading (5);
 - ``member_timers``: deadlines, bake expiry, sweep, trim, status, lease (1, 3, 4);
 - ``start_position``: where a member starts reading, and what it refuses.
 
-The member lock (``_lock``) guards memory only and is never held across a
+A batch goes one way: the uplink reading calls :meth:`FlowMember.on_batch`, the
+intake runs it as master (``master_side``, whose session commits it in Redis and
+returns an outcome) or bakes it as worker (``claims``); nothing calls back up.
+
+The memory lock (``state.lock``) guards memory only and is never held across a
 Redis call, so handover and status answer while Redis hangs; ``batch_lock``
 admits one batch or one promotion catch-up at a time.
 """
@@ -42,37 +47,34 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
-from concurrent.futures import Future
 
 from ..logs import event
 from ..runtime.clock import Clock, SystemClock
 from ..runtime.flowgraph import FlowGraph
-from ..runtime.message import Message
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.store.flow_store import FlowStore
-from .backpressure import Backpressure
+from .backpressure import ReaderControl
 from .batch_intake import BatchIntake
 from .claims import Claims, NoPair
 from .escalation import EscalationSender
-from .peer_config import PeerConfig
 from .leadership import Leadership
 from .master_flow import logged_nodes
 from .master_session import MasterSession
 from .master_side import MasterSide
-from .timings import LATENESS_BUCKETS, BatchTimings, Timings
-from .parts import MemberParts
+from .member_state import MemberState
 from .member_timers import MemberTimers
 from .on_cluster import cluster_flow, flow_keys
+from .parts import MemberParts
+from .peer_config import PeerConfig
 from .promotion import Promotion
-from .roles import MASTER, STARTING, WORKER
-from .start_position import StartPosition
+from .roles import MASTER, WORKER
+from .start_position import check_redis, check_retention, checkpoint_dir, start_position
 from .warm_state import WarmState
 
 log = logging.getLogger("twinflow.peer")
 
 
-class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Backpressure, MemberTimers):
+class FlowMember:
     """A peer's part in one flow (or one shard of it): one side of an active-active pair (see the module doc)."""
 
     def __init__(self, graph: FlowGraph, config: PeerConfig, *, parts: MemberParts, clock: Clock | None = None,
@@ -82,65 +84,20 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         the wait of a held batch (default: until stopped); a simulator passes its virtual clock."""
         spec = cluster_flow(graph)
         self.parts = parts
-        self.writes = self.parts.writes()  # where the master's COMMITs go from (master_session)
-        self.ahead = self.parts.batches_ahead()  # where a master's batch runs ahead of Spark (or None)
-        self._ahead: Future | None = None     # the batch running ahead, if any
-        self.batch_error: BaseException | None = None  # why a batch that ran ahead failed
         self.graph = graph
         self.spec = spec
         self.name = graph.name
         self.cfg = config
+        self.keys = flow_keys(graph)
         self.clock = clock or SystemClock()
         self.monotonic = monotonic
-        self._next_status = self._next_sweep = self._next_trim = float("-inf")
-        pair = spec.pair
-        self.keys = flow_keys(graph)
-        self.sort = ClaimSortNode(pair.rules.bake_times(), pair.unclaimed_outlink, pair.max_pending) \
-            if pair else NoPair()
-        self.session: MasterSession | None = None  # the master's term: its flow, a cache of its state in Redis
-        self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
-        self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
-        self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master
-        self.driver_steps = 0     # steps this member committed itself (an executor's kept flow is then stale)
-        self.task_pid = 0         # the process that ran this shard's last batch (a sharded flow's executor)
-        self.state_loads = 0      # whole-state loads executors made for this shard's batches
-        # A batch never takes the bake past max_pending: the reader takes at
-        # most max_read_size entries (read_size under light load, growing under
-        # a backlog; a quarter of max_pending at most, so that the bake can
-        # hold a few big batches), and holds while the next batch might not fit.
-        self.read_size = min(spec.batch_size, spec.max_pending)
-        self.max_read_size = min(spec.max_batch_size, max(self.read_size, spec.max_pending // 4))
         self.lease_s = spec.write_lease
-        self.role = STARTING
-        self.epoch = 0            # this member's epoch while master
-        self.known_epoch = 0      # the newest epoch this member has seen anywhere
-        self.delivered = 0
-        self.skipped = 0          # already processed when the master got them
-        self.failed = 0
-        self.rolled_back = 0      # delivered by promotion catch-up
-        self.claims_unproven = 0  # claimed messages Redis did not show processed: they bake on
-        self.escalations_refused = 0  # batches not from the master at its epoch (admit_escalation)
-        # For the metrics (cluster/metrics.py), counted per batch or step, never per message:
-        self.escalations_taken = 0  # escalation batches admitted (on_claims)
-        self.read = 0             # uplink entries this member read (the warm-up row is none)
-        self.fenced = 0           # writes as master the fence refused (each a step-down)
-        self.left: Counter = Counter()  # stream -> messages committed master steps sent there
-        self.batch_timings = BatchTimings((MASTER, WORKER))  # batch durations by role
-        self.lateness = Timings(LATENESS_BUCKETS)  # how late due deadlines fired (flow clock)
-        self.held = False         # backpressure: the reader plans no batch
-        self._paced_ms: tuple[int, int] | None = None  # the reader's pace and read-behind as last set
-        self._pace_lock = threading.Lock()  # the timer and a promotion both set the pace
-        self.holding = False      # a master batch waits for ZooKeeper to come back
-        self.handled_upto: str | None = None  # the last uplink position this member handled
-        self.streaming = False
-        self.streaming_since = 0.0
-        self._lock = threading.Lock()   # memory only: never held across a Redis call
         self.batch_lock = threading.Lock()  # one batch or one promotion catch-up at a time
-        self._stop = threading.Event()
-        self._pause = pause or self._stop.wait
-        self._wake = threading.Event()
+        self.stopping = threading.Event()
+        self.wake = threading.Event()  # the timers look again now
+        self.pause = pause or self.stopping.wait
         self._stopped = False
-        self._to_surface: list[Message] = []
+        # The servers, connected as the peer starts (open_store, prepare, serve).
         self.store: FlowStore | None = None
         self.warm: WarmState | None = None  # a worker's warm copy of the history (warm_state.py)
         self.zk = None
@@ -148,13 +105,22 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         self.sender: EscalationSender | None = None
         self.health = None        # the peer's, shared by its members (prepare)
         self.address = ""
-        self.reading = None       # the peer's uplink reading (read_with)
+        # The parts (module doc), each owning its state.
+        pair = spec.pair
+        self.state = MemberState()
+        self.claims = Claims(self, ClaimSortNode(pair.rules.bake_times(), pair.unclaimed_outlink, pair.max_pending)
+                             if pair else NoPair())
+        self.master = MasterSide(self, parts.writes())
+        self.intake = BatchIntake(self, parts.batches_ahead())
+        self.reader = ReaderControl(self)
+        self.promotion = Promotion(self)
+        self.timers = MemberTimers(self)
 
     # -- life cycle (driven by the peer, peer.py) ----------------------------
     def open_store(self) -> None:
         """Connect to Redis (waiting up to the deadline) and check that it can keep the promises."""
         self.store = self.parts.store(self)
-        self._check_redis()
+        check_redis(self)
         if logged_nodes(self.graph):
             self.warm = WarmState(self.graph, self.store, monotonic=self.monotonic)
 
@@ -163,61 +129,62 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         (StartRefused when that could break a promise); returns the start position."""
         self.health = peer.health
         self.zk = peer.zk
-        self._guard_epoch(self._zookeeper_epoch())
-        self.handled_upto = self.store.handled_position()
+        self.guard_epoch(self._zookeeper_epoch())
+        self.state.handled(self.store.handled_position())
         resuming = (self.checkpoint_dir().parent / "start.json").exists()
-        start = self._start_position()
-        self._check_retention(resuming)
+        start = start_position(self)
+        check_retention(self, resuming)
         return start
 
     def serve(self, peer) -> None:
         """Escalate from, and take part in the election at, the peer's gRPC address; start the timers."""
         self.address = peer.address
         self.sender = self.parts.sender(self)
-        with self._lock:
-            self.role = WORKER
+        self.state.become(WORKER)
         self.leadership = self.parts.leadership(self)
         self.leadership.start()
         self.parts.start_timers(self)
 
     def read_with(self, reading) -> None:
         """The peer's reading now runs: this member holds and paces it from here on."""
-        self.reading = reading
-        self._pace()
-        self._event(logging.INFO, "started", "%s started reading %s (gRPC %s); ready after the warm-up batch",
-                    self.cfg.peer_id, self.keys.uplink, self.address, address=self.address)
+        self.reader.attach(reading)
+        self.event(logging.INFO, "started", "%s started reading %s (gRPC %s); ready after the warm-up batch",
+                   self.cfg.peer_id, self.keys.uplink, self.address, address=self.address)
+
+    def checkpoint_dir(self):
+        """Where this member's reading keeps its checkpoint."""
+        return checkpoint_dir(self)
 
     def _zookeeper_epoch(self) -> int:
         stat = self.zk.exists(f"/twinflow/{self.name}/epoch")
         return stat.version if stat else 0
 
-    def _guard_epoch(self, seen: int, deadline_s: float | None = None) -> None:
+    def guard_epoch(self, seen: int, deadline_s: float | None = None) -> None:
         """Raise Redis's fencing epoch to the newest this member has seen (it must never go back)."""
         in_redis = self.store.current_epoch(deadline_s=deadline_s)
-        newest = max(seen, in_redis, self.known_epoch)
+        newest = max(seen, in_redis, self.state.known_epoch)
         if in_redis < newest:
-            self._event(logging.WARNING, "redis_epoch_behind",
-                        "Redis's fencing epoch is %d but epoch %d exists (Redis lost data?): raising it",
-                        in_redis, newest, in_redis=in_redis, epoch=newest)
+            self.event(logging.WARNING, "redis_epoch_behind",
+                       "Redis's fencing epoch is %d but epoch %d exists (Redis lost data?): raising it",
+                       in_redis, newest, in_redis=in_redis, epoch=newest)
             newest = self.store.raise_epoch(newest, deadline_s=deadline_s)
-        with self._lock:
-            self.known_epoch = max(self.known_epoch, newest)
+        self.state.saw_epoch(newest)
 
     def stop_member(self) -> None:
         """Stop taking batches: a batch waiting for Redis raises now and is not committed."""
         if self._stopped:
             return
         self._stopped = True
-        self._event(logging.INFO, "stopping", "%s stopping (%s)", self.cfg.peer_id, self.role, role=self.role)
-        self._stop.set()
-        self._wake.set()
+        self.event(logging.INFO, "stopping", "%s stopping (%s)", self.cfg.peer_id, self.role, role=self.role)
+        self.stopping.set()
+        self.wake.set()
         if self.store is not None:
             self.store.close()
 
     def settle(self) -> None:
         """Once the reading stopped: let a batch running ahead end, leave the election, stop sending."""
         try:
-            self._settle_ahead(timeout_s=max(5.0, 2 * self.lease_s))
+            self.intake.settle_ahead(timeout_s=max(5.0, 2 * self.lease_s))
         except Exception:  # logged by the batch thread; handled_id covers the batch
             pass
         if self.leadership is not None:
@@ -225,48 +192,102 @@ class FlowMember(StartPosition, BatchIntake, MasterSide, Claims, Promotion, Back
         if self.sender is not None:
             self.sender.stop()
 
-    def _event(self, level: int, name: str, msg: str, *args, **fields) -> None:
+    def event(self, level: int, name: str, msg: str, *args, **fields) -> None:
         """Log the operator event ``name`` (``twinflow.logs``) with this member's flow, peer ID and epoch (its
         own as master, else the newest it has seen, left out while none is: epochs start at 1;
         ``epoch=`` overrides it). Reads without the lock, so it may be called holding it."""
-        fields.setdefault("epoch", (self.epoch if self.role == MASTER else self.known_epoch) or None)
+        fields.setdefault("epoch", self.state.shown_epoch() or None)
         event(log, level, name, msg, *args, flow=self.name, peer=self.cfg.peer_id, **fields)
 
+    # -- what the peer, the reading, the election and the gRPC servicers call --------
+    def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
+        self.intake.on_batch(batch_id, rows)
+
+    def executor_role(self) -> tuple[str, int]:
+        return self.intake.executor_role()
+
+    def take_result(self, batch_id: int, result) -> None:
+        self.intake.take_result(batch_id, result)
+
+    def warmed(self) -> None:
+        self.intake.warmed()
+
+    def may_contend(self) -> bool:
+        return self.promotion.may_contend()
+
+    def on_promoted(self, epoch: int) -> None:
+        self.promotion.on_promoted(epoch)
+
+    def on_demoted(self, reason: str) -> None:
+        self.promotion.on_demoted(reason)
+
+    def handover(self, timeout_s: float) -> dict:
+        if self.leadership is None:
+            return {"ok": False, "reason": "member is not running"}
+        return self.leadership.handover(timeout_s)
+
+    def admit_escalation(self, from_node: str, epoch: int) -> str | None:
+        return self.claims.admit_escalation(from_node, epoch)
+
+    def on_claims(self, epoch: int, claims: list[tuple[str, str, str, str]]) -> int:
+        return self.claims.on_claims(epoch, claims)
+
+    def escalation_targets(self) -> dict[str, str]:
+        return self.claims.escalation_targets()
+
+    def run_timers(self) -> None:
+        self.timers.run()
+
+    def timer_round(self) -> float | None:
+        return self.timers.round()
+
+    # -- what it reports ---------------------------------------------------------
+    # What the peer, its reading and the simulator read of the parts.
+    role = property(lambda self: self.state.role, doc="master, worker or starting (roles.py)")
+    epoch = property(lambda self: self.state.epoch, doc="this member's epoch while master")
+    streaming = property(lambda self: self.state.streaming, doc="the reading's first batch has run")
+    session = property(lambda self: self.master.session, doc="the master's term (None: not master)")
+    batch_error = property(lambda self: self.intake.batch_error, doc="why a batch that ran ahead failed")
+    driver_steps = property(lambda self: self.master.driver_steps, doc="steps committed on this driver")
+    read_size = property(lambda self: self.intake.read_size, doc="entries a batch reads under light load")
+    max_read_size = property(lambda self: self.intake.max_read_size, doc="entries a batch reads at most")
+
     def status(self) -> dict:
-        with self._lock:
+        state, sort = self.state, self.claims.sort
+        with state.lock:
+            counts = state.counts()
             out = {
                 "flow": self.name,
                 "peer_id": self.cfg.peer_id,
-                "node_id": self.cfg.peer_id,  # peer_id under its old name, kept one release for readers
-                "role": self.role,
-                "epoch": self.epoch if self.role == MASTER else self.known_epoch,
-                "pending": self.open_in_flow if self.flow is not None else 0,
-                "baked": self.sort.pending,
-                "claimed": self.sort.claimed,
-                "rolled_back": self.rolled_back,
-                "claims_unproven": self.claims_unproven,
-                "escalations_refused": self.escalations_refused,
-                "escalations_taken": self.escalations_taken,
-                "delivered": self.delivered,
-                "failed": self.failed,
-                "unclaimed": self.sort.unclaimed,
-                "nohit": self.sort.nohit,
-                "rule_pending": self.sort.rule_pending(),  # RULE_PEND: held per ruleset of the claim pair
-                "backpressure": int(self.held),
-                "holding": int(self.holding),
+                "role": state.role,
+                "epoch": state.shown_epoch(),
+                "pending": self.master.open_in_flow if self.master.flow is not None else 0,
+                "baked": sort.pending,
+                "claimed": sort.claimed,
+                "rolled_back": counts["rolled_back"],
+                "claims_unproven": counts["claims_unproven"],
+                "escalations_refused": counts["escalations_refused"],
+                "escalations_taken": counts["escalations_taken"],
+                "delivered": counts["delivered"],
+                "failed": counts["failed"],
+                "unclaimed": sort.unclaimed,
+                "nohit": sort.nohit,
+                "rule_pending": sort.rule_pending(),  # RULE_PEND: held per ruleset of the claim pair
+                "backpressure": int(self.reader.held),
+                "holding": int(self.intake.holding),
                 "grpc_address": self.address,
             }
         out["zookeeper"] = "suspended" if self.leadership and self.leadership.suspended else "connected"
         out["redis"] = self.store.health() if self.store else "ok"
-        out["streaming"] = int(self.streaming)
-        out["streaming_since"] = self.streaming_since
+        out["streaming"] = int(state.streaming)
+        out["streaming_since"] = state.streaming_since
         out["pid"] = os.getpid()
         offset = getattr(self.clock, "offset_s", None)  # a flow clock on Redis's time knows it (flow_clock.py)
         if offset is not None:
             out["clock_offset_s"] = round(offset, 3)
-        if self.task_pid:
-            out["task_pid"] = self.task_pid
-            out["state_loads"] = self.state_loads
+        if self.intake.task_pid:
+            out["task_pid"] = self.intake.task_pid
+            out["state_loads"] = self.intake.state_loads
         try:
             out["uplink_lag"] = self.store.uplink_lag(self.cfg.peer_id) if self.store else 0
         except Exception:  # status must answer even when Redis does not

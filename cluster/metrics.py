@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("twinflow.metrics")
 
-# Outcomes of twinflow_messages_total, each a counter the member keeps (status() or its attributes).
+# Outcomes of twinflow_messages_total, each a counter the member keeps (its status or state's counts).
 OUTCOMES = ("delivered", "skipped", "failed", "claimed", "unclaimed", "rolled_back", "claims_unproven", "nohit")
 ROLES = ("master", "worker", "starting")
 
@@ -101,18 +101,19 @@ class PeerCollector(Collector):
 
     def _collect_node(self, n: "FlowMember", family) -> None:
         s = n.status()
+        tally = n.state.counts()
         who = [n.name, n.cfg.peer_id, n.cfg.peer_id]
         family(CounterMetricFamily, "twinflow_uplink_read", "Uplink entries this peer read (messages in)"
-               ).add_metric(who, n.read)
+               ).add_metric(who, tally["read"])
         out = family(CounterMetricFamily, "twinflow_messages",
                      "Messages by what became of them on this peer", ["outcome"])
-        counts = {**s, "skipped": n.skipped}
+        counts = {**s, "skipped": tally["skipped"]}
         for outcome in OUTCOMES:
             out.add_metric(who + [outcome], int(counts.get(outcome) or 0))
         if n.name not in self._outlinks:
             self._outlinks[n.name] = outlink_names(n)
         names = self._outlinks[n.name]
-        left = dict(n.left)  # one C-level copy: the batch thread may add to it meanwhile
+        left = dict(n.master.left)  # one C-level copy: the batch thread may add to it meanwhile
         per_outlink = family(CounterMetricFamily, "twinflow_outlink_messages",
                              "Messages that left the flow through each outlink in this peer's committed "
                              "master steps", ["outlink"])
@@ -120,10 +121,10 @@ class PeerCollector(Collector):
             per_outlink.add_metric(who + [name], left.get(stream, 0))
         hist = family(HistogramMetricFamily, "twinflow_batch_duration_seconds",
                       "Time to process one uplink batch, once per batch", ["role"])
-        for role, t in sorted(n.batch_timings.by_role.items()):
+        for role, t in sorted(n.intake.batch_timings.by_role.items()):
             buckets, total = t.snapshot()
             hist.add_metric(who + [role], buckets, total)
-        buckets, total = n.lateness.snapshot()
+        buckets, total = n.master.lateness.snapshot()
         family(HistogramMetricFamily, "twinflow_timer_lateness_seconds",
                "How late the master fired the flow's due deadlines, once per firing round"
                ).add_metric(who, buckets, total)
@@ -156,10 +157,10 @@ class PeerCollector(Collector):
         for r in ROLES:
             roles.add_metric(who + [r], int(role == r))
         family(CounterMetricFamily, "twinflow_fenced", "Writes of this peer as master refused by the "
-               "fence (a newer master exists): it stepped down each time").add_metric(who, n.fenced)
+               "fence (a newer master exists): it stepped down each time").add_metric(who, tally["fenced"])
         received = family(CounterMetricFamily, "twinflow_escalation_batches_received",
                           "Escalation batches that reached this peer", ["result"])
-        received.add_metric(who + ["accepted"], n.escalations_taken)
+        received.add_metric(who + ["accepted"], tally["escalations_taken"])
         received.add_metric(who + ["refused"], int(s.get("escalations_refused") or 0))
         self._collect_sender(n, who, family)
         store = n.store

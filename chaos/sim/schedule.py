@@ -310,7 +310,7 @@ class Schedule:
         target = self.world.peers[batch.target].member
         if target.role == "master":
             return  # a master holds nothing: its promotion rolled the bake back
-        left = [(c, m) for c in batch.claims if (m := target.sort.held_at(c[2])) is not None]
+        left = [(c, m) for c in batch.claims if (m := target.claims.sort.held_at(c[2])) is not None]
         if not left:
             return
         try:

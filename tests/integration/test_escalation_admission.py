@@ -106,7 +106,7 @@ def test_forged_batches_release_nothing_and_the_masters_claims_do(worker, flow_n
 
     huge = forge(member.address, flow_name, "a", 10**12, claims)
     assert not huge["accepted"] and "not the master's" in huge["reason"]
-    assert member.known_epoch <= epoch  # a forged epoch no longer raises what the worker accepts
+    assert member.state.known_epoch <= epoch  # a forged epoch no longer raises what the worker accepts
 
     stranger = forge(member.address, flow_name, "mallory", epoch, claims)
     assert not stranger["accepted"] and "'mallory' is not the master" in stranger["reason"]

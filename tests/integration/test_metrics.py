@@ -73,9 +73,9 @@ def pair(redis_url, zk_hosts, flow_name, tmp_path):
             peers.append(peer)
             peer.start()
             members[peer_id] = n = peer.member
-            # The warm-up batch would set this; only then does the member queue for the election,
+            # As the warm-up batch would: only then does the member queue for the election,
             # so a, warm first, is the master.
-            n.streaming = True
+            n.warmed()
             if peer_id == "a":
                 wait_until(lambda: n.role == "master", 10.0, what="a to be master")
         # The master escalates to the peers it knew when a step committed: wait until b is one.
@@ -152,7 +152,7 @@ def test_a_scrape_shows_what_each_node_did(pair, flow_name):
     # o2's time-out is due at 1005; the timer thread sees it at 1006, one second late.
     assert metric(A, "twinflow_timer_lateness_seconds_count", **who_a) == 0
     clock.advance(6.0)
-    a._wake.set()
+    a.wake.set()
     wait_until(lambda: metric(A, "twinflow_outlink_messages_total", outlink="match.expired", **who_a) == 1,
                10.0, what="o2's time-out to fire")
     got = scrape(A)

@@ -133,7 +133,7 @@ def node(graph, peer_id, redis_url, clock, tmp_path, parts=SimulatedParts, **set
     peer = Peer.for_flow(graph, cfg, clock=clock, parts=parts(redis_url))
     peer.start()
     n = peer.member
-    n.streaming = True
+    n.warmed()
     return n
 
 
@@ -254,7 +254,7 @@ def test_a_node_that_dies_with_a_batch_running_ahead_delivers_it_when_promoted(r
 
         # The stuck COMMIT of the dead incarnation is fenced: nothing is written twice.
         gate.set()
-        a._settle_ahead(timeout_s=30)
+        a.intake.settle_ahead(timeout_s=30)
         assert a.parts.leader.steps_down == ["fenced"] and r.xlen(a.keys.sink) == 3
     finally:
         gate.set()

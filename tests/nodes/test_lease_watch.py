@@ -35,17 +35,22 @@ class Store:
         return self.answers
 
 
-class Member(MemberTimers):
+class Member:
+    """What the timers are handed of a member: its store, lease, election, stop event, event log
+    and master side (whose step-down this records)."""
+
     def __init__(self, store: Store):
         self.store = store
         self.lease_s = 1.0
         self.cfg = SimpleNamespace(peer_id="peer-a")
         self.leadership = SimpleNamespace(is_master=True)
-        self._stop = threading.Event()
+        self.stopping = threading.Event()
         self.stepped_down: list[tuple[str, float]] = []
         self.events: list[str] = []
+        self.master = SimpleNamespace(step_down=self._step_down)
+        self.timers = MemberTimers(self)
 
-    def _event(self, level, name, *args, **fields) -> None:
+    def event(self, level, name, *args, **fields) -> None:
         self.events.append(name)
 
     def _step_down(self, reason: str) -> None:
@@ -54,7 +59,7 @@ class Member(MemberTimers):
 
 
 def watch(member: Member) -> threading.Thread:
-    thread = threading.Thread(target=member.run_lease_watch, daemon=True)
+    thread = threading.Thread(target=member.timers.run_lease_watch, daemon=True)
     thread.start()
     return thread
 
@@ -72,7 +77,7 @@ def test_a_master_whose_ping_hangs_steps_down_within_a_lease_and_a_ping_wait():
         assert at - started < member.lease_s / 4 + LEASE_PING_S + 1.0
         assert store.pings == 1  # one PING waiting at a time, never a pile of them
     finally:
-        member._stop.set()
+        member.stopping.set()
         store.released.set()
         thread.join(5)
     assert not thread.is_alive()
@@ -87,7 +92,7 @@ def test_a_master_whose_ping_answers_in_time_keeps_its_role():
         wait_until(lambda: store.silent_s() < member.lease_s, 5.0, what="the PING's answer")
         assert member.stepped_down == [] and member.leadership.is_master
     finally:
-        member._stop.set()
+        member.stopping.set()
         thread.join(5)
 
 
@@ -95,5 +100,5 @@ def test_a_worker_is_not_watched():
     store = Store(answers=False, ping_takes=0.0)
     member = Member(store)
     member.leadership.is_master = False
-    member._check_lease()
+    member.timers.check_lease()
     assert store.pings == 0 and member.stepped_down == []

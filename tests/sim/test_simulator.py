@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from twinflow.chaos.sim.simulator import run_once, simulate
-from twinflow.cluster.member import FlowMember
+from twinflow.cluster.promotion import Promotion
 from twinflow.cluster.warm_state import WarmState
 from twinflow.runtime.nodes.history import MemoryHistoryStore
 from twinflow.runtime.store import scripts
@@ -124,7 +124,7 @@ def test_a_refused_commit_that_keeps_the_ids_it_set_is_caught(monkeypatch):
 
 
 def test_a_promotion_that_skips_the_catch_up_is_caught(monkeypatch):
-    monkeypatch.setattr(FlowMember, "_catch_up", lambda self, epoch: 0)
+    monkeypatch.setattr(Promotion, "catch_up", lambda self, epoch: 0)
     failed = _first_failure()
     assert failed is not None, "a promoted worker that never delivers what the old master left passed"
     assert any("never left the flow" in p for p in failed.problems)

@@ -14,7 +14,7 @@ import pytest
 
 from twinflow.chaos.sim.checker import Checker, DuplicateExit, duplicate_exit
 from twinflow.chaos.sim.simulator import draw_dims, run_once, simulate
-from twinflow.cluster.member import FlowMember
+from twinflow.cluster.promotion import Promotion
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.nodes.join import _Timed
 from twinflow.runtime.store import scripts
@@ -253,7 +253,7 @@ def test_readers_that_skip_past_the_processed_mark_are_caught_as_loss(monkeypatc
 def test_a_promotion_after_reading_behind_that_does_not_catch_up_is_caught(monkeypatch):
     # A worker that read behind hands its promotion's catch-up everything after the mark, up to
     # the uplink's newest entry; one that skips it leaves what it passed unrun.
-    monkeypatch.setattr(FlowMember, "_catch_up", lambda self, epoch: 0)
+    monkeypatch.setattr(Promotion, "catch_up", lambda self, epoch: 0)
     failed = _first_failure("pair", range(1, 21), only={"skip_processed": True, "read_behind": True})
     assert failed is not None, "a promotion after reading behind that caught nothing up passed every run"
     assert any("never left the flow" in p for p in failed.problems)
