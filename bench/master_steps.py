@@ -3,7 +3,7 @@
 What the master's driver does with a batch (``uplink_rows.decode_rows``, then
 ``master_session.MasterSession.run_batch`` with the peer's real writer threads and
 COMMIT script), timed per message: decoding, the whole step loop, the
-part of it spent in the COMMIT call, and Redis's CPU meanwhile. Figures: docs/performance.md; history: CHANGELOG.md, issue 9.
+part of it spent in the COMMIT call, and Redis's CPU meanwhile. Figures: docs/performance.md.
 
     .venv/bin/python bench/master_steps.py --messages 20000 --batches 3
     .venv/bin/python bench/master_steps.py --without-change-log   # the steps as before the change log (A/B)

@@ -30,6 +30,40 @@ def test_the_site_builds_with_strict_checks(tmp_path):
     assert "--worker-pace-ms" in cli and "cli-reference" not in cli  # rendered from the parser, marker replaced
     api = (tmp_path / "site" / "reference" / "client" / "index.html").read_text()
     assert "EscalationClient" in api and "retry_unavailable" in api  # from the docstrings
+    assert_offline(tmp_path / "site")
+
+
+# A script or a stylesheet the browser would fetch from elsewhere: <script src="http...">,
+# <link href="http..."> (web fonts, a CDN's copy of a library).
+FETCHED = re.compile(r"<(?:script|link)\b[^>]*\b(?:src|href)=[\"']?(?:https?:)?//[^\s\"'>]+", re.I)
+
+
+def assert_offline(site: Path) -> None:
+    """The site works without a network: no page loads a script or a stylesheet from another host,
+    the diagrams' Mermaid is the site's own copy, and the pages that draw diagrams load it."""
+    pages = list(site.rglob("*.html"))
+    assert pages
+    fetched = [f"{p.relative_to(site)}: {m.group(0)}" for p in pages for m in FETCHED.finditer(p.read_text())]
+    assert fetched == []
+    mermaid = site / "assets" / "javascripts" / "mermaid.min.js"
+    assert mermaid.stat().st_size > 1_000_000 and b"mermaid" in mermaid.read_bytes()[:2000]
+    drawn = {p.relative_to(site).as_posix(): p.read_text() for p in pages if '<pre class="mermaid">' in p.read_text()}
+    assert {"concepts/how-it-works/index.html", "contributing/architecture/index.html"} <= set(drawn)
+    for page in drawn.values():
+        assert re.search(r'<script src="[./]*assets/javascripts/mermaid\.min\.js"', page)
+    # The theme fetches Mermaid from a CDN only when no `mermaid` is on the page (its bundle says so).
+    bundle = next((site / "assets" / "javascripts").glob("bundle.*.min.js")).read_text()
+    assert 'typeof mermaid=="undefined"' in bundle
+
+
+def test_a_page_that_fetches_a_script_is_caught(tmp_path):
+    (tmp_path / "index.html").write_text('<script src="https://unpkg.com/mermaid@11/dist/mermaid.min.js"></script>')
+    try:
+        assert_offline(tmp_path)
+    except AssertionError as e:
+        assert "unpkg.com" in str(e)
+    else:
+        raise AssertionError("a page loading a script from a CDN passed")
 
 
 def test_the_readme_is_a_front_page():

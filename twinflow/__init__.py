@@ -14,4 +14,4 @@ import os as _os
 
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from twinflow import __version__
 from twinflow.cli_common import LAB_DIR, SERVICES_STATE
 from twinflow.cli_lab import cmd_lab
 from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
@@ -59,6 +60,7 @@ def _security_flags(parser, serving: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="twinflow", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"twinflow {__version__}")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="the log on stderr as text lines (default) or one JSON object per line (docs/reference/logs.md)")

@@ -31,7 +31,7 @@ ZK_CLASSPATH = ":".join(
 # requested 2 s session to 4 s (2 x the default 2 s tick), doubling failover
 # time. The server expires sessions in buckets of one tick, so a dead master's
 # session ends up to one tick after its time-out: 200 ms rather than 500 ms
-# (CHANGELOG.md, 2026-11-23). initLimit and syncLimit count ticks: 5 s and 2 s.
+# (docs/performance.md, "The test suite"). initLimit and syncLimit count ticks: 5 s and 2 s.
 ZOO_CFG = """\
 tickTime=200
 minSessionTimeout=1000
