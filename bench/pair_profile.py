@@ -6,7 +6,7 @@ and prints, per burst, the wall time until the master's processed mark
 passes the last message and the CPU seconds (user + system, from /proc) of
 each peer's Python driver, JVM and reader workers. With ``--py-spy PATH``
 the last burst is also sampled with ``py-spy record --gil`` on both drivers
-(raw stacks in ``--out``). Figures: docs/performance.md; history: CHANGELOG.md, issue 9.
+(raw stacks in ``--out``). Figures: docs/performance.md.
 
     .venv/bin/python bench/pair_profile.py --messages 50000 --bursts 3
 """

@@ -3,9 +3,8 @@ and read back fast (``loads``).
 
 ``compact(obj)`` means what ``json.dumps(obj, separators=(",", ":"))``
 means: a reader's ``json.loads`` gets an equal object back. It encodes with
-orjson (several times faster than the standard library, measured: issue 9 in
-CHANGELOG.md) and falls back to the standard library wherever orjson
-would write something else or refuse:
+orjson (several times faster than the standard library) and falls back to
+the standard library wherever orjson would write something else or refuse:
 
 - integers beyond 64 bits, keys that are not strings, types orjson does not
   know: orjson raises, the standard library writes them as it always did;

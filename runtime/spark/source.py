@@ -21,7 +21,7 @@ entries' ``(position, data, size)`` triples as above, pickled;
 :func:`unpack_rows` (``packed_rows.py``) turns a batch back into one triple per entry. Spark's
 per-row work (the rows cross from this reader's Python worker into the JVM
 and back out to the driver) costs about 14 µs of JVM CPU per row here
-(measured, CHANGELOG.md, issue 9), so a reader whose caller takes the batch whole
+(measured on this project's 2-core machine), so a reader whose caller takes the batch whole
 (``stream.start_stream`` does) pays it per N entries. The pickle travels only
 from this reader to its own query's driver, the path Spark itself pickles on.
 
