@@ -20,7 +20,7 @@ from common import save  # noqa: E402
 from twinflow.testing.checker import check_sink, read_sink  # noqa: E402
 from twinflow.testing.producers import IngestPublisher  # noqa: E402
 from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
-from twinflow.cluster.grpc_server import request_handover  # noqa: E402
+from twinflow.client import request_handover  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 
 

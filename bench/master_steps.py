@@ -6,7 +6,7 @@ COMMIT script), timed per message: decoding, the whole step loop, the
 part of it spent in the COMMIT call, and Redis's CPU meanwhile. Figures: docs/performance.md.
 
     .venv/bin/python bench/master_steps.py --messages 20000 --batches 3
-    .venv/bin/python bench/master_steps.py --without-change-log   # the steps as before the change log (A/B)
+    .venv/bin/python bench/master_steps.py --without-change-log   # steps that write no change log (A/B)
 """
 
 import argparse
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=20_000, help="per batch")
     ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--without-change-log", action="store_true",
-                    help="steps that write no change log (as before it existed), to measure what it costs")
+                    help="steps that write no change log, to measure what it costs")
     args = ap.parse_args()
     services = LocalServices.start(base_dir=tempfile.mkdtemp(prefix="twinflow-steps-"), deadline_s=30,
                                    zookeeper=False)

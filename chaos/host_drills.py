@@ -331,16 +331,6 @@ class HostDrillRunner:
         return result
 
 
-def run_host_drill(name: str, seed: int = 1, messages: int = 10_000, rate: float | None = None,
-                   say: Callable[[str], None] = lambda text: None, **lab_options) -> dict:
-    """Run host drill ``name`` once on a fresh lab and check it (see module)."""
-    runner = HostDrillRunner(messages, rate, say=say, **lab_options)
-    try:
-        return runner.run(name, seed)
-    finally:
-        runner.close()
-
-
 def this_run(outputs: dict, ids: set[str]) -> dict:
     """The entries of ``outputs`` with a member among ``ids`` (a run's own messages)."""
     return {k: [e for e in v if any(m in ids for m in e.id.split("+"))] for k, v in outputs.items()}

@@ -1,4 +1,4 @@
-"""The gRPC server every peer runs, its Ingest and Admin services, and small clients.
+"""The gRPC server every peer runs, and its Ingest and Admin services.
 
 ``create_server`` binds one address, adds whichever servicers it is given
 (Escalation, Ingest, Admin) and starts; the servicers stay thin over plain
@@ -35,6 +35,7 @@ Under failure:
   the escalation sender needs to notice a dead peer in 1-2 s; without this the
   server would answer its pings with GOAWAY ``too_many_pings``.
 
+>>> from twinflow.client import peer_status, request_handover
 >>> server, port = create_server("127.0.0.1:0", admin=AdminServicer(
 ...     status=lambda: {"flow": "orders", "role": "worker"},
 ...     handover=lambda timeout_s: {"ok": False, "reason": "not master"}))
@@ -156,8 +157,6 @@ def create_server(
         raise
     except RuntimeError as exc:  # grpcio raises here when the bind fails
         raise BindError(f"cannot listen on {address}: {exc}") from exc
-    if not port:  # older grpcio returned 0 instead of raising
-        raise BindError(f"cannot listen on {address}")
     server.start()
     server.token_check = token_check  # its refusal counts, for the peer's metrics (None: no tokens)
     return server, port
@@ -290,36 +289,3 @@ class AdminServicer(pb_grpc.AdminServicer):
 def _from_dict(message_type, values: dict):
     fields = message_type.DESCRIPTOR.fields_by_name
     return message_type(**{k: v for k, v in values.items() if k in fields and v is not None})
-
-
-# The clients moved to twinflow.client (with TLS and tokens, batching and retries in its Client);
-# these keep the old names working for the callers that import them from here.
-
-
-def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.0, *,
-            security: GrpcSecurity = NO_SECURITY) -> list[str]:
-    """One Publish call; see :func:`twinflow.client.publish`, which this calls."""
-    from twinflow import client
-
-    return client.publish(address, flow, bodies, timeout_s, security=security)
-
-
-def peer_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
-    """The peer's status as a dict; see :func:`twinflow.client.peer_status`, which this calls."""
-    from twinflow import client
-
-    return client.peer_status(address, timeout_s, security=security)
-
-
-def node_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
-    """Deprecated name of :func:`peer_status`."""
-    from twinflow import client
-
-    return client.node_status(address, timeout_s, security=security)
-
-
-def request_handover(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
-    """Ask for a handover; see :func:`twinflow.client.request_handover`, which this calls."""
-    from twinflow import client
-
-    return client.request_handover(address, timeout_s, security=security)

@@ -69,7 +69,7 @@ class PeerCollector(Collector):
 
     def collect(self):
         members = self.members()
-        # "node" is the peer's label under its old name, kept one release for existing dashboards.
+        # "node" repeats "peer": dashboards and alerts that select on "node" keep working.
         base = ["flow", "peer", "node"]
         f: dict[str, Any] = {}
 

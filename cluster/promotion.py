@@ -1,11 +1,11 @@
 """Taking and leaving the master role: fence, catch up, roll the bake back.
 
 Under failure (promises 1, 2): the new master raises the fencing epoch in
-Redis (confirmed by ``WAIT`` with ``cluster.wait_replicas``), then delivers
-every uplink entry after the processed mark up to where it has read itself
-(a worker reading behind: up to the uplink's newest entry), re-read from the
-uplink; its bake is dropped only once that succeeded. Any
-error leaves everything in Redis, and the election demotes the member and
+Redis (a durable write on ``cluster.wait_replicas`` replicas,
+``runtime/store/durable.py``), then delivers every uplink entry after the
+processed mark up to where it has read itself (a worker reading behind: up
+to the uplink's newest entry), re-read from the uplink; its bake is dropped
+only once that succeeded. Any error leaves everything in Redis, and the election demotes the member and
 queues it again.
 """
 
@@ -51,7 +51,7 @@ class Promotion:
             raise RuntimeError("a batch in flight did not finish (waiting for Redis?); not taking the role")
         took = {"batch_wait_s": time.monotonic() - began}  # where a promotion's time goes, for its log line
         try:
-            # Confirmed by WAIT with cluster.wait_replicas, as a COMMIT is: a fence a failover
+            # Durable, as a COMMIT is (runtime/store/durable.py): a fence a failover
             # takes back would let the old master write again. Else this raises and the election
             # demotes the member and queues it again.
             in_force = m.store.raise_epoch(epoch, deadline_s=m.lease_s, replicas=m.spec.wait_replicas,

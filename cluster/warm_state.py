@@ -22,7 +22,7 @@ Under failure it promises never to hand over state that Redis does not hold:
   with the tail, the mark and the other nodes' state.
 
 Anything else (a gap, a lost anchor, a Redis error, an entry it cannot apply)
-drops the copy: the promotion then loads the state whole, as before, and the
+drops the copy: the promotion then loads the state whole, as one without a copy does, and the
 worker primes a new copy on a later round (at once after one drop, then backing
 off, so that a worker that keeps falling behind does not read the history whole
 every round). A copy handed to a promotion is the

@@ -6,7 +6,8 @@ its own hash tag (``tf:{F.s0}:uplink``, ``tf:{F.s0}:sink``, its ID cache,
 processed mark, node state and fencing epoch), its own ZooKeeper election
 (``/twinflow/F.s0``) and its own escalation stream, so one shard's master
 can die, be fenced or roll back without touching another shard. With one
-shard (the default) the names are the flow's own, as before sharding.
+shard (the default) the names are the flow's own, so an unsharded flow's keys and
+znodes carry no shard suffix.
 
 A message goes to the shard given by a stable hash (CRC-32) of its
 ``shard_key`` rendered as text, so every producer, on every machine and in

@@ -55,7 +55,7 @@ def _publish_once(channel: grpc.Channel, flow: str, bodies: list[bytes], timeout
 
 def _status(channel: grpc.Channel, timeout_s: float) -> dict:
     out = _to_dict(pb_grpc.AdminStub(channel).Status(pb.StatusRequest(), timeout=timeout_s))
-    out["peer_id"] = out["peer_id"] or out["node_id"]  # a peer from before peer_id sends only node_id
+    out["peer_id"] = out["peer_id"] or out["node_id"]  # a peer that sends only node_id (mid-upgrade)
     return out
 
 

@@ -25,7 +25,8 @@ START_FROM = ("processed", "beginning")  # where a peer with a new state dir may
 
 
 class _OldName(argparse.Action):
-    """A flag under its old name: works as ``new`` does, and says so on stderr (kept one release)."""
+    """A flag under the name that scripts written for it may still pass: works as ``new`` does,
+    and says on stderr which name to use."""
 
     def __init__(self, option_strings, dest, new: str, append: bool = False, **kwargs):
         self.new, self.append = new, append

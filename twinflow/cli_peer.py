@@ -23,7 +23,7 @@ PEERS_SEEN = Path(".twinflow") / "peers-{flow}.json"
 
 
 def cmd_run(args) -> int:
-    if not args.peer_id:  # not argparse's required=: --node-id, its old name, may give it
+    if not args.peer_id:  # not argparse's required=: --node-id (the same flag) may give it
         print("twinflow run: the following arguments are required: --peer-id", file=sys.stderr)
         return 2
     # The peer's only fork is Spark's JVM launch, an immediate exec: gRPC's
@@ -111,7 +111,6 @@ def cmd_status(args) -> int:
     from twinflow.secrets import redact_text, redact_url
 
     graph, stores = _flow_stores(args)
-    store = stores[0]
     seen = Path(str(PEERS_SEEN).format(flow=graph.name))
     try:
         rows = []
@@ -131,7 +130,7 @@ def cmd_status(args) -> int:
             print("twinflow: no peer answered over gRPC either (pass --peer HOST:PORT)", file=sys.stderr)
             return EXIT_UNAVAILABLE
     if args.json:
-        print(json.dumps({"flow": graph.name, "peers": rows, "nodes": rows}))  # "nodes": the old name, one release
+        print(json.dumps({"flow": graph.name, "peers": rows, "nodes": rows}))  # "nodes": the same rows, for scripts that read it
         return 0
     if not rows:
         print(f"flow {graph.name}: no live peers")

@@ -304,7 +304,7 @@ def cmd_bench(args) -> int:
 def cmd_certs(args) -> int:
     from twinflow.certs import make_certs
 
-    if not args.peer:  # not argparse's required=: --node, its old name, may give it
+    if not args.peer:  # not argparse's required=: --node (the same flag) may give it
         print("twinflow certs: the following arguments are required: --peer", file=sys.stderr)
         return 2
     made = make_certs(args.dir, args.peer, args.name or [args.peer])

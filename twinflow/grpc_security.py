@@ -24,7 +24,7 @@ Under failure:
 - :meth:`GrpcSecurity.check_bind` refuses to serve a non-loopback address
   unless TLS and every scope's token are set, or the operator said
   ``insecure`` (then :func:`warn_insecure` logs a warning at start and
-  every minute). Loopback stays open by default, as before.
+  every minute). Loopback stays open by default: only this machine reaches it.
 - A TLS file that cannot be read raises :class:`SecurityConfigError`
   naming the file; nothing starts.
 

@@ -21,8 +21,8 @@ driver whose class path holds a jar the archive was built without starts without
 Under failure: :func:`build_jar` raises, with javac's output, when there is no ``javac`` or it
 fails, and the jar only ever appears complete (written aside, renamed). :func:`jar_conf` adds
 nothing when the variable is unset or names no file, and only the class path for a driver on a
-real cluster (its executors would not have the jar): Hadoop's own file system then runs
-``chmod`` as before.
+real cluster (its executors would not have the jar): Hadoop's own file system then forks
+``chmod``, which is correct, only slower.
 Permission bits beyond read/write/execute (sticky, setuid, setgid) are set Hadoop's own way.
 """
 

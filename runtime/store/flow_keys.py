@@ -70,10 +70,14 @@ class FlowKeys:
 
     @property
     def peers(self) -> str:
-        return self.prefix + "nodes"  # "nodes" and "node:": the names keys had before peers had theirs
+        return self.prefix + "nodes"  # "nodes" and "node:": the key names a running flow's data has
 
     def peer(self, peer_id: str) -> str:
         return self.prefix + "node:" + peer_id
+
+    def sync(self, call: str) -> str:
+        """The marker of one durable write, written with it before its ``WAIT`` (``durable.py``)."""
+        return self.prefix + "sync:" + call
 
     def state(self, node: str) -> str:
         """The hash of a flow node's state entries (key -> JSON)."""

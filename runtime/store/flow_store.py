@@ -3,15 +3,16 @@
 Every key of flow ``F`` starts with ``tf:{F}:`` (one hash slot per flow).
 
 :class:`FlowStore` is built from parts: every call goes through the retrying call of
-``redis_calls.py`` (waiting, deadlines, following the flow's primary), the uplink is
+``redis_calls.py`` (waiting, deadlines, following the flow's primary), every write that must
+survive a Redis failover through the durable write of ``durable.py``, the uplink is
 ``uplink_access.py``, and this module holds the rest: start-up checks, epochs, the master's
 fenced step, the ID cache and read positions, failure records and peer status. What its
 calls raise is in ``store_errors.py``.
 
 Under failure: a call waits for Redis up to its deadline (``redis_calls.py``) and never
 drops a write silently. Retrying a write is safe even when Redis applied it and only the
-reply was lost: a master step carries a marker unique to it and is applied once (the
-simulator found the double feed before it did), failure records are keyed by uplink
+reply was lost: a master step carries a marker unique to it and is applied once (a step applied
+twice would deliver its messages twice), failure records are keyed by uplink
 position, epochs and status are set, not added. A re-sent ``publish`` may append a body
 twice; the ID cache skips the second. A delivery from a writer whose epoch is older than the
 newest raises :class:`Fenced` and changes nothing. The master's writes carry a deadline (its
@@ -34,6 +35,7 @@ from ..message import Message
 from ..positions import position_order
 from .change_log import ChangesRead, LogEntry, parse_entry
 from .flow_keys import FlowKeys
+from .durable import DurableWrites
 from .redis_calls import DEFAULT_CALL_DEADLINE_S, RedisCalls
 from .store_errors import Fenced, GuessWrong, StaleState
 from .uplink_access import UplinkAccess
@@ -63,7 +65,7 @@ def chunked(messages: list[Message], max_count: int = DELIVER_MAX_MESSAGES,
         yield chunk
 
 
-class FlowStore(RedisCalls, UplinkAccess):
+class FlowStore(RedisCalls, DurableWrites, UplinkAccess):
     """Typed, retrying access to one flow's Redis state."""
 
     def __init__(
@@ -123,28 +125,16 @@ class FlowStore(RedisCalls, UplinkAccess):
                     replica_wait_ms: int = 1000) -> int:
         """Make ``epoch`` the fencing epoch unless a newer one exists; returns the one in force.
 
-        With ``replicas`` > 0 (``cluster.wait_replicas``) it returns only once ``WAIT``
-        confirms that many replicas have the epoch, as a COMMIT does, else raises
+        With ``replicas`` > 0 (``cluster.wait_replicas``) it returns only once that many
+        replicas have the epoch (``durable.py``), as a COMMIT does, else raises
         RedisUnavailable at ``deadline_s``: a Redis failover right after a promotion
         cannot bring back the old epoch, under which the old master's COMMITs would pass.
         """
-        began = self._monotonic()
-
-        def write():
-            if not replicas:
-                return self._scripts["raise_epoch"](keys=[self.keys.epoch], args=[epoch]), replicas
-            # WAIT counts the writes of its own connection: same pipeline.
-            pipe = self.r.pipeline(transaction=False)
+        def write(pipe):
             self._scripts["raise_epoch"](keys=[self.keys.epoch], args=[epoch], client=pipe)
-            pipe.execute_command("WAIT", replicas, replica_wait_ms)
-            raised, acked = pipe.execute()
-            return raised, int(acked)
 
-        raised, acked = self._call("raise_epoch", write, deadline_s)
+        (raised,) = self._write("raise_epoch", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
         in_force = int(raised)
-        if acked < replicas:
-            left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
-            self._await_replicas(replicas, replica_wait_ms, left)
         self.epoch_seen = max(self.epoch_seen, in_force)
         return in_force
 
@@ -162,8 +152,8 @@ class FlowStore(RedisCalls, UplinkAccess):
         Raises Fenced if ``epoch`` is stale (nothing written), RedisUnavailable
         past ``deadline_s``, StaleState when ``step.version`` is not the state
         version in Redis, GuessWrong when one of the step's IDs is processed
-        already (both: nothing written). With ``replicas`` > 0 it returns only once ``WAIT``
-        confirms that many replicas have it, so a Redis failover cannot erase
+        already (both: nothing written). With ``replicas`` > 0 it returns only once that
+        many replicas have it (``durable.py``), so a Redis failover cannot erase
         what the caller escalates next. With ``guess`` (the processed mark the
         caller assumes, in a 1-tuple) it raises GuessWrong, nothing written,
         unless the mark is that and none of the step's IDs is processed.
@@ -174,36 +164,20 @@ class FlowStore(RedisCalls, UplinkAccess):
         keys, args = step.script_call(epoch, self.keys, self.id_ttl, f"{self.peer_id}-{uuid.uuid4().hex}",
                                       guess)
 
-        def write():
-            if not replicas:
-                return self._scripts["commit"](keys=keys, args=args), replicas
-            # WAIT counts the writes of its own connection: same pipeline.
-            pipe = self.r.pipeline(transaction=False)
+        def write(pipe):
             self._scripts["commit"](keys=keys, args=args, client=pipe)
-            pipe.execute_command("WAIT", replicas, replica_wait_ms)
-            res, acked = pipe.execute()
-            return res, int(acked)
 
-        res, acked = self._call("commit", write, deadline_s)
-        if int(res[0]) == -1:
-            raise Fenced(epoch, int(res[1]))
-        if int(res[0]) == 3:
-            assumed = f"the processed mark is no longer {guess[0]} or " if guess else ""
-            raise GuessWrong(f"{assumed}a message of the step was processed already")
-        if int(res[0]) == 4:
-            raise StaleState(step.version, int(res[1]))
-        if acked < replicas:
-            self._await_replicas(replicas, replica_wait_ms, deadline_s)
+        def refused(replies):
+            res = replies[0]
+            if int(res[0]) == -1:
+                raise Fenced(epoch, int(res[1]))
+            if int(res[0]) == 3:
+                assumed = f"the processed mark is no longer {guess[0]} or " if guess else ""
+                raise GuessWrong(f"{assumed}a message of the step was processed already")
+            if int(res[0]) == 4:
+                raise StaleState(step.version, int(res[1]))
 
-    def load_state(self, nodes: Iterable[str], deadline_s: float | None = None) -> dict[str, dict[str, Any]]:
-        """Every node's state entries (node -> key -> JSON value), in one round trip."""
-        return self.load_state_version(nodes, deadline_s)[0]
-
-    def load_state_and_mark(self, nodes: Iterable[str], deadline_s: float | None = None
-                            ) -> tuple[dict[str, dict[str, Any]], str | None]:
-        """Every node's state entries and the processed mark, read together in one round trip."""
-        entries, mark, _ = self.load_state_version(nodes, deadline_s)
-        return entries, mark
+        self._write("commit", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms, refused=refused)
 
     def load_state_version(self, nodes: Iterable[str], deadline_s: float | None = None
                            ) -> tuple[dict[str, dict[str, Any]], str | None, int]:
@@ -289,28 +263,21 @@ class FlowStore(RedisCalls, UplinkAccess):
         before the answer is read: a master that reads the record after a COMMIT and
         finds it short of a message knows this peer will find the message processed
         (what lets it leave that claim out, ``escalation.read_by``);
-        with ``replicas`` > 0 the call returns only once ``WAIT`` confirms that
-        many replicas have the record (as :meth:`record_handled`), in the same
-        round trip too: a worker's checkpoint moves past the batch next, and a
-        failover that erased the record would leave a restarted worker whose
-        catch-up, once promoted, stops before the batch (pair seed 528, tests/sim).
+        with ``replicas`` > 0 the call returns only once that many replicas have
+        the record (as :meth:`record_handled`), in the same round trip too: a
+        worker's checkpoint moves past the batch next, and a failover that erased
+        the record would leave a restarted worker whose catch-up, once promoted,
+        stops before the batch (pair seed 528, tests/sim).
         """
-        wait = bool(handled_upto and replicas)
-
-        def read():
-            pipe = self.r.pipeline(transaction=False)
+        def write(pipe):
             if handled_upto:  # first: see above
                 self._scripts["record_handled"](keys=[self.keys.read(self.peer_id)], args=[handled_upto], client=pipe)
             pipe.get(self.keys.processed)
             if messages:
                 pipe.mget([self.keys.id_prefix + m.id for m in messages])
-            if wait:
-                self._then_wait(pipe, replicas, replica_wait_ms)
-            return pipe.execute()
 
-        out = self._call("processed", read, deadline_s)
-        if wait and int(out[-1]) < replicas:
-            self._await_replicas(replicas, replica_wait_ms, deadline_s)
+        out = self._write("processed", write, deadline_s, replicas=replicas if handled_upto else 0,
+                          wait_ms=replica_wait_ms)
         if not messages:
             return []
         raw_mark, cached = out[1:3] if handled_upto else out[0:2]
@@ -323,30 +290,17 @@ class FlowStore(RedisCalls, UplinkAccess):
                        replica_wait_ms: int = 1000) -> None:
         """Record that this peer has handled the uplink up to ``position`` (see :meth:`processed`).
 
-        With ``replicas`` > 0 it returns only once ``WAIT`` confirms that many replicas have it,
+        With ``replicas`` > 0 it returns only once that many replicas have it (``durable.py``),
         else raises RedisUnavailable at ``deadline_s``: a master's batch runs ahead of its
         checkpoint only once this is recorded, and a Redis failover that erased it would leave
         a restarted peer whose checkpoint is past the batch and whose catch-up stops before it
-        (pair seed 30, tests/sim). The WAIT rides in the record's own round trip, as a COMMIT's
-        does: what it adds per batch run ahead is the replica's acknowledgement, not a second
-        round trip.
+        (pair seed 30, tests/sim). The ``WAIT`` rides in the record's own round trip: what it
+        adds per batch run ahead is the replica's acknowledgement, not a second round trip.
         """
-        keys = [self.keys.read(self.peer_id)]
+        def write(pipe):
+            self._scripts["record_handled"](keys=[self.keys.read(self.peer_id)], args=[position], client=pipe)
 
-        def write() -> int:
-            if not replicas:
-                self._scripts["record_handled"](keys=keys, args=[position])
-                return 0
-            pipe = self.r.pipeline(transaction=False)
-            # The record may change nothing (handled_id is further already, written perhaps
-            # without a WAIT): _then_wait's own write makes the WAIT cover it all the same.
-            self._scripts["record_handled"](keys=keys, args=[position], client=pipe)
-            self._then_wait(pipe, replicas, replica_wait_ms)
-            return int(pipe.execute()[-1])
-
-        acked = self._call("record handled", write, deadline_s)
-        if acked < replicas:
-            self._await_replicas(replicas, replica_wait_ms, deadline_s)
+        self._write("record handled", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
 
     def handled_position(self, peer_id: str | None = None) -> str | None:
         """How far ``peer_id`` (default: this peer) has handled the uplink in any role, or None."""
@@ -381,8 +335,7 @@ class FlowStore(RedisCalls, UplinkAccess):
         The stream keeps about ``max_entries`` records and each keeps at most
         ``max_body`` bytes of its body (``size`` is the whole body's length);
         the entry itself stays in the uplink at its position. With ``replicas``
-        > 0 it returns only once ``WAIT`` confirms that many replicas have the
-        records: the step that moves the mark past the entries comes next, and a
+        > 0 it returns only once that many replicas have the records: the step that moves the mark past the entries comes next, and a
         Redis failover in between must not keep the step and lose the records.
         """
         if not failures:
@@ -393,11 +346,11 @@ class FlowStore(RedisCalls, UplinkAccess):
             body = body or b""
             keys.append(self.keys.failed_prefix + pos)
             args += [pos, reason, body[:max_body], -1 if size is None else size]
-        n = int(self._call("record_failure", lambda: self._scripts["record_failure"](
-            keys=keys, args=args), deadline_s))
-        if replicas:
-            self._await_replicas(replicas, replica_wait_ms, deadline_s)
-        return n
+        # Alone, not in a pipeline: the failover simulator's Redis model (chaos/sim/redis_model.py)
+        # sees a failure record only in a call of its own.
+        (n,) = self._write("record_failure", lambda r: self._scripts["record_failure"](keys=keys, args=args, client=r),
+                           deadline_s, replicas=replicas, wait_ms=replica_wait_ms, alone=True)
+        return int(n)
 
     def surface_unclaimed(self, notes: list[tuple[Message, str]], outlink: str, cap: int = 100_000) -> None:
         """Write the claim pair's notices on unclaimed messages (capped stream): ``surfaced``
@@ -443,7 +396,7 @@ class FlowStore(RedisCalls, UplinkAccess):
                 if not h:
                     continue
                 row = {k.decode(): v.decode() for k, v in h.items()}
-                row.setdefault("peer_id", row.get("node_id", nid))  # written by a peer from before peer_id
+                row.setdefault("peer_id", row.get("node_id", nid))  # a peer that writes only node_id (mid-upgrade)
                 if row.get("rule_pending", "").startswith("{"):
                     row["rule_pending"] = loads(row["rule_pending"])
                 out.append(row)

@@ -2,7 +2,7 @@
 writes for now, with a deadline, moving to the flow's primary when it moved, the outage logged.
 
 It holds :class:`RedisCalls`, the part of ``FlowStore`` (``flow_store.py``) that its other
-methods call through (``_call``, ``_await_replicas``), and its health (``health``,
+methods call through (``_call``), and its health (``health``,
 ``silent_s``, ``ping``).
 
 Under failure: when Redis is down, times out, is out of memory or read-only
@@ -149,25 +149,3 @@ class RedisCalls:
             return True
         except (RedisUnavailable, redis.RedisError):
             return False
-
-    def _await_replicas(self, replicas: int, wait_ms: int, deadline_s: float | None) -> None:
-        """Wait until ``replicas`` replicas have everything written so far, or RedisUnavailable."""
-        began = self._monotonic()
-
-        def confirm():
-            pipe = self.r.pipeline(transaction=False)
-            self._then_wait(pipe, replicas, wait_ms)
-            acked = int(pipe.execute()[1])
-            if acked < replicas:
-                raise redis.ResponseError(f"NOREPLICAS {acked} of {replicas} replicas confirmed within {wait_ms} ms")
-
-        left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
-        self._call("wait for replicas", confirm, left)
-
-    def _then_wait(self, pipe, replicas: int, wait_ms: int) -> None:
-        """Queue on ``pipe`` a write and ``WAIT``: the write moves this connection's offset to
-        the primary's (replication is ordered), so the WAIT's answer (the last reply) covers
-        everything written so far, by any connection, even where the pipeline's own commands
-        changed nothing."""
-        pipe.incr(self.keys.prefix + "sync:" + self.peer_id)
-        pipe.execute_command("WAIT", replicas, wait_ms)

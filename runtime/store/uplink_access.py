@@ -1,11 +1,11 @@
 """A flow's uplink in Redis: publish, read a batch, count, trim, and how far behind a peer is.
 
 It holds :class:`UplinkAccess`, the uplink part of ``FlowStore`` (``flow_store.py``); its
-calls go through the store's retrying ``_call`` (``redis_calls.py``). Under failure:
-``publish`` returns only once Redis has the entries (with ``replicas``, once ``WAIT``
-confirms them), and a re-sent one may append a body twice (the ID cache skips the second);
-a trim removes only entries no one needs (``scripts.TRIM_UPLINK``); ``uplink_lag`` tries
-once and fails at once when Redis is down.
+calls go through the store's retrying ``_call`` (``redis_calls.py``), ``publish`` through its
+durable write (``durable.py``). Under failure: ``publish`` returns only once Redis has the
+entries (with ``replicas``, once that many replicas have them), and a re-sent one may append
+a body twice (the ID cache skips the second); a trim removes only entries no one needs
+(``scripts.TRIM_UPLINK``); ``uplink_lag`` tries once and fails at once when Redis is down.
 """
 
 from __future__ import annotations
@@ -27,27 +27,17 @@ class UplinkAccess:
 
         RedisUnavailable once ``deadline_s`` passes without Redis answering. With
         ``replicas`` > 0 (``cluster.wait_replicas``, for the gRPC ingest) it returns only
-        once ``WAIT`` confirms that many replicas have the entries, so that a Redis
+        once that many replicas have the entries (``durable.py``), so that a Redis
         failover cannot erase an entry the producer was told is written.
         """
         bodies = list(bodies)
-        began = self._monotonic()
 
-        def write():
-            pipe = self.r.pipeline(transaction=False)
+        def write(pipe):
             for b in bodies:
                 pipe.xadd(self.keys.uplink, {"data": b})
-            if replicas:
-                pipe.execute_command("WAIT", replicas, replica_wait_ms)
-            out = pipe.execute()
-            acked = int(out.pop()) if replicas else 0
-            return [p.decode() if isinstance(p, bytes) else p for p in out], acked
 
-        positions, acked = self._call("publish", write, deadline_s)
-        if acked < replicas:
-            left = None if deadline_s is None else max(0.0, deadline_s - (self._monotonic() - began))
-            self._await_replicas(replicas, replica_wait_ms, left)
-        return positions
+        positions = self._write("publish", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
+        return [p.decode() if isinstance(p, bytes) else p for p in positions]
 
     def read_uplink(self, after: str | None, upto: str, count: int, max_body: int, *,
                     max_bytes: int = 64 << 20, deadline_s: float | None = None

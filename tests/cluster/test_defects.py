@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 from tests.cluster.harness import ElectionBlocker
 from tests.conftest import wait_until
 from twinflow.chaos.fault_link import FaultLink
-from twinflow.cluster.grpc_server import peer_status
+from twinflow.client import peer_status
 
 pytestmark = pytest.mark.cluster
 
@@ -186,7 +186,7 @@ def test_an_error_during_promotion_loses_nothing_and_the_election_goes_on(cluste
 
 @pytest.mark.flow(max_pending=5, bake_time=1.0)
 def test_a_worker_at_max_pending_stops_reading_and_drops_nothing(cluster, services):
-    """6: max_pending used to be ignored (a peer with max_pending 5 held 100)."""
+    """6: a peer holds at most max_pending messages (5, not 100)."""
     blocker = ElectionBlocker(services.zk_hosts, cluster.flow)  # master that never claims
     try:
         wait_until(lambda: blocker.holding.is_set(), 10, what="the blocker to hold the role")
@@ -206,7 +206,7 @@ def test_a_worker_at_max_pending_stops_reading_and_drops_nothing(cluster, servic
 
 
 def test_a_master_cut_off_from_redis_hands_over(cluster):
-    """9: a master that reaches ZooKeeper but not Redis used to keep the role forever."""
+    """9: a master that reaches ZooKeeper but not Redis gives the role up."""
     host, port = cluster.services.redis_url.split("//")[1].split("/")[0].split(":")
     proxy = FaultLink((host, int(port))).start()
     try:

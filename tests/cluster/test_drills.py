@@ -1,4 +1,4 @@
-"""The CI set of chaos drills (issue 8: kill-master, pause-master, escalation-cut, and the kernel-level
+"""The CI set of chaos drills (kill-master, pause-master, escalation-cut, and the kernel-level
 zk-drop-master), each on a fresh cluster whose every link goes through the fault proxy, with fewer
 messages than an operator's run.
 
@@ -86,7 +86,7 @@ def test_kernel_faults_refuse_outside_the_drills_own_network_namespace(monkeypat
 # processes already, and the whole run must stay under 15 minutes.
 @pytest.mark.parametrize("drill", ["redis-failover"])
 def test_redis_failover_drill_loses_nothing_with_wait_replicas(drill, tmp_path):
-    """Issue 18: the Redis primary SIGKILLed under load (Sentinel promotes a replica), with
+    """The Redis primary SIGKILLed under load (Sentinel promotes a replica), with
     cluster.wait_replicas: 1 (the default of this drill): nothing lost, nothing duplicated, and
     the loss count split by where it happened."""
     flow = tmp_path / "flow.yaml"

@@ -13,7 +13,7 @@ import pytest
 from twinflow.testing.checker import check_sink, failover_seconds, read_sink
 from twinflow.testing.producers import IngestPublisher
 from twinflow.testing.local_cluster import LocalCluster
-from twinflow.cluster.grpc_server import peer_status, publish, request_handover
+from twinflow.client import peer_status, publish, request_handover
 from tests.conftest import wait_until
 from tests.integration.test_metrics import scrape, value
 

@@ -15,7 +15,7 @@ import redis
 
 from twinflow.testing.checker import check_sink, read_sink
 from twinflow.testing.local_cluster import CLAIM_PAIR, LocalCluster
-from twinflow.cluster.grpc_server import peer_status
+from twinflow.client import peer_status
 from twinflow.runtime.positions import position_order
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore

@@ -2,9 +2,9 @@
 pointed at a node that does not own the flow's slot: they find the owner, run the chained flow
 (history -> AND join -> action, with the claim pair), fail over, and every message leaves the flow
 exactly once. Then the primary that owns the flow's slot is SIGKILLed and its replica takes over
-(``CLUSTER FAILOVER TAKEOVER``): a crashed primary answers nothing, not MOVED, and before issue 18's
-fix both peers kept dialling its port and the flow stopped for good (the last 400 messages never
-left it); now they ask the cluster nodes they know who owns the slot, and the flow goes on."""
+(``CLUSTER FAILOVER TAKEOVER``): a crashed primary answers nothing, not MOVED, so peers that kept
+dialling its port would stop the flow for good; they ask the cluster nodes they know who owns the
+slot, and the flow goes on."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_the_chained_flow_on_a_redis_cluster_fails_over_and_loses_nothing(cluste
     assert {e.peer for e in outputs["deliver.done"]} == {"a", "b"}
     assert outputs.get("match.expired") and outputs.get("guard.duplicate")
 
-    # The slot owner crashes; its replica takes the slot over (issue 18, item 4).
+    # The slot owner crashes; its replica takes the slot over.
     rc, key = cluster.redis_cluster, FlowKeys(cluster.flow).uplink
     dead = rc.owner(key)
     (replica,) = rc.replicas_of(dead)

@@ -1,4 +1,4 @@
-"""Redis Cluster failover under a store (issue 18, item 4): the primary that owns the flow's slot
+"""Redis Cluster failover under a store: the primary that owns the flow's slot
 is SIGKILLed and its replica takes the slot over. A crashed primary answers nothing (no MOVED), so
 the store must find the new owner by asking the other cluster nodes on a connection error, and
 every store call must have a deadline. The same with two ``twinflow run`` processes:

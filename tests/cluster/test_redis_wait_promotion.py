@@ -1,8 +1,7 @@
-"""Issue 18, item 6: with ``cluster.wait_replicas`` set, the fencing epoch raised at a promotion
-is confirmed by ``WAIT`` like every COMMIT, and a promotion whose epoch no replica confirmed is
-not taken. Before the fix the epoch went to the primary alone: a Redis failover between the
-promotion and the new master's first COMMIT could bring the old epoch back, under which the old
-master's COMMITs pass.
+"""With ``cluster.wait_replicas`` set, the fencing epoch raised at a promotion is confirmed by
+``WAIT`` like every COMMIT, and a promotion whose epoch no replica confirmed is not taken: an
+epoch on the primary alone could go back in a Redis failover between the promotion and the new
+master's first COMMIT, and under the old epoch the old master's COMMITs would pass.
 
 Real servers: a redis-server primary with one replica on 127.0.0.1 (the replica is stopped with
 SIGSTOP so that WAIT cannot be satisfied, and continued with SIGCONT), the session's ZooKeeper,

@@ -21,7 +21,7 @@ from tests.conftest import wait_until
 from tests.integration.test_metrics import scrape
 from twinflow.testing.local_cluster import LocalCluster
 from twinflow.testing.messages import CHAINED, order_or_payment
-from twinflow.cluster.grpc_server import publish as grpc_publish
+from twinflow.client import publish as grpc_publish
 from twinflow.testing.spark_standalone import StandaloneSpark
 
 pytestmark = pytest.mark.cluster

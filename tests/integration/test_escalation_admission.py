@@ -1,4 +1,4 @@
-"""A worker checks escalations instead of trusting them (issue 10, point 2).
+"""A worker checks escalations instead of trusting them.
 
 A real worker peer (its store on the session's Redis, its leadership on the
 session's ZooKeeper, its gRPC server on loopback; no Spark: its batches are
@@ -106,7 +106,7 @@ def test_forged_batches_release_nothing_and_the_masters_claims_do(worker, flow_n
 
     huge = forge(member.address, flow_name, "a", 10**12, claims)
     assert not huge["accepted"] and "not the master's" in huge["reason"]
-    assert member.state.known_epoch <= epoch  # a forged epoch no longer raises what the worker accepts
+    assert member.state.known_epoch <= epoch  # a forged epoch does not raise what the worker accepts
 
     stranger = forge(member.address, flow_name, "mallory", epoch, claims)
     assert not stranger["accepted"] and "'mallory' is not the master" in stranger["reason"]

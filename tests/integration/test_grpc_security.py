@@ -290,7 +290,7 @@ def test_twinflow_certs_makes_what_a_mutual_tls_pair_needs(tmp_path):
     import subprocess
     import sys
 
-    for peer, flag in (("node-a", "--peer"), ("node-b", "--node")):  # --node: the old name, still taken
+    for peer, flag in (("node-a", "--peer"), ("node-b", "--node")):  # --node: the flag's other name
         done = subprocess.run([sys.executable, "-m", "twinflow.cli", "certs", str(tmp_path), flag, peer,
                                "--name", "127.0.0.1", "--name", "localhost"], capture_output=True, text=True,
                               timeout=60)

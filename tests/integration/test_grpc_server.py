@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from tests.conftest import wait_until
+from twinflow.client import peer_status, publish, request_handover
 from twinflow.cluster.escalation import EscalationSender
 from twinflow.cluster.escalation_servicer import EscalationServicer
 from twinflow.cluster.grpc_server import (
@@ -25,9 +26,6 @@ from twinflow.cluster.grpc_server import (
     BindError,
     IngestServicer,
     create_server,
-    peer_status,
-    publish,
-    request_handover,
 )
 from twinflow.testing.servers import redis_answers
 from twinflow.testing.services import LocalServices
@@ -192,7 +190,7 @@ def test_publish_while_a_real_redis_is_stopped_answers_unavailable_before_the_de
         # The store kept retrying for the RPC's time less the margin, then answered before the deadline.
         assert 2.0 - PUBLISH_ANSWER_MARGIN_S - 0.05 <= elapsed < 2.0 + 0.1
     finally:
-        store.close()  # ends a publish still retrying (the old code's never-ending one)
+        store.close()  # ends a publish still retrying, before its deadline
         server.stop(None).wait()
         client.close()
 

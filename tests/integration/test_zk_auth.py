@@ -188,7 +188,7 @@ def test_credentials_turned_on_for_an_open_flow_protect_it(zk_hosts, flow_name, 
     wait_until(lambda: old.is_master, 10, what="the open flow's master")
     root = f"/twinflow/{flow_name}"
     anyone = outsider(zk_hosts, "no credentials", closing)
-    assert anyone.get_children(f"{root}/members") == ["old"]  # open, as before credentials
+    assert anyone.get_children(f"{root}/members") == ["old"]  # open: it was made without credentials
 
     # The upgrade: a peer started with credentials while the old one still runs.
     with_credentials()

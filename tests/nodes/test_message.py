@@ -329,7 +329,7 @@ def test_a_string_int_key_is_bounded_like_a_number():
     assert "longer than 100 digits" in refused(b'{"id": "a", "seq": "' + b"9" * 101 + b'"}')
 
 
-# -- text that cannot be written (issue 18, item 1) ---------------------------------
+# -- text that cannot be written ---------------------------------
 # A lone surrogate is valid JSON (an escape) but no UTF-8 encoder takes it: a Redis key or
 # an output built from it fails. Such a message is refused here, whatever field holds it.
 

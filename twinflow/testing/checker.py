@@ -41,7 +41,7 @@ from typing import Iterable
 class SinkEntry:
     id: str
     epoch: int
-    peer: str                         # the peer that wrote it (the entry's "node" field, its old name)
+    peer: str                         # the peer that wrote it (the entry's "node" field)
     written_ms: int
     at: float | None = None  # the flow's time of the decision (a time-out's due time)
 
@@ -281,8 +281,8 @@ def recovery_after_fault_s(writes: list[SinkEntry], at: float) -> float | None:
 def recovery_s(writes: list[SinkEntry], at: float) -> float | None:
     """The gap the writes show around a fault at ``at`` (epoch s): seconds from the last write
     before it to the first write after it; when a newer epoch wrote after the fault, to that
-    epoch's first write. None without a write on each side. ``rto_s`` no longer uses it (a
-    master that wrote nothing before the fault left no gap to measure:
+    epoch's first write. None without a write on each side. ``rto_s`` does not use it (a
+    master that wrote nothing before the fault leaves no gap to measure:
     :func:`recovery_after_fault_s`); the drills between hosts report it per fault
     (``rto_each_s``). ``writes``: in time order."""
     before = [w for w in writes if w.written_ms / 1000 <= at]

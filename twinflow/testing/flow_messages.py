@@ -526,10 +526,7 @@ def regex_sample(rx: re.Pattern) -> str | None:
     """A short text in which ``rx`` is found, made from its parsed form (literals, classes,
     repeats at their least, the first branch), or None when that is beyond this (look-arounds,
     back-references, negated classes) or the text does not match."""
-    try:
-        from re import _parser as sre  # Python 3.11+
-    except ImportError:  # pragma: no cover
-        import sre_parse as sre  # type: ignore[no-redef]
+    from re import _parser as sre
     categories = {"CATEGORY_DIGIT": "0", "CATEGORY_WORD": "a", "CATEGORY_SPACE": " ",
                   "CATEGORY_NOT_DIGIT": "a", "CATEGORY_NOT_WORD": "-", "CATEGORY_NOT_SPACE": "a"}
 

@@ -89,10 +89,6 @@ class ClaimRules:
         """Each baking ruleset's bake time, in seconds."""
         return {r.name: r.bake_time for r in self.rulesets if r.type != CLAIM}
 
-    def xa_modes(self) -> dict[str, int]:
-        """Each baking ruleset's XA mode (1: its held messages stay in the uplink)."""
-        return {r.name: r.xa_mode for r in self.rulesets if r.type != CLAIM}
-
     def classify(self, doc: Any, message_id: str | None = None) -> tuple[str, Any, str] | None:
         """``(ruleset, key, claim ID)`` of the first ruleset that takes ``doc``; None: nohit.
         ``message_id``: the message's ID as decode read it (an ``id`` template of just the
