@@ -289,6 +289,10 @@ class World:
         if peer is None:
             return "not running"
         was = sim.member.role if sim.member is not None else "?"
+        # Spark committed a batch that runs ahead; a stop that finds it not yet run leaves it to
+        # handled_id, as a kill does.
+        if sim.ahead is not None and sim.ahead.pending is not None:
+            was += ", with a batch running ahead of its checkpoint"
         try:
             peer.stop_gracefully()
             said = f"stopped gracefully (was {was})"
