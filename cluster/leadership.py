@@ -24,6 +24,11 @@ What happens on each connection state (kazoo ``KazooState``):
 A stale master that misses all of this (paused, partitioned) cannot do harm:
 its Redis writes carry its old epoch and are refused (fencing).
 
+Its threads, events, locks and time come from ``threads`` (:class:`Threads`: the
+standard library's and the wall clock, unless a simulator passes threads that take
+turns on a virtual clock, ``chaos/sim/turns.py``); what it asks ZooKeeper goes through
+``zk``, a kazoo client or one with kazoo's interface.
+
 ``on_promoted(epoch)`` and ``on_demoted(reason)`` run on the election thread,
 one at a time, never concurrently with each other. Every ``on_promoted`` is
 followed by exactly one ``on_demoted``, also when ``on_promoted`` raised
@@ -66,6 +71,18 @@ log = logging.getLogger("twinflow.leadership")
 GATE_POLL_S = 0.1      # how often a closed may_contend gate is asked again
 
 
+class Threads:
+    """Where a :class:`Leadership` gets its threads, events, locks and time: the standard
+    library's and the wall clock. A simulator passes its own, with the same names and calls,
+    so that the same election code runs one thread at a time on its clock."""
+
+    Thread = threading.Thread
+    Event = threading.Event
+    Lock = threading.Lock
+    monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
+
+
 class Leadership(Membership):
     def __init__(
         self,
@@ -77,7 +94,9 @@ class Leadership(Membership):
         on_demoted: Callable[[str], None],
         *,
         may_contend: Callable[[], bool] = lambda: True,
+        threads: Threads | None = None,
     ):
+        self._threads = t = threads or Threads()
         self.zk = zk
         self.flow = flow
         self.peer_id = peer_id
@@ -89,26 +108,26 @@ class Leadership(Membership):
         self._on_demoted = on_demoted
         self._may_contend = may_contend
         self.epoch = 0
-        self._master = threading.Event()
-        self._suspended = threading.Event()
+        self._master = t.Event()
+        self._suspended = t.Event()
         self._suspended_at = 0.0               # monotonic time the connection dropped (for the log)
         self._new_session = False              # the session was lost since the connection dropped (for the log)
-        self._demote = threading.Event()
+        self._demote = t.Event()
         self._demote_reason = ""
-        self._stopping = threading.Event()
-        self._session_lost = threading.Event()
+        self._stopping = t.Event()
+        self._session_lost = t.Event()
         self._losses = 0                       # sessions lost so far (set on kazoo's event thread)
         self.disconnects = 0                   # connection drops so far, for the metrics (event thread)
-        self._member_check = threading.Event()  # the member znode may need registering again
-        self._register_lock = threading.Lock()
+        self._member_check = t.Event()  # the member znode may need registering again
+        self._register_lock = t.Lock()
         self._gate_open: bool | None = None
         self._failed = False                   # the last round ended in an exception
         self._gate_logged_at = float("-inf")
         self._election = None
         self._master_seen: tuple[str | None, int] = (None, 0)  # (peer, epoch) of the epoch znode
-        self._master_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name=f"election-{peer_id}", daemon=True)
-        self._keeper = threading.Thread(target=self._keep_member, name=f"member-{peer_id}", daemon=True)
+        self._master_lock = t.Lock()
+        self._thread = t.Thread(target=self._loop, name=f"election-{peer_id}", daemon=True)
+        self._keeper = t.Thread(target=self._keep_member, name=f"member-{peer_id}", daemon=True)
 
     # -- public -----------------------------------------------------------
     def start(self) -> None:
@@ -182,16 +201,16 @@ class Leadership(Membership):
         others = [c for c in self.zk.Election(f"{self.root}/election").contenders() if c != self.peer_id]
         if not others:
             return {"ok": False, "reason": "no other peer is waiting to take over"}
-        t0 = time.monotonic()
+        t0 = self._threads.monotonic()
         self.step_down("handover")
         end = t0 + timeout_s
-        while time.monotonic() < end:
+        while self._threads.monotonic() < end:
             leader = self.leader()
             if leader and leader != self.peer_id and self._master_epoch_moved():
-                return {"ok": True, "new_master": leader, "seconds": time.monotonic() - t0}
-            time.sleep(0.005)
+                return {"ok": True, "new_master": leader, "seconds": self._threads.monotonic() - t0}
+            self._threads.sleep(0.005)
         return {"ok": False, "reason": f"no other peer took over within {timeout_s} s",
-                "seconds": time.monotonic() - t0}
+                "seconds": self._threads.monotonic() - t0}
 
     def stop(self) -> None:
         self._stopping.set()
@@ -233,14 +252,14 @@ class Leadership(Membership):
         # Runs on kazoo's event thread: only flip flags (and log) here, never call ZooKeeper.
         if state == KazooState.SUSPENDED:
             if not self._suspended.is_set():
-                self._suspended_at = time.monotonic()
+                self._suspended_at = self._threads.monotonic()
                 self.disconnects += 1
                 self._event(logging.WARNING, "zk_suspended", "%s: ZooKeeper connection lost; the session may "
                             "still be alive (a master stops writing)", self.peer_id, master=self.is_master)
             self._suspended.set()
         elif state == KazooState.LOST:
             if not self._suspended.is_set():
-                self._suspended_at = time.monotonic()
+                self._suspended_at = self._threads.monotonic()
                 self.disconnects += 1
             self._suspended.set()
             self._new_session = True
@@ -252,7 +271,7 @@ class Leadership(Membership):
                 self.step_down("session lost")
         else:
             if self._suspended.is_set():
-                down = time.monotonic() - self._suspended_at
+                down = self._threads.monotonic() - self._suspended_at
                 self._event(logging.INFO, "zk_reconnected", "%s: ZooKeeper connected again after %.1f s%s",
                             self.peer_id, down, " (new session)" if self._new_session else "",
                             seconds=round(down, 3), new_session=self._new_session)
@@ -304,7 +323,7 @@ class Leadership(Membership):
         try:
             open_ = bool(self._may_contend())
         except Exception:
-            now = time.monotonic()
+            now = self._threads.monotonic()
             if now - self._gate_logged_at > 5.0:  # polled 10 times a second: don't flood the log
                 self._gate_logged_at = now
                 log.exception("%s: may_contend raised; not queueing for the election", self.peer_id)

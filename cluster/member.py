@@ -78,10 +78,12 @@ class FlowMember:
     """A peer's part in one flow (or one shard of it): one side of an active-active pair (see the module doc)."""
 
     def __init__(self, graph: FlowGraph, config: PeerConfig, *, parts: MemberParts, clock: Clock | None = None,
-                 monotonic=time.monotonic, pause=None):
+                 monotonic=time.monotonic, pause=None, batch_lock=None):
         """``parts`` builds the member's collaborators (``real_parts.RealParts`` for real servers);
-        ``clock`` gives the flow's time, ``monotonic`` the timers' local intervals and ``pause(s)``
-        the wait of a held batch (default: until stopped); a simulator passes its virtual clock."""
+        ``clock`` gives the flow's time, ``monotonic`` the timers' local intervals, ``pause(s)``
+        the wait of a held batch (default: until stopped) and ``batch_lock`` the lock a batch and
+        a promotion take turns on (default: a ``threading.Lock``); a simulator passes its virtual
+        clock, and a lock whose waits are virtual time."""
         spec = cluster_flow(graph)
         self.parts = parts
         self.graph = graph
@@ -92,7 +94,7 @@ class FlowMember:
         self.clock = clock or SystemClock()
         self.monotonic = monotonic
         self.lease_s = spec.write_lease
-        self.batch_lock = threading.Lock()  # one batch or one promotion catch-up at a time
+        self.batch_lock = batch_lock or threading.Lock()  # one batch or one promotion catch-up at a time
         self.stopping = threading.Event()
         self.wake = threading.Event()  # the timers look again now
         self.pause = pause or self.stopping.wait

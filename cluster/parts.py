@@ -15,8 +15,9 @@ Spark (``batches_ahead``, or None).
 :class:`~twinflow.cluster.real_parts.RealParts` fills both with real
 servers and Spark; a test or the failover simulator passes its own (an
 in-memory reading that calls ``member.on_batch``, a store on a private
-Redis, a leadership it drives by hand, a virtual clock) and drives the same
-peer and member logic without Spark or ZooKeeper.
+Redis, the real leadership on a ZooKeeper model with threads that take turns,
+a virtual clock) and drives the same peer and member logic without Spark or
+ZooKeeper.
 """
 
 from __future__ import annotations

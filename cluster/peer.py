@@ -127,8 +127,8 @@ class Peer:
         self.start()
         while not self._stop.is_set():
             if self._term_requested.is_set():
-                self._hand_over_on_term()
-                break
+                self.stop_gracefully()
+                return 0
             if self.reading is not None and not self.reading.isActive:
                 event(log, logging.ERROR, "stream_stopped", "the uplink stream stopped: %s",
                       self.reading.exception(), flow=self.name, peer=self.cfg.peer_id)
@@ -158,6 +158,12 @@ class Peer:
         except Exception:  # ZooKeeper unreachable: stop all the same
             event(log, logging.ERROR, "handover", "SIGTERM handover failed; stopping", flow=self.name,
                   peer=self.cfg.peer_id, ok=False, exc_info=True)
+
+    def stop_gracefully(self) -> None:
+        """What a SIGTERM asks for: hand every master role over (stopping all the same when that
+        fails or ZooKeeper cannot be reached), then stop."""
+        self._hand_over_on_term()
+        self.stop()
 
     def request_term(self) -> None:
         """Ask for a graceful stop (safe to call from a signal handler)."""

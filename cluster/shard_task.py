@@ -44,7 +44,8 @@ import os
 import pickle
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from concurrent.futures import Executor
+from typing import Any, Callable, Iterator
 
 from ..runtime.flowgraph import FlowGraph, parse_graph
 from ..runtime.message import Message
@@ -111,31 +112,51 @@ class ShardResult:
 class _Context:
     """Per executor process and flow: the parsed flow and one store per shard, made once."""
 
-    def __init__(self, plan: ShardPlan):
+    def __init__(self, plan: ShardPlan, open_store: "Callable[[ShardPlan, FlowGraph], FlowStore]"):
         self.graph: FlowGraph = parse_graph(plan.flow_text, plan.flow_source)
         self.plan = plan
+        self._open_store = open_store
         self.stores: dict[int, tuple[FlowGraph, FlowStore]] = {}
         self.flows: dict[int, tuple[int, int, MasterFlow]] = {}  # shard -> (epoch, generation, flow)
 
     def shard(self, k: int) -> tuple[FlowGraph, FlowStore]:
         if k not in self.stores:
-            from .on_cluster import flow_keys
-            from .connect import open_store
-
             graph = shard_graph(self.graph, k)
-            self.stores[k] = (graph, open_store(self.plan.redis_url, self.plan.connect_deadline_s,
-                                                flow_keys(graph), self.plan.peer_id, graph.cluster))
+            self.stores[k] = (graph, self._open_store(self.plan, graph))
         return self.stores[k]
 
 
-_contexts: dict[tuple, _Context] = {}
+def open_shard_store(plan: ShardPlan, graph: FlowGraph) -> FlowStore:
+    """A shard's store on the Redis the plan names (waiting for it up to the plan's deadline)."""
+    from .on_cluster import flow_keys
+    from .connect import open_store
+
+    return open_store(plan.redis_url, plan.connect_deadline_s, flow_keys(graph), plan.peer_id, graph.cluster)
 
 
-def _context(plan: ShardPlan) -> _Context:
-    key = (hashlib.sha256(plan.flow_text.encode()).hexdigest(), plan.redis_url, plan.peer_id)
-    if key not in _contexts:
-        _contexts[key] = _Context(plan)
-    return _contexts[key]
+class TaskProcess:
+    """What one executor process keeps across the tasks it runs: per flow (and peer), the parsed
+    flow, a store per shard (``open_store(plan, shard_graph)``) and the flows kept from each
+    shard's last batch; and where its masters' COMMITs go from (``writes()``).
+
+    A real executor has one, :data:`PROCESS`, with stores on the plan's Redis and the writer
+    pool of ``master_session``; a simulator gives each simulated executor process its own.
+    Lost with the process: what it keeps is a cache, every COMMIT checks the state version."""
+
+    def __init__(self, open_store: "Callable[[ShardPlan, FlowGraph], FlowStore]" = open_shard_store,
+                 writes: "Callable[[], Executor]" = write_pool):
+        self.open_store = open_store
+        self.writes = writes
+        self.contexts: dict[tuple, _Context] = {}
+
+    def context(self, plan: ShardPlan) -> _Context:
+        key = (hashlib.sha256(plan.flow_text.encode()).hexdigest(), plan.redis_url, plan.peer_id)
+        if key not in self.contexts:
+            self.contexts[key] = _Context(plan, self.open_store)
+        return self.contexts[key]
+
+
+PROCESS = TaskProcess()
 
 
 def run_partition(plan: ShardPlan, batches: Iterator[Any]) -> Iterator[Any]:
@@ -153,11 +174,13 @@ def run_partition(plan: ShardPlan, batches: Iterator[Any]) -> Iterator[Any]:
         yield pa.RecordBatch.from_pydict({"result": [pickle.dumps(result)]}, schema=pa.schema([("result", pa.binary())]))
 
 
-def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
-    """One shard's rows as this peer's role there says (see the module doc)."""
+def run_shard(plan: ShardPlan, k: int, rows: list[tuple], process: TaskProcess | None = None) -> ShardResult:
+    """One shard's rows as this peer's role there says (see the module doc), in ``process``
+    (default: this executor process's, :data:`PROCESS`)."""
     if k < 0:  # the query's warm-up row
         return ShardResult(shard=k, warm=True)
-    ctx = _context(plan)
+    process = process or PROCESS
+    ctx = process.context(plan)
     graph, store = ctx.shard(k)
     spec = graph.cluster
     role, epoch = plan.roles.get(k, ("driver", 0))
@@ -181,7 +204,7 @@ def run_shard(plan: ShardPlan, k: int, rows: list[tuple]) -> ShardResult:
     # a batch that ran in another process moved the mark, so the first guarded
     # COMMIT finds this flow behind and the session reloads it (master_session).
     kept = cached[2] if cached is not None and cached[:2] == (epoch, generation) else None
-    session = MasterSession(graph, store, epoch, write_pool(), flow=kept, left=r.left)
+    session = MasterSession(graph, store, epoch, process.writes(), flow=kept, left=r.left)
     try:
         if not _fire_due(session, plan.now, r):
             r.msgs = msgs

@@ -165,6 +165,9 @@ class Checker:
             self._read_failures(problems)
         while self.world.stops:
             problems.append(self.world.stops.pop(0))
+        while self.world.turns.errors:  # a peer's thread died of an error: its process lives on without it
+            problems.append(self.world.turns.errors.pop(0))
+        problems.extend(self.world.leadership_problems())
         if self.world.commits[0] == self._commits_seen:
             return problems  # no commit since the last check: no output can have been written
         self._commits_seen = self.world.commits[0]

@@ -4,10 +4,13 @@ The peer and its member are the real :class:`twinflow.cluster.peer.Peer` and
 :class:`twinflow.cluster.member.FlowMember`, started with the peer's real
 ``start()``; only what it talks to is simulated: its store is the
 real :class:`FlowStore` on a :class:`SimRedis` (the real Lua scripts), its
-leadership is :class:`SimLeadership` on the :class:`ZkModel`, its sender a
+ZooKeeper client a :class:`SimKazooClient` on the :class:`ZkModel`, its
+leadership the real :class:`~twinflow.cluster.leadership.Leadership` on that
+client, with threads that take turns (``turns.py``), its sender a
 :class:`SimSender`, its uplink reader a :class:`SimStream` and its batch
-thread an :class:`AheadBatch`, both stepped by the simulator. No thread is
-started: the simulator calls the member's ``timer_round`` itself.
+thread an :class:`AheadBatch`, both stepped by the simulator. No thread runs
+freely: the simulator calls the member's ``timer_round`` itself, and gives the
+peer's ZooKeeper threads their turns.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from concurrent.futures import Executor
 import redis
 from typing import TYPE_CHECKING, Any, Callable
 
+from ...cluster.leadership import Leadership
 from ...runtime.positions import SKIPPED_SIZE, WARMUP_POSITION, skipped_row
 from ...runtime.store.flow_store import FlowStore
 from ...runtime.store.scripts import counted_from
@@ -24,7 +28,8 @@ from ...runtime.store.store_errors import RedisUnavailable
 from .escalation_model import SimSender
 from .stepped_threads import AheadBatch, SimWrites
 from .redis_model import SimRedis
-from .zookeeper_model import SimLeadership, SimZkClient
+from .kazoo_model import SimKazooClient
+from .turns import PeerThreads
 
 if TYPE_CHECKING:
     from ...cluster.member import FlowMember
@@ -146,8 +151,12 @@ class SimParts:
         self.connected = connected
 
     # -- the peer's -----------------------------------------------------------
-    def zookeeper(self, peer: "Peer") -> SimZkClient:
-        return SimZkClient(self.world.zk)
+    def zookeeper(self, peer: "Peer") -> SimKazooClient:
+        """The incarnation's ZooKeeper session, with its threads (its event thread first)."""
+        sim = self.sim
+        sim.threads = PeerThreads(self.world.turns, f"{sim.peer_id}#{sim.gen}")
+        sim.zk = SimKazooClient(self.world.zk, sim.peer_id, self.connected, sim.threads)
+        return sim.zk
 
     def engine(self, peer: "Peer") -> None:
         pass
@@ -171,9 +180,20 @@ class SimParts:
     def sender(self, member: "FlowMember") -> SimSender:
         return SimSender(self.world.net, member.cfg.peer_id, lambda: member.epoch, member.escalation_targets)
 
-    def leadership(self, member: "FlowMember") -> SimLeadership:
-        return SimLeadership(self.world.zk, member.cfg.peer_id, member.cfg.peer_id, member.on_promoted,
-                             member.on_demoted, member.may_contend, self.connected, self.world.say)
+    def leadership(self, member: "FlowMember") -> Leadership:
+        # The address is the peer ID: the simulated escalation links are named by peer.
+        say, peer_id = self.world.say, member.cfg.peer_id
+
+        def promoted(epoch: int) -> None:
+            say(f"  {peer_id} won the election: epoch {epoch}")
+            member.on_promoted(epoch)
+
+        def demoted(reason: str) -> None:
+            say(f"  {peer_id} demoted ({reason})")
+            member.on_demoted(reason)
+
+        return Leadership(member.zk, member.name, peer_id, peer_id, promoted, demoted,
+                          may_contend=member.may_contend, threads=self.sim.threads)
 
     def start_timers(self, member: "FlowMember") -> None:
         pass  # the simulator calls member.timer_round()

@@ -49,9 +49,11 @@ class Schedule:
         self.exit = duplicate_exit(world.graph)
         self.counts: Counter = Counter()
         self.faults = 0
-        self.promotions = 0
         self.killed_ahead = 0
         self.timeout = world.graph.cluster.session_timeout
+        # A rolling restart under way: what is left of it, (action, peer) in order.
+        self.rolling: list[tuple[str, SimPeer]] = []
+        self.rolling_rng = random.Random(rng.random()) if world.dims.rolling else None
 
     # -- what can happen now ----------------------------------------------
     def choices(self, faults: bool) -> list[tuple[float, str, Callable[[], str]]]:
@@ -66,7 +68,7 @@ class Schedule:
                 out.append((4, f"batch {n}", lambda sim=sim: sim.ahead.run()))
             if sim.running() and sim.member is not None:
                 out.append((2, f"timers {n}", lambda sim=sim: self.timers(sim)))
-                if sim.member.leadership is not None and sim.member.leadership.pending():
+                if w.zookeeper_pending(sim):
                     out.append((3, f"zookeeper {n}", lambda sim=sim: self.react(sim)))
             if not sim.alive:
                 out.append((2, f"restart {n}", lambda sim=sim: w.start(sim, keep_disk=self.rng.random() < 0.8)))
@@ -80,6 +82,8 @@ class Schedule:
         out.append((0.5, "long time", lambda: self.advance(self.rng.uniform(1.0, 3 * self.timeout))))
         if faults and self.faults < MAX_FAULTS:
             out.append((1, "fault", self.fault))
+        if self.rolling and self._roll_ready():
+            out.append((3, "rolling restart", self.roll))
         if w.dims.log_trim:
             out.append((1, "change log trimmed", self.trim_log))
         return out
@@ -194,12 +198,12 @@ class Schedule:
             options.append(("publish", self.publish))
         member = sim.member
         if member is not None and member.leadership is not None and member.leadership.is_master \
-                and member.leadership.pending():
+                and w.zookeeper_pending(sim):
             options.append(("zookeeper (the writer)", lambda: self._react_writer(sim)))
         if member is not None:
             options.append(("timers (the writer)", lambda: self.timers(sim)))
         for o in others:
-            if o.member.leadership is not None and o.member.leadership.pending():
+            if w.zookeeper_pending(o):
                 options.append((f"zookeeper {o.peer_id}", lambda o=o: self.react(o)))
             if o.stream is not None and not o.stream.held:
                 options.append((f"read {o.peer_id}", lambda o=o: o.stream.step()))
@@ -219,10 +223,10 @@ class Schedule:
         return {f[b"position"].decode() for _, f in self.world.redis.xrange(self.keys.failure) if b"position" in f}
 
     def _react_writer(self, sim: SimPeer) -> str:
-        # Its kazoo threads run while its batch thread waits for Redis (as master it can only
-        # notice, lose its session or finish a step-down: nothing that waits for the batch lock).
-        sim.member.leadership.react()
-        return f"role {sim.member.role}"
+        # Its ZooKeeper threads run while its batch thread waits for Redis (a promotion of its
+        # own, after a step-down, waits for the batch lock the batch holds).
+        self.world.zookeeper_acts(sim)
+        return f"role {sim.member.role}" if sim.member is not None else "the process is gone"
 
     def _kill_writer(self, sim: SimPeer, when: str) -> str:
         ahead = sim.ahead is not None and sim.ahead.running
@@ -251,12 +255,13 @@ class Schedule:
         ran = sim.ahead.run()
         if sim.member is None:  # the batch's failure (or a kill while its COMMIT was in flight) ended the process
             return f"its batch first: {ran}; the process is gone"
-        before = self.world.zk.epoch
-        sim.member.leadership.react()
-        if self.world.zk.epoch != before:
-            self.promotions += 1
+        before = self.world.epoch()[0]
+        self.world.zookeeper_acts(sim)
+        if sim.member is None:  # killed while its own COMMIT was in flight (the writer's election thread)
+            return "the process is gone"
+        epoch = self.world.epoch()[0]
         session = sim.member.session
-        if session is not None and session.flow is not None and session.epoch == self.world.zk.epoch != before:
+        if session is not None and session.flow is not None and session.epoch == epoch != before:
             # Whether it took the warm copy (no whole read) or read the state whole.
             warm = session.state_loads == 0
             self.counts["promotions_warm" if warm else "promotions_whole_read"] += 1
@@ -332,6 +337,9 @@ class Schedule:
         alive = [s for s in w.peers.values() if s.alive]
         if not alive:
             return "none (every peer is down)"
+        if self.rolling_rng is not None and not self.rolling and len(alive) == len(w.peers) \
+                and self.rolling_rng.random() < w.dims.rolling:
+            return self.rolling_restart()
         # The master more often than not: its faults are the ones that test failover and fencing.
         masters = [s for s in alive if s.member is not None and s.member.role == "master"]
         sim = rng.choice(masters if masters and rng.random() < 0.6 else alive)
@@ -348,7 +356,7 @@ class Schedule:
             ahead = sim.ahead is not None and sim.ahead.pending is not None
             self.killed_ahead += ahead
             w.kill(sim)
-            return (f"killed {n} ({'master' if w.zk.leader() == n else 'worker'})"
+            return (f"killed {n} ({'master' if w.leader() == n else 'worker'})"
                     + (" with a batch running ahead of its checkpoint" if ahead else ""))
         duration = rng.uniform(0.2, 3 * self.timeout)
         if kind == "pause":
@@ -367,9 +375,39 @@ class Schedule:
             w.add_fault(f"{n}'s escalation links cut", duration, lambda: w.net.cut.discard(n))
         return f"{kind} {n} for {duration:.2f} s"
 
-    def heal(self) -> None:
-        """End every fault and start every dead peer again (with its disk)."""
+    # -- a rolling restart ---------------------------------------------------------
+    def rolling_restart(self) -> str:
+        """Plan a rolling restart, as an operator (or the host drill) does it: the worker stopped
+        gracefully and started again, then, once it streams, the master (whose graceful stop
+        hands the role over); traffic goes on meanwhile. Each action is a step of its own."""
         w = self.world
+        order = sorted(w.peers.values(), key=lambda s: s.member is not None and s.member.role == "master")
+        self.rolling = [(action, sim) for sim in order for action in ("stop", "start")]
+        self.faults += 1
+        self.counts["rolling_restarts"] += 1
+        return f"rolling restart: {order[0].peer_id}, then {order[1].peer_id}"
+
+    def _roll_ready(self) -> bool:
+        action, sim = self.rolling[0]
+        if action == "start" or not sim.alive:
+            return True
+        # The next peer stops once the one restarted before it streams (the drill waits for it).
+        done = [s for s in self.world.peers.values() if s is not sim and s.alive]
+        return sim.running() and all(s.member is not None and s.member.streaming for s in done)
+
+    def roll(self) -> str:
+        action, sim = self.rolling.pop(0)
+        if (action == "stop") != sim.alive:  # killed, or restarted already, by another fault
+            return f"{sim.peer_id}: nothing to {action} ({'running' if sim.alive else 'down'})"
+        if action == "stop":
+            return f"{sim.peer_id} {self.world.stop(sim)}"
+        return f"start {sim.peer_id}: {self.world.start(sim)}"
+
+    def heal(self) -> None:
+        """End every fault (a rolling restart under way ends with its peers started) and start
+        every dead peer again (with its disk)."""
+        w = self.world
+        self.rolling = []
         w.heal_due(everything=True)
         for sim in w.peers.values():
             sim.paused_until = float("-inf")

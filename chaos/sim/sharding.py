@@ -23,22 +23,20 @@ link. The seed decides, per batch:
   own (``Schedule.zombie``), its result thrown away, its writes not.
 
 One shard is simulated (shards are independent flows: own keys, election,
-epoch, fence), with every message published to its uplink. ``run_shard``
-finds its store and its writer threads through ``shard_task``'s module
-globals (``_contexts``, ``write_pool``); they are swapped for the executor's
-own for the length of each call.
+epoch, fence), with every message published to its uplink. Each executor is a
+``shard_task.TaskProcess`` of its own: ``run_shard`` keeps its contexts there,
+opens the shard's store through it (a store on the peer's simulated Redis
+link) and sends its COMMITs through its writers (``SimWrites``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import itertools
 from typing import TYPE_CHECKING, Any
 
 from ...cluster import shard_task
 from ...cluster.on_cluster import flow_keys
-from ...runtime.shards import shard_graph
+from ...runtime.flowgraph import FlowGraph
 from ...runtime.store.flow_store import FlowStore
 from .stepped_threads import SimWrites
 from .redis_model import SimRedis
@@ -51,43 +49,21 @@ _pids = itertools.count(1000)
 
 
 class Executor:
-    """One executor process of a peer: its ``shard_task`` contexts (the kept flows) and its pid."""
+    """One executor process of a peer: its ``shard_task.TaskProcess`` (the kept flows) and its pid."""
 
     def __init__(self, sim: "SimPeer"):
         self.sim = sim
         self.pid = next(_pids)
-        self.contexts: dict[tuple, Any] = {}
+        self.process = shard_task.TaskProcess(open_store=self._store, writes=lambda: SimWrites(sim))
 
-    def context(self, plan: shard_task.ShardPlan) -> Any:
-        # The key shard_task._context files it under.
-        key = (hashlib.sha256(plan.flow_text.encode()).hexdigest(), plan.redis_url, plan.peer_id)
-        if key not in self.contexts:
-            world = self.sim.world
-            ctx = shard_task._Context(plan)
-            graph = shard_graph(ctx.graph, SHARD)
-            client = SimRedis(world.redis_server, self.sim.redis_link, world.commits, world.replica, world.cached_at)
-            store = FlowStore(client, flow_keys(graph), plan.peer_id, id_ttl=graph.cluster.message.id_ttl,
-                              sleep=world.wait, monotonic=world.clock.now)
-            ctx.stores[SHARD] = (graph, store)
-            self.contexts[key] = ctx
-        return key
-
-    @contextlib.contextmanager
-    def active(self, plan: shard_task.ShardPlan):
-        """``shard_task``'s process globals are this executor's while a task runs in it."""
-        self.context(plan)
-        saved = shard_task._contexts, shard_task.write_pool
-        shard_task._contexts = self.contexts
-        writes = SimWrites(self.sim)
-        shard_task.write_pool = lambda: writes
-        try:
-            yield
-        finally:
-            shard_task._contexts, shard_task.write_pool = saved[0], saved[1]
+    def _store(self, plan: shard_task.ShardPlan, graph: FlowGraph) -> FlowStore:
+        world = self.sim.world
+        client = SimRedis(world.redis_server, self.sim.redis_link, world.commits, world.replica, world.cached_at)
+        return FlowStore(client, flow_keys(graph), plan.peer_id, id_ttl=graph.cluster.message.id_ttl,
+                         sleep=world.wait, monotonic=world.clock.now)
 
     def run(self, plan: shard_task.ShardPlan, rows: list[tuple]) -> shard_task.ShardResult:
-        with self.active(plan):
-            r = shard_task.run_shard(plan, SHARD, rows)
+        r = shard_task.run_shard(plan, SHARD, rows, self.process)
         r.pid = self.pid
         return r
 

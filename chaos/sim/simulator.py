@@ -80,6 +80,7 @@ def draw_dims(seed: int, sharded: bool, wait: bool = True, only: dict | None = N
     d.log_trim = draw_log_trim(seed)
     d.skip_processed = not sharded and draw_skip_processed(seed)  # a shard's reader reads every entry
     d.read_behind = random.Random(f"read-behind-{seed}").random() < 0.5  # in force only with skip_processed
+    d.rolling = draw_rolling(seed)
     for k, v in (only or {}).items():
         if k in flow:
             flow[k] = v
@@ -132,6 +133,14 @@ def draw_skip_processed(seed: int) -> bool:
     that the seeds pinned in tests/sim, 2921, 926, 265, 7, 30 and 528, draw none, so their
     schedules are as before)."""
     return random.Random(f"skip-processed21-{seed}").random() < 0.5
+
+
+def draw_rolling(seed: int) -> float:
+    """The chance that a fault is a rolling restart (``Dims.rolling``): none in half the runs, else
+    1 in 3 or 2 in 3. A random source of its own, for the same reasons as :func:`draw_resend`; the
+    schedule draws whether a fault is one from a source of its own too (``Schedule.fault``)."""
+    rng = random.Random(f"rolling-{seed}")
+    return rng.choice([0.0, 0.0, 1 / 3, 2 / 3])
 
 
 def flow_for(text: str, dims: Dims, flow: dict) -> str:
@@ -273,7 +282,9 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
         _report(world, result, problems)
         return result
     finally:
-        result.faults, result.promotions = schedule.faults, schedule.promotions
+        result.faults = schedule.faults
+        result.promotions = world.epoch()[0]  # every promotion raises the epoch znode's version once
+        world.close()
         result.killed_ahead = schedule.killed_ahead
         result.counts.update(schedule.counts)
         result.counts.update(checker.counts)

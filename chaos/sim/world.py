@@ -33,6 +33,7 @@ from ...runtime.flowgraph import FlowGraph
 from .escalation_model import EscalationNet
 from .parts import SimParts, SimStream
 from .redis_model import RedisLink, Replica, SimRedis
+from .turns import SimLock, Turns
 from .zookeeper_model import ZkModel
 
 log = logging.getLogger("twinflow.sim")
@@ -59,6 +60,7 @@ class Dims:
     log_trim: bool = False      # the change log is trimmed to its last few entries at times
     skip_processed: bool = False  # readers start after the processed mark when it is further
     read_behind: bool = False   # with skip_processed: workers read behind, a promotion catches up to the newest entry
+    rolling: float = 0.0        # chance that a fault is a rolling restart (graceful stop and start, one peer then the other)
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.__dict__.items())
@@ -99,6 +101,9 @@ class SimPeer:
     zk_cut: bool = False
     ahead: Any = None                           # the incarnation's batch thread (stepped_threads.AheadBatch)
     executors: list = field(default_factory=list)  # sharded: this peer's executor processes (sharding.Executor)
+    peer: Peer | None = None                    # the running process (None while down)
+    threads: Any = None                         # its threads (turns.PeerThreads)
+    zk: Any = None                              # its ZooKeeper client (kazoo_model.SimKazooClient)
 
     def running(self) -> bool:
         """Alive and not paused: the process can act."""
@@ -131,6 +136,8 @@ class World:
         self.stops: list[str] = []      # batches that failed with an error other than Redis being away
         self.erased_failures: set[str] = set()  # uplink positions whose failure record a failover erased
         self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)
+        self.zk_root = f"/twinflow/{graph.name}"
+        self.turns = Turns(self.clock.now, self.wait)  # the peers' threads take turns on this clock
         self.net = EscalationNet()
         self.peers = {n: SimPeer(self, n) for n in ("a", "b")}
         self.faults: list[Fault] = []
@@ -163,8 +170,50 @@ class World:
         ends = [f.until for f in self.faults]
         step = min([0.5] + [max(0.0, t - self.clock.now()) for t in ends])
         self.wait(max(seconds, step))
-        if sim.member is not None and sim.member.leadership is not None:
-            sim.member.leadership.notice_connection()
+        self.zookeeper_acts(sim)
+
+    # -- ZooKeeper, as each peer sees it -------------------------------------
+    def epoch(self) -> tuple[int, str | None]:
+        """The flow's epoch in ZooKeeper and the peer that wrote it."""
+        return self.zk.epoch(self.zk_root)
+
+    def leader(self) -> str | None:
+        return self.zk.leader(self.zk_root)
+
+    def leadership_problems(self) -> list[str]:
+        """What ``cluster/leadership.py`` promises of a master, checked on every peer whose
+        ZooKeeper side has caught up (its client noticed all there is, connected, none of its
+        threads can run): one that holds the role holds the election lock in its own session,
+        at the epoch it wrote to the epoch znode. (A peer that has not noticed yet may still
+        act as master: fencing is what must refuse it.)"""
+        problems = []
+        for sim in self.peers.values():
+            lead = sim.member.leadership if sim.member is not None else None
+            if lead is None or not lead.is_master or sim.zk is None or not sim.running():
+                continue
+            if not sim.zk.connected or sim.zk.behind() or sim.threads.pending():
+                continue
+            queue = self.zk.contenders(self.zk_root)
+            epoch, writer = self.epoch()
+            if not queue or queue[0] != (sim.peer_id, sim.zk.session.sid):
+                problems.append(f"{sim.peer_id} is master but does not hold the election lock in its session "
+                                f"(queue: {', '.join(p for p, _ in queue) or 'empty'})")
+            elif (lead.epoch, sim.peer_id) != (epoch, writer):
+                problems.append(f"{sim.peer_id} is master at epoch {lead.epoch}, but the epoch znode is at "
+                                f"{epoch}, written by {writer}")
+        return problems
+
+    def zookeeper_pending(self, sim: SimPeer) -> bool:
+        """Whether the peer's ZooKeeper side has something to do: notice its connection or
+        session, or run a thread of its own (a watch, its election, its member keeper)."""
+        return sim.zk is not None and sim.running() and (sim.zk.behind() or sim.threads.pending())
+
+    def zookeeper_acts(self, sim: SimPeer) -> None:
+        """The peer's ZooKeeper client notices what happened, and its threads run until they wait."""
+        if sim.zk is None or not sim.running():
+            return
+        sim.zk.notice()
+        sim.threads.run()
 
     def begin_step(self) -> None:
         self._waits = 0
@@ -215,23 +264,56 @@ class World:
                          worker_read_behind_ms=behind_ms)
         parts = SimParts(sim, lambda: sim.zk_connected(gen))
         # One member even for the sharded kind: its graph is the one shard simulated (sharding.py).
+        # A promotion (on the election thread) waits for the batch lock while a batch holds it: a
+        # lock of threads that take turns, so the batch goes on and the promotion's wait is virtual time.
         member = FlowMember(self.graph, cfg, clock=self.clock, parts=parts, monotonic=self.clock.now,
-                            pause=lambda seconds: self.hold(sim, seconds))
+                            pause=lambda seconds: self.hold(sim, seconds), batch_lock=SimLock(self.turns))
         peer = Peer(self.graph, cfg, parts=parts, members=[member])
-        sim.member, sim.stream = peer.member, None
+        sim.member, sim.stream, sim.peer = peer.member, None, peer
         try:
             peer.start()
         except Exception as exc:
-            sim.alive = False
+            self._gone(sim)
             return f"start failed: {type(exc).__name__}: {exc}"
         sim.stream = peer.reading
         return "started" + ("" if keep_disk else " on a new state directory")
 
     def kill(self, sim: SimPeer) -> None:
+        self._gone(sim)
+
+    def stop(self, sim: SimPeer) -> str:
+        """A graceful stop, as a SIGTERM asks for (``Peer.stop_gracefully``: a master hands its role
+        over first), then the process exits."""
+        peer = sim.peer
+        if peer is None:
+            return "not running"
+        was = sim.member.role if sim.member is not None else "?"
+        # Spark committed a batch that runs ahead; a stop that finds it not yet run leaves it to
+        # handled_id, as a kill does.
+        if sim.ahead is not None and sim.ahead.pending is not None:
+            was += ", with a batch running ahead of its checkpoint"
+        try:
+            peer.stop_gracefully()
+            said = f"stopped gracefully (was {was})"
+        except Exception as exc:  # the process exits all the same
+            said = f"graceful stop failed ({type(exc).__name__}: {exc}); the process exits"
+        self._gone(sim)
+        return said
+
+    def _gone(self, sim: SimPeer) -> None:
+        """The process is gone (killed, exited or failed to start): its threads end with it."""
         sim.alive = False
-        sim.member, sim.stream, sim.ahead = None, None, None  # a batch running ahead dies with it
+        if sim.threads is not None:
+            sim.threads.kill()
+        sim.member, sim.stream, sim.ahead, sim.peer = None, None, None, None  # a batch running ahead dies with it
+        sim.threads, sim.zk = None, None
         sim.executors = []  # its executors go with it (attempts declared lost may still run)
         self.net.drop_to(sim.peer_id)
+
+    def close(self) -> None:
+        """The run is over: every thread of every process ends."""
+        for peer in list(self.turns.peers):
+            peer.kill()
 
     def batch_failed(self, sim: SimPeer, exc: BaseException) -> None:
         """A batch raised: Spark fails the query (or, for a batch that ran ahead, the peer stops),

@@ -132,7 +132,7 @@ def test_a_promotion_that_skips_the_catch_up_is_caught(monkeypatch):
 
 def test_a_master_that_runs_a_batch_ahead_without_recording_it_is_caught(monkeypatch):
     # Spark (the simulated checkpoint) commits a batch that runs ahead: only handled_id, recorded
-    # first, lets a promoted incarnation deliver what a killed one had not finished.
+    # first, lets a promoted incarnation deliver what a killed or stopped one had not run.
     monkeypatch.setattr(FlowStore, "record_handled", lambda self, position, deadline_s=None, **wait: None)
     failed = _first_failure()
     assert failed is not None, "a master that ran batches ahead unrecorded passed every run"
