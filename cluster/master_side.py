@@ -107,7 +107,11 @@ class MasterSide:
             # look again shortly rather than spin on a deadline already past.
             return now + BUSY_RETRY_S
         try:
-            flow = self.flow
+            session, flow = self.session, self.flow
+            if flow is None and self.remote_batch_at == float("-inf") and session is not None and session.active:
+                # A flow dropped after a failed step, with no executor keeping one: load it, else its
+                # deadlines would wait for the next batch, and after the last batch fire never.
+                flow = session.load()
             due = flow.next_deadline() if flow is not None else self.remote_deadline
             if due is None or due > now:
                 return due
@@ -117,7 +121,6 @@ class MasterSide:
                 quiet = m.monotonic() - self.remote_batch_at
                 if quiet < REMOTE_FIRE_AFTER_S:
                     return now + REMOTE_FIRE_AFTER_S - quiet
-            session = self.session
             # A flow dropped is loaded again by the session.
             if m.state.role == MASTER and m.leadership.may_write() and session is not None and session.active:
                 self.lateness.observe(max(0.0, now - due))  # once per firing round: the earliest due

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as PingTimeout
 from typing import TYPE_CHECKING
 
+from .master_side import BUSY_RETRY_S
 from .membership import MembersUnknown
 from .roles import MASTER, WORKER
 
@@ -44,7 +45,11 @@ class MemberTimers:
         m = self.m
         threading.Thread(target=self.run_lease_watch, name="lease", daemon=True).start()
         while not m.stopping.is_set():
-            wait = self.round()
+            try:
+                wait = self.round()
+            except Exception:  # round() never raises; if it did, the timers must go on all the same
+                log.exception("timer round")
+                wait = BUSY_RETRY_S
             if wait is None:
                 return
             m.wake.wait(wait)
@@ -83,8 +88,12 @@ class MemberTimers:
             if m.stopping.is_set():
                 return None
             log.warning("timer loop: %s: %s", type(exc).__name__, exc)
-        m.reader.pace()
-        self.check_lease()
+        # Each on its own: one that raises must neither end the round nor keep the other from running.
+        for last in (m.reader.pace, self.check_lease):
+            try:
+                last()
+            except Exception as exc:
+                log.warning("timer loop: %s: %s", type(exc).__name__, exc)
         wait = min(status_every, cfg.sweep_interval_s)
         if deadline is not None:
             wait = min(wait, max(0.0, deadline - m.clock.now()))

@@ -1,0 +1,77 @@
+"""A member's timers keep firing (cluster/member_timers.py, cluster/master_side.py): after a
+round that met an error, and for a master whose flow was dropped after its last batch.
+
+Either fault leaves a master taking batches but firing no time-out once the batches stop
+and, for a timer thread that died, writing no status: what one rolling restart between
+hosts showed (chaos/RESULTS.md, "The rolling restart that left 158 messages out")."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import wait_until
+from tests.integration.test_node_parts import FLOW, SimulatedParts, Stub, node
+from twinflow.runtime.clock import FakeClock
+from twinflow.runtime.flowgraph import parse_graph
+
+
+class PaceFailsOnce(Stub):
+    """A reading whose pace raises when armed, once, as a control file's write can."""
+
+    def __init__(self):
+        super().__init__()
+        self.armed, self.paces = False, []
+
+    def pace(self, member, interval_ms, behind_ms=0):
+        if self.armed:
+            self.armed = False
+            raise FileNotFoundError("pace.tmp")
+        self.paces.append((interval_ms, behind_ms))  # the paces set
+
+
+class PaceParts(SimulatedParts):
+    def reading(self, peer, starts):
+        self.peer, self.stream = peer, PaceFailsOnce()
+        return self.stream
+
+
+def test_a_timer_round_whose_pace_raises_does_not_stop_the_timers(redis_url, flow_name, tmp_path):
+    graph = parse_graph(FLOW.format(name=flow_name))
+    a = node(graph, "a", redis_url, FakeClock(1000.0), tmp_path, parts=PaceParts)
+    try:
+        stream = a.parts.stream
+        a.parts.leader.is_master = True
+        a.on_promoted(1)  # the master's pace, (0, 0), set by the promotion
+        assert stream.paces[-1] == (0, 0)
+        stream.armed = True
+        a.master.step_down("test")  # a worker now: the next round sets the worker's pace, which raises
+        a.wake.set()
+        wait_until(lambda: not stream.armed, 10.0, what="the round whose pace raises")
+        # The timer thread lives on: a later round sets the worker's pace after all (the start's
+        # and the promotion's were the first two).
+        a.wake.set()
+        wait_until(lambda: len(stream.paces) == 3, 10.0, what="a later round setting the pace again")
+        assert stream.paces[-1] == (a.cfg.worker_pace_ms, a.cfg.worker_read_behind_ms)
+    finally:
+        a.parts.peer.stop()
+
+
+def test_a_master_whose_flow_was_dropped_fires_its_time_outs_without_a_batch(redis_url, flow_name, tmp_path):
+    graph = parse_graph(FLOW.format(name=flow_name).replace("links: {joined: deliver}",
+                                                            "links: {joined: deliver, expired: deliver}"))
+    clock = FakeClock(1000.0)
+    a = node(graph, "a", redis_url, clock, tmp_path)
+    try:
+        r, up = a.store.r, a.keys.uplink
+        order = r.xadd(up, {"data": json.dumps({"id": "o1", "type": "order", "order_id": 1})}).decode()
+        a.parts.leader.is_master = True
+        a.on_promoted(1)
+        a.on_batch(0, [(order, r.xrange(up)[0][1][b"data"], None)])
+        assert a.status()["pending"] == 1
+        a.session.drop()  # as a step that failed leaves it: no batch comes after this one
+        clock.advance(11.0)  # past the join's time-out of 10 s
+        a.wake.set()
+        wait_until(lambda: [f[b"id"] for _, f in r.xrange(a.keys.sink)] == [b"o1"], 10.0,
+                   what="the lone order leaving by its time-out")
+    finally:
+        a.parts.peer.stop()
