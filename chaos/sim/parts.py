@@ -62,6 +62,7 @@ class SimStream:
             sim.disk["offset"] = start["id"]
         self.warm = False
         self.held = False
+        self.pace_fails = False  # the next pace raises, as a control file's write can (Schedule.timers)
         self.batch_id = 0
         self.counted: tuple[str, str, int] | None = None  # (offset, counted to, how many): see _read
 
@@ -72,7 +73,11 @@ class SimStream:
         self.held = held
 
     def pace(self, member: "FlowMember", interval_ms: int, behind_ms: int = 0) -> None:
-        pass  # the schedule decides when a member reads; pacing is a speed matter, not a protocol one
+        # The schedule decides when a member reads; pacing is a speed matter, not a protocol one.
+        # But setting it can fail, and whoever set it (a timer round, a promotion) must bear that.
+        if self.pace_fails:
+            self.pace_fails = False
+            raise OSError("the reader's pace could not be written")
 
     def stop(self) -> None:
         self.isActive = False

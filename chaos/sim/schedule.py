@@ -54,6 +54,9 @@ class Schedule:
         # A rolling restart under way: what is left of it, (action, peer) in order.
         self.rolling: list[tuple[str, SimPeer]] = []
         self.rolling_rng = random.Random(rng.random()) if world.dims.rolling else None
+        # Seeded from the schedule's state without drawing from it: runs without timer faults
+        # take the same choices as before they existed.
+        self.timer_rng = random.Random(hash(rng.getstate()[1])) if world.dims.timer_faults else None
 
     # -- what can happen now ----------------------------------------------
     def choices(self, faults: bool) -> list[tuple[float, str, Callable[[], str]]]:
@@ -246,8 +249,25 @@ class Schedule:
         return f"Redis failed over to its replica, losing {lost} unreplicated writes"
 
     def timers(self, sim: SimPeer) -> str:
+        fault = self._timer_fault(sim) if self.timer_rng is not None else ""
         wait = sim.member.timer_round()
-        return f"next round in {wait:.3f} s" if wait is not None else "stopped"
+        return fault + (f"next round in {wait:.3f} s" if wait is not None else "stopped")
+
+    def _timer_fault(self, sim: SimPeer) -> str:
+        """Now and then, what a round may meet: a master's flow dropped (as a step that failed
+        with an error leaves it: its deadlines must fire all the same, also with no batch
+        after it), or the reader's next pace failing (the round, or a promotion, must bear it)."""
+        if self.timer_rng.random() >= self.world.dims.timer_faults:
+            return ""
+        self.counts["timer_faults"] += 1
+        session = sim.member.session
+        if session is not None and session.flow is not None and self.timer_rng.random() < 0.7:
+            session.drop()
+            return "the master's flow dropped; "
+        if sim.stream is not None:
+            sim.stream.pace_fails = True
+            return "the reader's next pace fails; "
+        return ""
 
     def react(self, sim: SimPeer) -> str:
         # A promotion waits for the member's batch lock, which a batch running ahead holds

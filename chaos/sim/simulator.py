@@ -81,6 +81,7 @@ def draw_dims(seed: int, sharded: bool, wait: bool = True, only: dict | None = N
     d.skip_processed = not sharded and draw_skip_processed(seed)  # a shard's reader reads every entry
     d.read_behind = random.Random(f"read-behind-{seed}").random() < 0.5  # in force only with skip_processed
     d.rolling = draw_rolling(seed)
+    d.timer_faults = draw_timer_faults(seed)
     for k, v in (only or {}).items():
         if k in flow:
             flow[k] = v
@@ -141,6 +142,13 @@ def draw_rolling(seed: int) -> float:
     schedule draws whether a fault is one from a source of its own too (``Schedule.fault``)."""
     rng = random.Random(f"rolling-{seed}")
     return rng.choice([0.0, 0.0, 1 / 3, 2 / 3])
+
+
+def draw_timer_faults(seed: int) -> float:
+    """The chance that a timer round meets a fault (``Dims.timer_faults``; ``Schedule.timers``):
+    none in two runs of three, else 1 in 10. A random source of its own, for the same reasons
+    as :func:`draw_resend`; the schedule draws each round's fault from a source of its own too."""
+    return random.Random(f"timer-faults-{seed}").choice([0.0, 0.0, 0.1])
 
 
 def flow_for(text: str, dims: Dims, flow: dict) -> str:

@@ -61,6 +61,7 @@ class Dims:
     skip_processed: bool = False  # readers start after the processed mark when it is further
     read_behind: bool = False   # with skip_processed: workers read behind, a promotion catches up to the newest entry
     rolling: float = 0.0        # chance that a fault is a rolling restart (graceful stop and start, one peer then the other)
+    timer_faults: float = 0.0   # chance that a timer round meets a fault: the master's flow dropped, the pace failing
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.__dict__.items())
