@@ -48,6 +48,9 @@ class MasterSide:
         self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
         self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
         self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master
+        # Whether the executors keep the flow (its next deadline is remote_deadline): from an
+        # executor's batch until this member runs or fires the flow itself again.
+        self.kept_by_executors = False
         self.driver_steps = 0     # steps this member committed itself (an executor's kept flow is then stale)
         self.left: Counter = Counter()  # stream -> messages committed master steps sent there
         self.lateness = Timings(LATENESS_BUCKETS)  # how late due deadlines fired (flow clock)
@@ -66,6 +69,7 @@ class MasterSide:
         session = MasterSession(m.graph, m.store, epoch, self.writes, left=self.left, warm=m.warm)
         self.session = session
         self.remote_deadline = None
+        self.kept_by_executors = False
         session.load()
         self.note_open()
         return session
@@ -88,6 +92,7 @@ class MasterSide:
         session = self.session
         if session is None or session.epoch != epoch or not session.active:
             return msgs
+        self.kept_by_executors = False  # the flow is this member's now (held, or loaded when needed)
         out = session.run_batch(msgs, last, self.m.clock.now)
         self._act_on(out)
         if out.rest is None:
@@ -108,7 +113,7 @@ class MasterSide:
             return now + BUSY_RETRY_S
         try:
             session, flow = self.session, self.flow
-            if flow is None and self.remote_batch_at == float("-inf") and session is not None and session.active:
+            if flow is None and not self.kept_by_executors and session is not None and session.active:
                 # A flow dropped after a failed step, with no executor keeping one: load it, else its
                 # deadlines would wait for the next batch, and after the last batch fire never.
                 flow = session.load()
@@ -124,6 +129,7 @@ class MasterSide:
             # A flow dropped is loaded again by the session.
             if m.state.role == MASTER and m.leadership.may_write() and session is not None and session.active:
                 self.lateness.observe(max(0.0, now - due))  # once per firing round: the earliest due
+                self.kept_by_executors = False  # fired here, on a flow held or loaded here
                 self._act_on(session.fire(now))
             flow = self.flow
             return flow.next_deadline() if flow is not None else None
@@ -135,6 +141,7 @@ class MasterSide:
         its claims sent, a step-down if its writes were refused."""
         if self.session is not None:
             self.session.drop()  # the executor committed: a flow here is behind Redis
+        self.kept_by_executors = True
         self.remote_deadline = r.next_deadline
         self.remote_batch_at = self.m.monotonic()
         if r.claims and self.m.spec.pair is not None:

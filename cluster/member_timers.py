@@ -1,11 +1,14 @@
 """A member's timers: bake expiry, the flow's deadlines, sweep, trim, status, lease, the warm copy.
 
 They run on their own thread, so they fire with no new input. Under
-failure: a round never raises (a timer must keep firing); a master that has
+failure: a round never raises, each of its parts guarded on its own, and the
+thread outlives a round that did (a timer must keep firing: a master whose
+timers stopped would take batches but write no status and, once the batches
+stop, fire no time-out); a master that has
 not reached Redis for its write lease steps down; the trim skips a round
 when ZooKeeper cannot list the live members; a master fires the deadlines in
 the state it loaded, so the old master's pending time-outs fire too
-(promise 4). One round is ``timer_round()``: the failover simulator calls it
+(promise 4). One round is ``round()`` (``FlowMember.timer_round``): the failover simulator calls it
 in its own steps, on its virtual clock, instead of the thread.
 """
 
