@@ -59,7 +59,6 @@ from .claims import Claims, NoPair
 from .escalation import EscalationSender
 from .leadership import Leadership
 from .master_flow import logged_nodes
-from .master_session import MasterSession
 from .master_side import MasterSide
 from .member_state import MemberState
 from .member_timers import MemberTimers
@@ -67,7 +66,7 @@ from .on_cluster import cluster_flow, flow_keys
 from .parts import MemberParts
 from .peer_config import PeerConfig
 from .promotion import Promotion
-from .roles import MASTER, WORKER
+from .roles import WORKER
 from .start_position import check_redis, check_retention, checkpoint_dir, start_position
 from .warm_state import WarmState
 
