@@ -9,6 +9,12 @@ a cluster master). A group emission (a join, an aggregation) travels on as
 one message whose ID is the members' IDs joined by ``+`` and whose document
 is ``{"ids": [...], "messages": [...]}``.
 
+A history node with external completion (``runtime/nodes/history.py``) is
+told when each message it sent to ``new`` has finished: when the message
+leaves the flow from a node reachable from that outlink, the engine calls
+the history's ``finished``. (With nothing linked to ``new``, what runs the
+message is outside the flow, and only a call of ``completed`` reports it.)
+
 Nothing here reads a clock or touches a server: the caller passes time, and
 ``record`` (every emission, as a replay output line) and ``leave`` (each
 emission that leaves the flow) say what happened. A node that raises stops
@@ -47,6 +53,7 @@ class Engine:
         self._quiet = all(node.sets_deadlines_after_now for node in graph.nodes.values())
         self._fired_to: float | None = None
         self._links = {(name, outlink): nxt for name, links in graph.links.items() for outlink, nxt in links.items()}
+        self._finishers = _finishers(graph)
 
     def feed(self, msg: Msg, at: float) -> None:
         if at != self._fired_to:
@@ -97,12 +104,39 @@ class Engine:
             if nxt is None:
                 if self.leave is not None:
                     self.leave(name, e, self.now)
+                for history in self._finishers.get((name, e.outlink), ()):
+                    for m in e.msgs:
+                        history.finished(m, self.now)
                 continue
             if len(e.msgs) == 1:
                 self._deliver(nxt, e.msgs[0])
             else:
                 ids = [m.id for m in e.msgs]
                 self._deliver(nxt, Msg("+".join(ids), {"ids": ids, "messages": [dict(m.doc) for m in e.msgs]}))
+
+
+def _finishers(graph: FlowGraph) -> dict[tuple[str, str], tuple]:
+    """(node, outlink) -> the external-completion histories to tell when a message leaves the
+    flow there: every unlinked outlink of a node reachable from a history's ``new``."""
+    found: dict[tuple[str, str], list] = {}
+    for name, node in graph.nodes.items():
+        if not getattr(node, "external", False) or not hasattr(node, "finished"):
+            continue
+        links = graph.links.get(name, {})
+        if "new" not in links:
+            continue
+        reached, todo = set(), [links["new"]]
+        while todo:
+            nxt = todo.pop()
+            if nxt in reached:
+                continue
+            reached.add(nxt)
+            out = graph.links.get(nxt, {})
+            todo.extend(out.values())
+            for outlink in graph.nodes[nxt].outlinks:
+                if outlink not in out:
+                    found.setdefault((nxt, outlink), []).append(node)
+    return {k: tuple(v) for k, v in found.items()}
 
 
 def output_line(at: float, node: str, e: Emit) -> dict:

@@ -12,8 +12,26 @@ handler the node delivers nothing itself: every message leaves through
 ``done`` (replay uses this to show what would be delivered). On the
 cluster, what leaves through ``done`` is written to the ``sink`` stream.
 
-The node holds a message only while it waits for a retry; retries fire from
-``on_time`` in deadline order, so they happen with no new input.
+The handler receives the message (``msg.id``, ``msg.doc``) and, when it
+declares a parameter named ``attempt``, the attempt number (1 for the first
+call, 2 for the first retry, and so on). Its return value is ignored: it
+fails by raising. On the cluster a handler runs at least once per message:
+a master that dies after the call and before its step is committed leaves
+the message to its successor, which calls it again, unless a history node
+with ``completion: external`` guards it (the successor finds it In Doubt).
+
+Retry failure (``on_retry_failure``): ``error`` (the default) sends the
+message to ``error``; ``suspend`` (webMethods' "suspend and retry later")
+keeps it and suspends the node for ``suspend_for`` seconds: every message
+that reaches the node meanwhile waits behind it, in order, and when the time
+is up (or ``resume`` is called: ``twinflow resume`` on the cluster) the
+suspended message runs first, with its retries anew, then the others.
+``suspension()`` says whether, why and since when the node is suspended; on
+the cluster a suspended flow stops reading its uplink on every peer.
+
+The node holds a message only while it waits for a retry or behind a
+suspension; retries fire from ``on_time`` in deadline order, so they happen
+with no new input.
 
 >>> calls = []
 >>> def flaky(msg):
@@ -29,6 +47,7 @@ The node holds a message only while it waits for a retry; retries fire from
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Callable
 
@@ -41,14 +60,19 @@ class TransientError(Exception):
     """Raised by a handler for an error that may correct itself (network, database busy)."""
 
 
+RETRY_FAILURES = ("error", "suspend")
+DEFAULT_SUSPEND_FOR = 60.0
+
+
 class _Retry(Timed):
-    """A message waiting for its next attempt (its time is ``due``)."""
+    """A message waiting for its next attempt (its time is ``due``); with a ``reason``, the
+    message the node is suspended on (``since``: when its retries were used up)."""
 
-    __slots__ = ("msg", "retries")
+    __slots__ = ("msg", "retries", "reason", "since")
 
-    def __init__(self, order: int, msg: Msg, retries: int):
+    def __init__(self, order: int, msg: Msg, retries: int, reason: str | None = None, since: float = 0.0):
         super().__init__(order)
-        self.msg, self.retries = msg, retries
+        self.msg, self.retries, self.reason, self.since = msg, retries, reason, since
 
 
 class ActionNode(Node):
@@ -58,26 +82,43 @@ class ActionNode(Node):
     def __init__(
         self,
         name: str,
-        handler: Callable[[Msg], object] | None = None,
+        handler: Callable[..., object] | None = None,
         transient: type[BaseException] = TransientError,
         retry_interval: float = 1.0,
         max_retries: int = 3,
         sink: str | None = None,
+        on_retry_failure: str = "error",
+        suspend_for: float = DEFAULT_SUSPEND_FOR,
     ):
         super().__init__(name)
+        if on_retry_failure not in RETRY_FAILURES:
+            raise ValueError(f"on_retry_failure must be one of {', '.join(RETRY_FAILURES)} (got {on_retry_failure!r})")
+        if not suspend_for > 0:
+            raise ValueError(f"suspend_for must be > 0 seconds (got {suspend_for!r})")
         self.sink = sink  # on the cluster, the stream ``done`` leaves to (replay shows it)
         self.handler = handler
+        self._attempt_arg = _takes_attempt(handler)
         self.transient = transient
         self.retry_interval = retry_interval
         self.max_retries = max_retries
+        self.suspends = on_retry_failure == "suspend"
+        self.suspend_for = float(suspend_for)
         self.sets_deadlines_after_now = retry_interval > 0  # a retry waits now + retry_interval
         self._waiting: dict[int, _Retry] = {}  # arrival order -> a message waiting for its retry
         self._timers = GroupTimers(self._waiting.get)
         self._order = itertools.count()
         self._changed: dict[str, list | None] = {}
+        self._suspended: _Retry | None = None  # the message the node is suspended on
+        # After a suspension: the order of its message while that message is still in its
+        # retries; the messages behind wait until it has left (done or error).
+        self._head: int | None = None
+        self._behind: dict[int, Msg] = {}  # arrival order -> a message waiting behind the suspension
 
     def on_message(self, msg: Msg, now: float) -> list[Emit]:
-        return self._attempt(msg, 0, now)
+        if self._blocked():
+            self._wait_behind(next(self._order), msg)
+            return []
+        return self._run(msg, 0, now, next(self._order))
 
     def on_time(self, now: float) -> list[Emit]:
         out: list[Emit] = []
@@ -85,8 +126,64 @@ class ActionNode(Node):
             due, waiting = fired
             del self._waiting[waiting.key]
             self._changed[str(waiting.key)] = None
-            out += self._attempt(waiting.msg, waiting.retries, due)
+            if waiting is self._suspended:
+                out += self._resume_at(due)
+            elif self._blocked() and waiting.key != self._head:
+                self._wait_behind(waiting.key, waiting.msg)  # its retry comes after the suspension
+            else:
+                out += self._run(waiting.msg, waiting.retries, due, waiting.key)
         return out
+
+    # -- suspension --------------------------------------------------------
+    def suspension(self) -> dict | None:
+        """Why and since when the node is suspended, and when it resumes by itself; None: it is not."""
+        s = self._suspended
+        if s is None:
+            return None
+        return {"node": self.name, "id": s.msg.id, "reason": s.reason, "since": s.since, "until": s.due,
+                "behind": len(self._behind)}
+
+    def resume(self, now: float) -> bool:
+        """End the suspension at ``now`` (the next ``on_time(now)`` runs the message); False when
+        the node is not suspended."""
+        s = self._suspended
+        if s is None:
+            return False
+        self._timers.set(s, min(s.due, now))
+        self._changed[str(s.key)] = self._entry(s)
+        return True
+
+    def _blocked(self) -> bool:
+        return self._suspended is not None or self._head is not None
+
+    def _resume_at(self, due: float) -> list[Emit]:
+        """The suspension is over: its message runs first, with its retries anew."""
+        s, self._suspended = self._suspended, None
+        self._head = s.key
+        return self._run(s.msg, 0, due, s.key)
+
+    def _run(self, msg: Msg, retries: int, now: float, order: int) -> list[Emit]:
+        """An attempt; once the message a suspension ended on has left, those behind it run, in
+        order, until one suspends the node again."""
+        out = self._attempt(msg, retries, now, order)
+        if order != self._head:
+            return out
+        waiting = self._waiting.get(order)
+        if waiting is not None and waiting.reason is None:
+            return out  # still in its retries
+        self._head = None
+        if waiting is None:
+            for behind in sorted(self._behind):
+                if self._blocked():
+                    break
+                msg = self._behind.pop(behind)
+                self._changed["q" + str(behind)] = None
+                out += self._run(msg, 0, now, behind)
+        return out
+
+    def _wait_behind(self, order: int, msg: Msg) -> None:
+        self._behind[order] = msg
+        self._changed["q" + str(order)] = [msg_json(msg)]
 
     # -- state per waiting retry (see base) ----------------------------------
     def changed_state(self) -> dict:
@@ -94,38 +191,74 @@ class ActionNode(Node):
         return changed
 
     def load_state(self, entries) -> None:
-        for key, (due, msg, retries) in sorted(entries.items(), key=lambda kv: (kv[1][0], int(kv[0]))):
-            waiting = self._waiting[int(key)] = _Retry(int(key), msg_from_json(msg), retries)
+        behind = {k: v for k, v in entries.items() if k.startswith("q")}
+        timed = {k: v for k, v in entries.items() if not k.startswith("q")}
+        for key, value in sorted(timed.items(), key=lambda kv: (kv[1][0], int(kv[0]))):
+            due, msg, retries = value[:3]
+            waiting = self._waiting[int(key)] = _Retry(int(key), msg_from_json(msg), retries, *value[3:])
+            if waiting.reason is not None:
+                self._suspended = waiting
+            elif len(value) > 3:
+                self._head = waiting.key
             self._timers.set(waiting, due)
-        self._order = itertools.count(max((int(k) for k in entries), default=-1) + 1)
+        for key, (msg,) in behind.items():
+            self._behind[int(key[1:])] = msg_from_json(msg)
+        self._order = itertools.count(max((int(k.lstrip("q")) for k in entries), default=-1) + 1)
 
     def next_deadline(self) -> float | None:
         return self._timers.next()
 
     def pending(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._behind)
 
-    def _attempt(self, msg: Msg, retries: int, now: float) -> list[Emit]:
+    def _entry(self, w: _Retry) -> list:
+        """[due, message, retries], then [reason, since] for a suspension, [None] for the head."""
+        entry = [w.due, msg_json(w.msg), w.retries]
+        if w.reason is not None:
+            return entry + [w.reason, w.since]
+        return entry + [None] if w.key == self._head else entry
+
+    def _wait(self, waiting: _Retry, due: float) -> None:
+        self._waiting[waiting.key] = waiting
+        self._timers.set(waiting, due)
+        self._changed[str(waiting.key)] = self._entry(waiting)
+
+    def _attempt(self, msg: Msg, retries: int, now: float, order: int) -> list[Emit]:
         if self.handler is None:
             return [Emit("done", (msg,))]
         try:
-            self.handler(msg)
+            if self._attempt_arg:
+                self.handler(msg, attempt=retries + 1)
+            else:
+                self.handler(msg)
         except self.transient as exc:
             if retries < self.max_retries:
-                order = next(self._order)
-                waiting = self._waiting[order] = _Retry(order, msg, retries + 1)
-                self._timers.set(waiting, now + self.retry_interval)
-                self._changed[str(order)] = [now + self.retry_interval, msg_json(msg), retries + 1]
+                self._wait(_Retry(order, msg, retries + 1), now + self.retry_interval)
                 return []
-            return [Emit("error", (msg,), {"reason": f"service error after {retries} retries: "
-                                                     f"{type(exc).__name__}: {exc}"})]
+            reason = f"service error after {retries} retries: {type(exc).__name__}: {exc}"[:500]
+            if self.suspends:
+                self._suspended = _Retry(order, msg, 0, reason, now)
+                self._wait(self._suspended, now + self.suspend_for)
+                return []
+            return [Emit("error", (msg,), {"reason": reason})]
         except Exception as exc:  # a service error: the handler failed for good
-            return [Emit("error", (msg,), {"reason": f"service error: {type(exc).__name__}: {exc}"})]
+            return [Emit("error", (msg,), {"reason": f"service error: {type(exc).__name__}: {exc}"[:500]})]
         return [Emit("done", (msg,))]
 
 
+def _takes_attempt(handler: Callable | None) -> bool:
+    """Whether ``handler`` declares a parameter named ``attempt`` (it is then passed by name)."""
+    if handler is None:
+        return False
+    try:
+        params = inspect.signature(handler).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: it takes the message only
+        return False
+    return "attempt" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def build(name: str, p: Params) -> ActionNode:
-    p.only("handler", "transient", "retry_interval", "max_retries", "sink")
+    p.only("handler", "transient", "retry_interval", "max_retries", "sink", "on_retry_failure", "suspend_for")
     transient = p.callable("transient", TransientError)
     if not (isinstance(transient, type) and issubclass(transient, BaseException)):
         raise p.error("transient", "must name an exception class")
@@ -136,4 +269,6 @@ def build(name: str, p: Params) -> ActionNode:
         retry_interval=p.seconds("retry_interval", 1.0),
         max_retries=p.integer("max_retries", 3, minimum=0),
         sink=p.section("sink").only("stream").name("stream") if p.has("sink") else None,
+        on_retry_failure=p.choice("on_retry_failure", RETRY_FAILURES, "error"),
+        suspend_for=p.seconds("suspend_for", DEFAULT_SUSPEND_FOR, positive=True),
     )

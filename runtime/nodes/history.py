@@ -16,13 +16,21 @@ that share one timestamp, and the verdict follows Integration Server's table:
 A New message is recorded "processing" when it leaves through ``new`` (the
 downstream runs after that) and "completed", with the same timestamp, when
 the downstream has finished, success or failure. With ``completion =
-"immediate"`` (the default, and what replay does) the node records both at
-once; with ``"external"`` the engine reports the end by calling
-:meth:`HistoryNode.completed`. An optional resolver decides In Doubt
-messages: ``new`` (recorded and run again), ``duplicate`` or ``in_doubt``; a
-resolver that raises or answers anything else sends the message to
-``in_doubt`` with the reason. Both entries of an identifier are cleared
-together ``retention`` seconds after their timestamp; the message is New again.
+"immediate"`` (the default) the node records both at once; with
+``"external"`` the engine reports the end: when a message that left through
+``new`` leaves the flow from a node downstream of it (an action's ``done``
+or ``error``, say), the engine calls :meth:`HistoryNode.finished`. On the
+cluster the "processing" entry of an external completion is in Redis before
+the downstream runs (``started``, set by the master), so a peer that dies
+inside the handler leaves the message In Doubt for whoever runs it next.
+
+An optional resolver decides In Doubt messages: ``new`` (recorded and run
+again) or ``duplicate`` (recorded as completed, so the message is never In
+Doubt again). A resolver that raises, or answers anything else, sends the
+message to ``failure`` with the reason. Both entries of an identifier are
+cleared together ``retention`` seconds after their timestamp; the message is
+New again. Every Duplicate and In Doubt verdict is also a journal entry
+(``journal``, when the caller sets it to a list: the cluster logs each one).
 
 Under bad input: a ``uuid`` that is not a string, or a message with neither a
 UUID nor a message ID, leaves through ``failure`` with ``info["reason"]``;
@@ -30,7 +38,7 @@ the node keeps running. Every message leaves at once, through exactly one
 outlink, so the node never holds messages (``pending()`` is 0); its state is
 the history, bounded by the distinct identifiers seen within ``retention``.
 On the cluster each identifier's entries are one state entry in Redis (see
-base); external completion runs in replay only.
+base).
 
 >>> node = HistoryNode("guard", retention=60.0)
 >>> [e.outlink for e in node.on_message(Msg("m1", {"uuid": "order-1"}), now=0.0)]
@@ -255,12 +263,19 @@ class HistoryNode(Node):
         self.trigger = trigger if trigger is not None else name
         self.resolver = resolver
         self.external = completion == "external"
-        # External completion keeps the open runs in this process only.
-        self.state_in_redis = not self.external and isinstance(store, (MemoryHistoryStore, type(None)))
+        self.state_in_redis = isinstance(store, (MemoryHistoryStore, type(None)))
         self.store: HistoryStore = store if store is not None else MemoryHistoryStore()
         # The history grows with the traffic (every identifier of the retention): the change log
-        # carries it, so a worker keeps it loaded and a promotion need not read it whole.
-        self.logs_state_changes = self.state_in_redis
+        # carries it, so a worker keeps it loaded and a promotion need not read it whole. Not with
+        # external completion: its "processing" entries reach Redis outside the steps (see
+        # ``started``), so the log would miss them; a promotion reads that history whole.
+        self.logs_state_changes = self.state_in_redis and not self.external
+        # External completion on the cluster: called with (state key, entry) when a "processing"
+        # entry is recorded, before the message leaves for the downstream; it must not return
+        # before the entry is in Redis (it raises when it cannot be written).
+        self.started: Callable[[str, list], None] | None = None
+        # When a list: every Duplicate and In Doubt verdict is appended to it, as a journal entry.
+        self.journal: list[dict] | None = None
         # external completion only: message ID -> (key, started) of messages
         # sent to `new` and not reported completed, so completed() can take
         # the message ID; insertion order is time order, for O(1) expiry.
@@ -285,7 +300,7 @@ class HistoryNode(Node):
         if entry is None or entry.time <= cutoff:
             return self._run(msg, key, now, {})
         if entry.completed:
-            return [Emit(DUPLICATE, (msg,), {"reason": BOTH_ENTRIES if entry.processing else COMPLETED_ONLY})]
+            return self._verdict(DUPLICATE, msg, uuid, {"reason": BOTH_ENTRIES if entry.processing else COMPLETED_ONLY})
         return self._doubt(msg, uuid, NOT_COMPLETED, entry.time, now)
 
     def on_time(self, now: float) -> list[Emit]:
@@ -325,9 +340,24 @@ class HistoryNode(Node):
         is no open "processing" entry for it (unknown, expired, already
         completed, or superseded by a later run the resolver allowed).
         """
-        cutoff = self._expire(now)
         opened = self._open.pop(ident, None)
-        key = opened[0] if opened is not None else (self.trigger, ident)
+        return self._complete(opened[0] if opened is not None else (self.trigger, ident), opened, now)
+
+    def finished(self, msg: Msg, now: float) -> bool:
+        """The engine's report that ``msg``, sent to ``new``, left the flow downstream: record
+        "completed" as :meth:`completed` does. A message this process did not send (a master
+        promoted while it waited for a retry) is found by its UUID."""
+        opened = self._open.pop(msg.id, None)
+        if opened is not None:
+            return self._complete(opened[0], opened, now)
+        try:
+            uuid = self._identify(msg)
+        except BadInput:
+            return False
+        return len(uuid) <= MAX_UUID_LENGTH and self._complete((self.trigger, uuid), None, now)
+
+    def _complete(self, key: Key, opened: tuple[Key, float] | None, now: float) -> bool:
+        cutoff = self._expire(now)
         entry = self.store.get(key)
         if entry is None or entry.time <= cutoff or entry.completed or not entry.processing:
             return False
@@ -363,6 +393,8 @@ class HistoryNode(Node):
         """A New message: "processing" before it leaves, "completed" after the downstream."""
         self.store.put(key, PROCESSING, now)
         if self.external:
+            if self.started is not None:
+                self.started(key_text(key), [now, True, False])
             self._open[msg.id] = (key, now)
             self._open.move_to_end(msg.id)
         else:
@@ -371,22 +403,32 @@ class HistoryNode(Node):
 
     def _doubt(self, msg: Msg, uuid: str, reason: str, started: float | None, now: float) -> list[Emit]:
         if self.resolver is None:
-            return [Emit(IN_DOUBT, (msg,), {"reason": reason})]
+            return self._verdict(IN_DOUBT, msg, uuid, {"reason": reason})
         try:
             verdict = self.resolver(msg, Doubt(self.trigger, uuid, reason, started, now))
         except Exception as exc:  # user code: whatever it raises, the message must still leave
-            return [Emit(IN_DOUBT, (msg,), {"reason": f"resolver raised {type(exc).__name__}: {exc}", "doubt": reason})]
+            return [Emit(FAILURE, (msg,), {"reason": f"resolver raised {type(exc).__name__}: {exc}"[:500],
+                                           "doubt": reason})]
+        info = {"reason": reason, "resolver": verdict}
         if verdict == NEW:
-            info = {"reason": reason, "resolver": verdict}
             if len(uuid) > MAX_UUID_LENGTH:
                 # Too long to be a history key: not recorded, so the resolver
                 # stays the only guard for this UUID.
                 return [Emit(NEW, (msg,), info)]
             return self._run(msg, (self.trigger, uuid), now, info)
-        if verdict == DUPLICATE or verdict == IN_DOUBT:
-            return [Emit(verdict, (msg,), {"reason": reason, "resolver": verdict})]
-        return [Emit(IN_DOUBT, (msg,), {
-            "reason": f"resolver returned {verdict!r} (expected {NEW}, {DUPLICATE} or {IN_DOUBT})", "doubt": reason})]
+        if verdict == DUPLICATE:
+            if started is not None:  # recorded: the message is a Duplicate from now on, never In Doubt again
+                self.store.put((self.trigger, uuid), COMPLETED, started)
+            return self._verdict(DUPLICATE, msg, uuid, info)
+        return [Emit(FAILURE, (msg,), {
+            "reason": f"resolver returned {verdict!r} (expected {NEW} or {DUPLICATE})"[:500], "doubt": reason})]
+
+    def _verdict(self, outlink: str, msg: Msg, uuid: str, info: dict) -> list[Emit]:
+        """A Duplicate or In Doubt verdict, with its journal entry when a journal is kept."""
+        if self.journal is not None:
+            self.journal.append({"node": self.name, "id": msg.id, "uuid": uuid, "status": outlink,
+                                 "reason": info["reason"]})
+        return [Emit(outlink, (msg,), info)]
 
 
 def build(name: str, p: Params, store: HistoryStore | None = None) -> HistoryNode:

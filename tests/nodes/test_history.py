@@ -259,21 +259,57 @@ def test_resolver_new_for_a_too_long_uuid_is_not_recorded():
     assert len(node.store) == 0
 
 
-def test_resolver_in_doubt():
-    node = HistoryNode("guard", resolver=answering("in_doubt"))
-    assert route(node, m("m1", "x" * 97), 0.0) == ("in_doubt", {"reason": TOO_LONG, "resolver": "in_doubt"})
-
-
-def test_resolver_that_raises_or_answers_nonsense_sends_to_in_doubt():
+def test_resolver_that_raises_or_answers_neither_new_nor_duplicate_sends_to_failure():
     def broken(msg, doubt):
         raise RuntimeError("ledger down")
 
     node = HistoryNode("guard", resolver=broken)
     assert route(node, m("m1", "x" * 97), 0.0) == (
-        "in_doubt", {"reason": "resolver raised RuntimeError: ledger down", "doubt": TOO_LONG})
-    node = HistoryNode("guard", resolver=answering("maybe"))
-    assert route(node, m("m1", "x" * 97), 0.0) == (
-        "in_doubt", {"reason": "resolver returned 'maybe' (expected new, duplicate or in_doubt)", "doubt": TOO_LONG})
+        "failure", {"reason": "resolver raised RuntimeError: ledger down", "doubt": TOO_LONG})
+    for answer in ("maybe", "in_doubt", None):
+        node = HistoryNode("guard", resolver=answering(answer))
+        assert route(node, m("m1", "x" * 97), 0.0) == (
+            "failure", {"reason": f"resolver returned {answer!r} (expected new or duplicate)", "doubt": TOO_LONG})
+
+
+def test_a_duplicate_decision_is_recorded_so_the_message_is_not_in_doubt_again():
+    seen = []
+    node = HistoryNode("guard", completion="external", resolver=answering("duplicate", seen))
+    node.on_message(m("m1", "u1"), 0.0)
+    assert outlink(node, m("m2", "u1"), 1.0) == "duplicate"
+    assert route(node, m("m3", "u1"), 2.0) == ("duplicate", {"reason": BOTH_ENTRIES})
+    assert len(seen) == 1 and node.store.get(("guard", "u1")) == Entry(0.0, True, True)
+
+
+def test_every_duplicate_and_in_doubt_verdict_is_a_journal_entry():
+    node = HistoryNode("guard", completion="external")
+    node.journal = []
+    node.on_message(m("m1", "u1"), 0.0)
+    node.on_message(m("m2", "u1"), 1.0)
+    node.completed("m1", 2.0)
+    node.on_message(m("m3", "u1"), 3.0)
+    assert node.journal == [
+        {"node": "guard", "id": "m2", "uuid": "u1", "status": "in_doubt", "reason": NOT_COMPLETED},
+        {"node": "guard", "id": "m3", "uuid": "u1", "status": "duplicate", "reason": BOTH_ENTRIES}]
+
+
+def test_finished_completes_by_uuid_a_message_this_node_did_not_send():
+    sent = HistoryNode("guard", completion="external")
+    sent.on_message(m("m1", "u1"), 0.0)
+    node = HistoryNode("guard", completion="external")  # a new master, loaded from the first's state
+    node.load_state(sent.changed_state())
+    assert node.finished(Msg("m1", {"uuid": "u1"}), 1.0) is True
+    assert node.finished(Msg("m1", {"uuid": "u1"}), 1.5) is False  # completed already
+    assert route(node, m("m2", "u1"), 2.0) == ("duplicate", {"reason": BOTH_ENTRIES})
+
+
+def test_started_is_told_before_the_message_leaves_for_the_downstream():
+    node = HistoryNode("guard", completion="external")
+    told = []
+    node.started = lambda key, entry: told.append((key, entry))
+    node.on_message(m("m1", "u1"), 4.0)
+    node.on_message(m("m2", "u1"), 5.0)  # In Doubt: nothing started
+    assert told == [('["guard", "u1"]', [4.0, True, False])]
 
 
 def test_resolver_is_not_asked_about_new_or_duplicate_messages():
@@ -473,7 +509,8 @@ def test_every_message_leaves_once_through_a_known_outlink(messages, answer, com
         assert len(emits) == 1 and emits[0].msgs == (msg,)
         assert emits[0].outlink in node.outlinks
         bad = not isinstance(doc.get("uuid"), (str, type(None))) or (not doc.get("uuid") and not msg_id)
-        assert (emits[0].outlink == "failure") == bad
+        doubt_refused = answer in ("in_doubt", "junk", "raise") and emits[0].info.get("doubt") is not None
+        assert (emits[0].outlink == "failure") == (bad or doubt_refused)
         assert node.pending() == 0
 
 

@@ -139,6 +139,17 @@ def test_action_retries(evs, split):
     check(lambda: ActionNode("act", handler=handler, retry_interval=2.0, max_retries=2), evs, split)
 
 
+@settings(max_examples=100, deadline=None)
+@given(events, st.integers(0, 40))
+def test_action_suspends(evs, split):
+    def handler(msg):  # transient for type a until its retries are used up: the node suspends
+        if msg.doc["type"] == "a":
+            raise TransientError("busy")
+
+    check(lambda: ActionNode("act", handler=handler, retry_interval=2.0, max_retries=1,
+                             on_retry_failure="suspend", suspend_for=7.0), evs, split)
+
+
 def test_entries_name_what_changed_and_what_is_gone():
     node = AndJoin("j", ["a", "b"], activation_field="k", timeout=5.0)
     node.on_message(Msg("m1", {"type": "a", "k": 7}), 0.0)
