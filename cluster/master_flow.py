@@ -25,7 +25,10 @@ and it holds the message's whole effect, per node:
 - join: passed, discarded, joined or sent to ``nohit``/``failure``, or held
   in an open AND group (the group is a state entry with the message in it);
 - history: sent to ``new``, ``duplicate``, ``in_doubt`` or ``failure``, with
-  its history entry written in the same step;
+  its history entry written in the same step (with ``completion: external``
+  the "processing" entry is in Redis before the step is built on: written by
+  ``write_started`` before the handler downstream runs, so a master that
+  dies inside the handler leaves the message In Doubt, not New);
 - any node: an emission on a linked outlink is taken by the next node in the
   same step, so the rule applies again there.
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 from collections import Counter
 from contextlib import contextmanager
 from operator import itemgetter
@@ -56,9 +60,11 @@ from ..runtime.message import Message
 from ..runtime.positions import position_order
 from ..runtime.nodes.action import ActionNode
 from ..runtime.nodes.base import Emit
+from ..runtime.store.store_errors import Fenced, RedisUnavailable
 from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.store.step import SharedFields, Step
+from ..logs import event
 
 
 def outlink_streams(graph: FlowGraph, keys: FlowKeys) -> dict[tuple[str, str], str]:
@@ -78,6 +84,15 @@ def logged_nodes(graph: FlowGraph) -> tuple[str, ...]:
     """The flow's nodes whose state changes each step also writes to the change log (the
     history: state that grows with the traffic, kept warm by a worker, ``warm_state.py``)."""
     return tuple(name for name, node in graph.nodes.items() if node.logs_state_changes)
+
+
+log = logging.getLogger("twinflow.master")
+
+
+def guards_handlers(graph: FlowGraph) -> bool:
+    """Whether a history node with external completion guards a handler: its "processing"
+    entries must reach Redis before the handler runs (``MasterFlow.write_started``)."""
+    return any(getattr(node, "external", False) for node in graph.nodes.values())
 
 
 def not_on_cluster(graph: FlowGraph) -> list[str]:
@@ -149,6 +164,15 @@ class MasterFlow:
         self.version: int | None = None
         # Where committed steps' outputs are counted per stream (the peer's metrics), or None.
         self.left: Counter | None = None
+        # (node, state key, entry) -> None: writes a history's "processing" entry to Redis before
+        # the handler it guards runs (the master's session sets it; None: nothing is written).
+        self.write_started = None
+        self._journal: list[dict] = []  # this step's Duplicate and In Doubt verdicts
+        for name, node in graph.nodes.items():
+            if getattr(node, "external", False):
+                node.started = lambda key, entry, name=name: self._started(name, key, entry)
+            if hasattr(node, "journal"):
+                node.journal = self._journal
 
     @classmethod
     def load(cls, graph: FlowGraph, store: FlowStore, deadline_s: float | None = None) -> "MasterFlow":
@@ -169,6 +193,10 @@ class MasterFlow:
         """Record that ``step`` was committed: the mark moved to its own, if that is later."""
         if self.left is not None:  # one C-level pass per step (Counter over map), nothing per message in Python
             self.left.update(map(itemgetter(0), step.outputs))
+        for entry in step.journal:  # the journal: one log event per Duplicate and In Doubt, once committed
+            event(log, logging.INFO, "history_" + entry["status"], "history %s: message %r (uuid %r) is %s: %s",
+                  entry["node"], entry["id"], entry["uuid"], entry["status"], entry["reason"],
+                  flow=self.keys.flow, peer=self.peer_id, epoch=self._epoch, **entry)
         if step.mark and (self.mark is None or position_order(step.mark) > position_order(self.mark)):
             self.mark = step.mark
 
@@ -196,10 +224,11 @@ class MasterFlow:
             self._bodies[m.id] = m
             try:
                 self.engine.feed(m.msg(), now)
+            except (Fenced, RedisUnavailable):  # a "processing" entry could not be written: not the message's fault
+                self._reset()
+                raise
             except Exception as exc:  # noqa: BLE001 - bad input is data: one message never fails a batch
-                self._step = None
-                self._bodies.clear()
-                self._shared.clear()
+                self._reset()
                 raise MessageRefused(m, f"the flow could not take this message: {type(exc).__name__}: {exc}"[:500]) from exc
         step.mark = mark if mark is not None else (msgs[-1].position if msgs else None)
         return self._end()
@@ -222,10 +251,22 @@ class MasterFlow:
             self.version += 1  # the nodes now hold the state this step makes
         return self._step
 
+    def _reset(self) -> None:
+        self._step = None
+        self._bodies.clear()
+        self._shared.clear()
+        self._journal.clear()
+
+    def _started(self, node: str, key: str, entry: list) -> None:
+        if self.write_started is not None:
+            self.write_started(node, key, entry)
+
     def _end(self) -> Step:
         step, self._step = self._step, None
         self._bodies.clear()
         self._shared.clear()
+        step.journal = list(self._journal)
+        self._journal.clear()
         for name, node in self.graph.nodes.items():
             changed = node.changed_state()
             if changed:

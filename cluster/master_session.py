@@ -32,6 +32,16 @@ encode (found by running the failing step's messages one per step), goes to
 the failure stream with its reason, keyed by its uplink position, and the
 batch goes on without it.
 
+A handler guarded by a history with external completion (``guards_handlers``)
+runs only after its "processing" entry is in Redis (``FlowStore.record_started``,
+fenced by the term's epoch), so such a flow's session never builds a step
+while the one before is in flight (the entry must not land before an older
+step's write of the same entry), and never guesses (a guess found wrong
+builds the step again, and the messages whose handlers ran would come back
+In Doubt): it asks Redis which messages are processed first. A step built
+again for another reason (a message the flow refused, another writer) finds
+the messages whose handlers ran In Doubt, which is what they are.
+
 Overlap: while one step's COMMIT is in Redis (sent from a writer thread, see
 :func:`write_pool`), the session builds the next step on the flow. At most
 one write is in flight, and the next is sent only after it succeeded, so
@@ -59,7 +69,7 @@ from ..runtime.message import Message
 from ..runtime.store.flow_store import FlowStore, chunked
 from ..runtime.store.store_errors import Fenced, GuessWrong, RedisUnavailable
 from ..runtime.store.step import Step
-from .master_flow import MasterFlow, MessageRefused
+from .master_flow import MasterFlow, MessageRefused, guards_handlers
 from .uplink_rows import record_bad
 from .warm_state import WarmState
 
@@ -130,6 +140,7 @@ class MasterSession:
         if flow is not None:
             flow.left = self.left
         self.state_loads = 0  # whole-state loads from Redis
+        self.guarded = guards_handlers(graph)
         self._ended = threading.Event()
 
     # -- the session ------------------------------------------------------
@@ -153,7 +164,14 @@ class MasterSession:
                 flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
             flow.left = self.left
             self.flow = flow
+        if self.guarded:
+            flow.write_started = self._write_started
         return flow
+
+    def _write_started(self, node: str, key: str, entry: list) -> None:
+        spec = self.spec
+        self.store.record_started(self.epoch, node, key, entry, deadline_s=spec.write_lease,
+                                  replicas=spec.wait_replicas, replica_wait_ms=spec.replica_wait_ms)
 
     def drop(self) -> None:
         """Forget the flow (it may be ahead of or behind Redis): the next step loads it again."""
@@ -197,7 +215,7 @@ class MasterSession:
         flow held, if any, else asks Redis which messages are processed first."""
         out = Outcome()
         sent, rounds = 0, 0
-        guess = self.flow is not None
+        guess = self.flow is not None and not self.guarded
         while True:
             try:
                 out.rest = self._run_steps(out, msgs[sent:], last, guess, now)
@@ -267,6 +285,8 @@ class MasterSession:
                 at += len(chunk)
                 # The last chunk's step moves the mark past the whole batch (bad entries included).
                 mark = last if i == len(chunks) - 1 else chunk[-1].position
+                if self.guarded and not writing.settle():
+                    break
                 built = self._build(out, writing, fresh, mark, now)  # while the step before is in Redis
                 if built is None or not writing.settle():
                     break
@@ -303,7 +323,7 @@ class MasterSession:
                 if not self._record_failure(out, bad.msg, bad.reason):
                     return None
                 fresh = [m for m in fresh if m is not bad.msg]
-            except RedisUnavailable as exc:
+            except (Fenced, RedisUnavailable) as exc:  # a "processing" entry was refused or not written
                 self._refuse(out, exc)
                 return None
 

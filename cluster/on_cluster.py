@@ -28,6 +28,11 @@ def cluster_flow(graph: FlowGraph):
     if local:
         raise StartRefused(f"{graph.source}: these nodes keep their state in one process only so far and "
                            f"run in replay only: {', '.join(local)}")
+    for name, node in graph.nodes.items():
+        if getattr(node, "external", False) and "new" not in graph.links.get(name, {}):
+            raise StartRefused(f"{graph.source}: nodes.{name}: completion: external needs a node linked to its "
+                               f"'new' outlink (the handler it guards): on the cluster nothing else reports that "
+                               f"a message finished, so every one would come back In Doubt")
     return graph.cluster
 
 

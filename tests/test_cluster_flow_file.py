@@ -104,11 +104,13 @@ def test_a_flow_without_a_pair_runs_on_the_cluster_and_one_without_an_uplink_onl
         cluster_flow(replay_only)
 
 
-def test_nodes_whose_state_is_not_in_redis_yet_are_refused_by_run():
-    # A history node with external completion keeps its open runs in this process only.
-    g = parse_graph(GOOD.replace("input: act\n", "input: guard\n").replace(
-        "nodes:\n", "nodes:\n  guard: {type: history, completion: external, links: {new: act}}\n"))
-    with pytest.raises(StartRefused, match=r"guard \(history\)"):
+def test_external_completion_runs_on_the_cluster_only_with_a_handler_linked_to_new():
+    guarded = GOOD.replace("input: act\n", "input: guard\n")
+    g = parse_graph(guarded.replace("nodes:\n", "nodes:\n  guard: {type: history, completion: external, links: {new: act}}\n"))
+    assert cluster_flow(g) is g.cluster
+    g = parse_graph(guarded.replace("nodes:\n", "nodes:\n  guard: {type: history, completion: external, "
+                                                 "links: {duplicate: act}}\n"))
+    with pytest.raises(StartRefused, match=r"nodes.guard: completion: external needs a node linked to its 'new'"):
         cluster_flow(g)
 
 

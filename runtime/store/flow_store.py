@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import redis
 
-from ..json_text import loads
+from ..json_text import compact, loads
 from ..message import Message
 from ..positions import position_order
 from .change_log import ChangesRead, LogEntry, parse_entry
@@ -178,6 +178,21 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess):
                 raise StaleState(step.version, int(res[1]))
 
         self._write("commit", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms, refused=refused)
+
+    def record_started(self, epoch: int, node: str, key: str, entry: list, *, deadline_s: float | None = None,
+                       replicas: int = 0, replica_wait_ms: int = 1000) -> None:
+        """Write one state entry of ``node`` now, fenced by ``epoch`` (scripts.STARTED): a
+        history's "processing" entry, in Redis (on ``replicas`` replicas) before the handler it
+        guards runs. Raises Fenced (nothing written) or RedisUnavailable past ``deadline_s``."""
+        def write(pipe):
+            self._scripts["started"](keys=[self.keys.epoch, self.keys.state(node)], args=[epoch, key, compact(entry)],
+                                     client=pipe)
+
+        def refused(replies):
+            if int(replies[0][0]) == -1:
+                raise Fenced(epoch, int(replies[0][1]))
+
+        self._write("started", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms, refused=refused)
 
     def load_state_version(self, nodes: Iterable[str], deadline_s: float | None = None
                            ) -> tuple[dict[str, dict[str, Any]], str | None, int]:

@@ -394,7 +394,28 @@ def read_batch_rows(reply: list) -> list[tuple[str, bytes | None, int | None]]:
     return read_batch_result(reply)[0]
 
 
-ALL = {"raise_epoch": RAISE_EPOCH, "commit": COMMIT, "record_failure": RECORD_FAILURE,
+# STARTED: a history node's "processing" entry, written before the handler it guards runs
+# (completion: external), fenced like a COMMIT, and outside any step: the step that runs the
+# message writes the entry again, completed, with the same time. The state version is not
+# moved: the writer's own flow holds the entry already, and no other copy of this state is
+# kept warm (a history with external completion logs no changes).
+# KEYS[1] epoch key, KEYS[2] the node's state hash. ARGV[1] writer's epoch, ARGV[2] the
+# entry's key, ARGV[3] its value. Returns {-1, epoch in force} when the writer is stale
+# (nothing written), else {1}.
+STARTED = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local mine = tonumber(ARGV[1])
+if mine < cur then
+  return {-1, cur}
+end
+if mine > cur then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return {1}
+"""
+
+ALL = {"raise_epoch": RAISE_EPOCH, "commit": COMMIT, "started": STARTED, "record_failure": RECORD_FAILURE,
        "record_handled": RECORD_HANDLED, "read_batch": READ_BATCH, "trim_uplink": TRIM_UPLINK}
 
 

@@ -78,6 +78,8 @@ class Step:
     version: int | None = None   # the state version the step was computed from (None: not checked)
     # The nodes whose state changes go to the change log as well (empty: the flow keeps none).
     logged: tuple[str, ...] = ()
+    # The history's Duplicate and In Doubt verdicts, logged once the step is committed (not written).
+    journal: list[dict] = field(default_factory=list)
 
     def empty(self) -> bool:
         return self.mark is None and not self.ids and not self.outputs and not any(self.state.values())
