@@ -35,9 +35,14 @@ its result.
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,6 +54,7 @@ from ..testing.producers import DrillProducer, PacedProducer
 from ..testing import checker
 from ..testing.checker import check_outputs
 from ..testing.local_cluster import LocalCluster
+from . import guarded_drills
 from .report import timeline
 
 RTO_TARGET_S = 3.0
@@ -132,6 +138,23 @@ class Drill(FaultRecord):
 # -- the drills ------------------------------------------------------------------------------------
 def kill_master(d: Drill) -> None:
     d.wait_sent(0.4)
+    d.kill(d.master, d.worker)
+
+
+def kill_in_handler(d: Drill) -> None:
+    """The guarded flow (guarded_drills.py): SIGKILL the master while a handler call of its is
+    under way (a call begun, its order not booked), then let the worker take over."""
+    d.wait_sent(0.4)
+    ledger = Path(os.environ["TWINFLOW_LEDGER"])
+    pid = d.cluster.peers[d.master].pid
+
+    def inside() -> bool:
+        lines = (ledger / "calls.jsonl").read_text().splitlines() if (ledger / "calls.jsonl").exists() else []
+        last = json.loads(lines[-1]) if lines else None
+        return last is not None and last["pid"] == pid and not (ledger / "booked" / last["uuid"]).exists()
+
+    if not wait_for(inside, 60, 0.001):
+        raise RuntimeError(f"the master was never seen inside a handler call:\n{d.cluster.logs()}")
     d.kill(d.master, d.worker)
 
 
@@ -340,6 +363,7 @@ def redis_cluster_failover(d: Drill) -> None:
 
 DRILLS: dict[str, Callable[[Drill], None]] = {
     "kill-master": kill_master,
+    "kill-in-handler": kill_in_handler,
     "pause-master": pause_master,
     "escalation-cut": escalation_cut,
     "escalation-latency": escalation_latency,
@@ -354,6 +378,8 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "redis-failover": redis_failover,
     "redis-cluster-failover": redis_cluster_failover,
 }
+# The drills of a guarded handler: they run the guarded flow (guarded_drills.py), at its rate.
+GUARDED = {"kill-in-handler"}
 # The drills on a Redis with replicas, and which (see LocalCluster's redis_mode).
 REDIS_HA = {"redis-failover": "sentinel", "redis-cluster-failover": "cluster"}
 # The drills that run on a three-server ZooKeeper ensemble (the others on one server).
@@ -388,13 +414,19 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
     raised before anything starts, names the field)."""
     if name not in DRILLS:
         raise KeyError(f"unknown drill {name!r} (known: {', '.join(DRILLS)})")
+    workdir = Path(tempfile.mkdtemp(prefix="twinflow-cluster-"))
+    ledger = None
+    if name in GUARDED:
+        ledger = guarded_drills.prepare(workdir)  # the handler module next to the flow, before it is parsed
+        flow_text = flow_text or guarded_drills.GUARDED_FLOW.read_text()
+        sys.path.insert(0, str(workdir))
     source = messages_for(parse_graph(flow_text, "drill flow"), samples) if flow_text else CHAINED_MESSAGES
     flow_text = flow_text or CHAINED.read_text()
     if name in REDIS_HA and wait_replicas is None:
         wait_replicas = 1
     if wait_replicas is not None:
         flow_text = with_wait_replicas(flow_text, wait_replicas)
-    cluster = LocalCluster(flow="drill", text=flow_text, peers=("a", "b"), proxied=True,
+    cluster = LocalCluster(str(workdir), flow="drill", text=flow_text, peers=("a", "b"), proxied=True,
                            zk_members=3 if name in ON_ENSEMBLE else 1, redis_mode=REDIS_HA.get(name, "single"),
                            wait_replicas=wait_replicas or 0).start()
     try:
@@ -415,6 +447,9 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
                  settle_s, 0.5)
         result = check(cluster, producer.ids, drill.faults, kills_master=name in KILLS_MASTER)
         result.update(drill=name, seed=seed, messages=messages)
+        if ledger is not None:
+            result["ledger"] = guarded_drills.ledger_verdict(ledger)
+            result["passed"] = result["passed"] and guarded_drills.ledger_kept(result["ledger"])
         if name in REDIS_HA:
             result["wait_replicas"] = wait_replicas
             out = {m for entries in cluster.outputs().values() for e in entries for m in e.id.split("+")}

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--runs", type=int, default=1, help="run each drill this many times, seeds S, S+1, ...")
     dr.add_argument("--messages", type=int, default=10_000)
     dr.add_argument("--rate", type=float, default=None,
-                    help="messages per second the producer sends (default 1000; between hosts, the drill's own)")
+                    help="messages per second the producer sends (default 1000; 60 for the guarded-handler drills; between hosts, the drill's own)")
     dr.add_argument("--hosts", action="store_true",
                     help="a drill between the hosts of a fresh full lab (root): host-partition, "
                          "asymmetric-partition, host-crash, spark-worker-crash, rolling-restart, clock-skew, or all")

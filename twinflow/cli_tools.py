@@ -22,7 +22,7 @@ DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 # ... and these where a drill has them (the Redis failover drills, the drills between hosts).
 DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "rto_each_s", "max_gap_s", "stop_status",
                     "skew_s", "timeouts_after_failover", "timeout_error_ms_p50", "timeout_error_ms_min",
-                    "timeout_error_ms_max", "kept_logs", "lost_ids", "duplicated_ids", "error"]
+                    "timeout_error_ms_max", "kept_logs", "ledger", "lost_ids", "duplicated_ids", "error"]
 
 
 # -- services ----------------------------------------------------------------
@@ -106,7 +106,8 @@ def cmd_drill(args) -> int:
     if args.hosts:
         return cmd_host_drill(args)
     _need_extra("chaos", "toxiproxy", *(["matplotlib"] if args.report or args.name == "all" else []))
-    from twinflow.chaos.drills import DRILLS, IN_NETNS, run_drill
+    from twinflow.chaos import guarded_drills
+    from twinflow.chaos.drills import DRILLS, GUARDED, IN_NETNS, run_drill
     from twinflow.chaos.kernel_faults import KernelFaultsUnavailable, in_private_netns, netns_command
 
     names = list(DRILLS) if args.name == "all" else [args.name]
@@ -136,7 +137,8 @@ def cmd_drill(args) -> int:
         return EXIT_BAD_FLOW
 
     def run_one(name: str, seed: int, say) -> dict:
-        return run_drill(name, seed=seed, messages=args.messages, flow_text=flow_text, rate=args.rate or 1000.0,
+        rate = args.rate or (guarded_drills.RATE if name in GUARDED else 1000.0)
+        return run_drill(name, seed=seed, messages=args.messages, flow_text=flow_text, rate=rate,
                          say=say, wait_replicas=args.wait_replicas, samples=samples)
     return drill_series(args, names, run_one, lambda name, seed: f"twinflow drill {name} --seed {seed} "
                                                                   f"--messages {args.messages}")

@@ -102,3 +102,20 @@ def test_redis_failover_drill_loses_nothing_with_wait_replicas(drill, tmp_path):
     assert result["lost"] == 0 and result["duplicated"] == 0 and result["lost_in_uplink"] == 0, result
     assert result["rto_s"] is not None and result["rto_s"] < 30, result  # the flow went on after the failover
     assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])
+
+
+def test_kill_in_handler_leaves_every_order_booked_once(tmp_path):
+    """The guarded flow (examples/cluster-guarded.yaml): the master is killed inside a handler call;
+    the message comes back In Doubt on the promoted worker, whose resolver reads the ledger. Every
+    order is booked once, and no call is repeated except one the resolver sent to run again."""
+    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", "kill-in-handler", "--seed", "3",
+                        "--messages", "240", "--json"], capture_output=True, text=True, timeout=280)
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, (r.stdout[-2000:], r.stderr[-3000:])
+    result = lines[0]
+    assert result["lost"] == 0 and result["duplicated"] == 0, result
+    ledger = result["ledger"]
+    assert ledger["double_booked"] == 0 and ledger["unbooked"] == 0 and ledger["repeated_calls"] == 0, result
+    # The kill landed inside a call: its message was In Doubt and decided by the resolver.
+    assert ledger["in_doubt_run_again"] + ledger["in_doubt_duplicate"] >= 1, result
+    assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])

@@ -1,0 +1,69 @@
+"""The drills of a guarded handler: a flow whose handler a history with external completion guards
+(``examples/cluster-guarded.yaml``, its handler and resolver in ``examples/ledger_handlers.py``).
+
+The handler books each order in a ledger folder that both peers share (see
+``ledger_handlers``), taking ``DELAY_MS`` per call, so that a master killed
+mid-stream is almost always inside a call. On top of the checker's promises
+(nothing lost or duplicated on the outlinks), the ledger is checked
+(:func:`ledger_verdict`):
+
+- ``double_booked``: orders booked twice (a handler's effect repeated);
+- ``unbooked``: orders whose handler was called but never booked, although
+  the message left the flow (a call lost to a kill must have been repeated,
+  through In Doubt and a New decision);
+- ``repeated_calls``: calls beyond the first for an order, less the In Doubt
+  messages the resolver sent to run again (``resolved.jsonl``): a handler
+  called twice outside In Doubt.
+
+A drill of this module passes only with all three at 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+GUARDED_FLOW = EXAMPLES / "cluster-guarded.yaml"
+HANDLERS = EXAMPLES / "ledger_handlers.py"
+DELAY_MS = 10  # each handler call's own work: the kill lands inside a call
+RATE = 60.0    # messages per second: what one master with that handler keeps up with, on two cores
+
+
+def prepare(workdir: Path, delay_ms: int = DELAY_MS) -> Path:
+    """Put the handler module next to the flow file in ``workdir`` and make the ledger; the peers
+    started after this (they inherit the environment) book into it. Returns the ledger folder."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HANDLERS, workdir / HANDLERS.name)
+    ledger = workdir / "ledger"
+    (ledger / "booked").mkdir(parents=True, exist_ok=True)
+    (ledger / "refuse").mkdir(exist_ok=True)
+    os.environ["TWINFLOW_LEDGER"] = str(ledger)
+    os.environ["TWINFLOW_LEDGER_DELAY_MS"] = str(delay_ms)
+    return ledger
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def ledger_verdict(ledger: Path) -> dict:
+    """The ledger's counts (see the module doc)."""
+    calls = Counter(c["uuid"] for c in _lines(ledger / "calls.jsonl"))
+    run_again = Counter(r["uuid"] for r in _lines(ledger / "resolved.jsonl") if r["verdict"] == "new")
+    booked = {p.name for p in (ledger / "booked").iterdir()} if (ledger / "booked").exists() else set()
+    double = len(_lines(ledger / "double.jsonl"))
+    unbooked = sorted(u for u in calls if u.replace("/", "_") not in booked)
+    repeated = sum(max(0, n - 1 - run_again[u]) for u, n in calls.items())
+    return {"calls": sum(calls.values()), "booked": len(booked), "in_doubt_run_again": sum(run_again.values()),
+            "in_doubt_duplicate": sum(1 for r in _lines(ledger / "resolved.jsonl") if r["verdict"] == "duplicate"),
+            "double_booked": double, "unbooked": len(unbooked), "repeated_calls": repeated}
+
+
+def ledger_kept(verdict: dict) -> bool:
+    return verdict["double_booked"] == 0 and verdict["unbooked"] == 0 and verdict["repeated_calls"] == 0
