@@ -1,7 +1,11 @@
-"""Backpressure and pace: how fast a member's reader may plan batches.
+"""Backpressure, suspension and pace: whether and how fast a member's reader may plan batches.
 
 Under failure (promise 5): a worker stops reading while another batch could
-take its bake past ``max_pending``; it never drops. A worker plans at most
+take its bake past ``max_pending``; it never drops. Every member stops
+reading while the flow is suspended (an action node's retries used up with
+``on_retry_failure: suspend``, as ``tf:{F}:suspended`` says): what it has
+not read waits in the uplink, and what the master read meanwhile waits in
+the node, behind the suspended message. A worker plans at most
 every ``worker_pace_ms`` and reads ``worker_read_behind_ms`` behind; a master reads
 everything as fast as it can (a read behind only delays what a worker bakes: whatever it has
 not read when promoted, it reads then as master).
@@ -28,7 +32,9 @@ class ReaderControl:
     def __init__(self, member: "FlowMember"):
         self.m = member
         self.reading: "UplinkReading | None" = None  # the peer's, once it runs
-        self.held = False  # backpressure: the reader plans no batch
+        self.held = False  # the reader plans no batch (backpressure, or the flow is suspended)
+        self.pressure = False  # backpressure: the bake could pass max_pending
+        self.suspended: dict[str, dict] = {}  # the flow's suspensions: action node -> id, reason, since, until
         self._paced_ms: tuple[int, int] | None = None  # the pace and read-behind as last set
         self._pace_lock = threading.Lock()  # the timer and a promotion both set the pace
 
@@ -51,19 +57,39 @@ class ReaderControl:
                 self.reading.pace(m, *want)
                 self._paced_ms = want
 
+    def set_suspended(self, held: dict[str, dict]) -> None:
+        """The flow's suspensions as Redis (or the master's own step) says: hold while there is one."""
+        m = self.m
+        with m.state.lock:
+            if held == self.suspended:
+                return
+            was, self.suspended = self.suspended, dict(held)
+        for node, s in held.items():
+            if was.get(node, {}).get("since") != s["since"]:
+                m.event(logging.WARNING, "suspended", "%s: node %s suspended the flow on message %r until %.3f: %s",
+                        m.cfg.peer_id, node, s["id"], s["until"], s["reason"], node=node, id=s["id"],
+                        until=s["until"], reason=s["reason"])
+        for node in set(was) - set(held):
+            m.event(logging.INFO, "resumed", "%s: node %s no longer suspends the flow", m.cfg.peer_id, node, node=node)
+        self.update_hold()
+
     def update_hold(self) -> None:
-        """Hold the reader while the next batch might take the bake past max_pending."""
+        """Hold the reader while the next batch might take the bake past max_pending, or while the
+        flow is suspended."""
         m = self.m
         max_pending = m.spec.max_pending
         with m.state.lock:
             pending = m.claims.sort.pending
-            want = m.state.role != MASTER and pending + m.intake.max_read_size > max_pending
-            if want == self.held:
-                return
+            pressure = m.state.role != MASTER and pending + m.intake.max_read_size > max_pending
+            want = pressure or bool(self.suspended)
+            was_pressure, self.pressure = self.pressure, pressure
+            changed = want != self.held
             self.held = want
-        if self.reading is not None:
+        if changed and self.reading is not None:
             self.reading.hold(m, want)
-        if want:
+        if pressure == was_pressure:
+            return
+        if pressure:
             m.event(logging.WARNING, "backpressure_on",
                     "%s holds %d messages (max_pending %d): stopped reading until claims free room",
                     m.cfg.peer_id, pending, max_pending, pending=pending, max_pending=max_pending)

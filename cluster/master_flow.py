@@ -168,6 +168,10 @@ class MasterFlow:
         # the handler it guards runs (the master's session sets it; None: nothing is written).
         self.write_started = None
         self._journal: list[dict] = []  # this step's Duplicate and In Doubt verdicts
+        # The action nodes that can suspend, and their suspensions as Redis holds them (the
+        # state loaded holds them too): a step writes a suspension that began or ended.
+        self._suspending = [node for node in graph.nodes.values() if getattr(node, "suspends", False)]
+        self._suspensions = self.suspensions()
         for name, node in graph.nodes.items():
             if getattr(node, "external", False):
                 node.started = lambda key, entry, name=name: self._started(name, key, entry)
@@ -233,11 +237,24 @@ class MasterFlow:
         step.mark = mark if mark is not None else (msgs[-1].position if msgs else None)
         return self._end()
 
-    def fire(self, now: float, epoch: int) -> Step:
-        """Fire every deadline at or before ``now`` (no new message)."""
+    def fire(self, now: float, epoch: int, resume: bool = False) -> Step:
+        """Fire every deadline at or before ``now`` (no new message); with ``resume``, every
+        suspended action node resumes at ``now`` first (``twinflow resume``)."""
         self._begin(epoch)
+        if resume:
+            for node in self._suspending:
+                node.resume(now)
         self.engine.advance(now)
         return self._end()
+
+    def suspensions(self) -> dict[str, dict]:
+        """The suspended action nodes: name -> id, reason, since, until (see ActionNode.suspension)."""
+        out = {}
+        for node in self._suspending:
+            s = node.suspension()
+            if s is not None:
+                out[node.name] = {k: s[k] for k in ("id", "reason", "since", "until")}
+        return out
 
     def next_deadline(self) -> float | None:
         return self.engine.next_deadline()
@@ -267,6 +284,13 @@ class MasterFlow:
         self._shared.clear()
         step.journal = list(self._journal)
         self._journal.clear()
+        if self._suspending:
+            now = self.suspensions()
+            if now != self._suspensions:
+                for name in set(now) | set(self._suspensions):
+                    if now.get(name) != self._suspensions.get(name):
+                        step.suspended[name] = compact(now[name]) if name in now else None
+                self._suspensions = now
         for name, node in self.graph.nodes.items():
             changed = node.changed_state()
             if changed:

@@ -182,8 +182,9 @@ class MasterSession:
         return flow.next_deadline() if flow is not None else None
 
     # -- firing -----------------------------------------------------------
-    def fire(self, now: float, guess: bool = False) -> Outcome:
-        """Fire the flow's deadlines due at ``now`` in one step and COMMIT it. With ``guess``,
+    def fire(self, now: float, guess: bool = False, resume: bool = False) -> Outcome:
+        """Fire the flow's deadlines due at ``now`` in one step and COMMIT it (with ``resume``, its
+        suspended action nodes resume first: MasterFlow.fire). With ``guess``,
         a flow held from before fires only if Redis's mark is the one it holds; a step refused
         as built on state behind Redis is built again on the state Redis holds."""
         out = Outcome()
@@ -192,7 +193,7 @@ class MasterSession:
                 return out
             try:
                 flow = self.load()
-                step = flow.fire(now, self.epoch)
+                step = flow.fire(now, self.epoch, resume)
                 self._write(flow, step, guess).result()
             except (Fenced, RedisUnavailable) as exc:
                 self._refuse(out, exc)

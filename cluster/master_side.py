@@ -118,7 +118,10 @@ class MasterSide:
                 # deadlines would wait for the next batch, and after the last batch fire never.
                 flow = session.load()
             due = flow.next_deadline() if flow is not None else self.remote_deadline
-            if due is None or due > now:
+            resume = False
+            if flow is not None and (held := flow.suspensions()):
+                resume = m.store.resume_requested(held, deadline_s=0)  # twinflow resume
+            if not resume and (due is None or due > now):
                 return due
             if flow is None:
                 # Executors run this shard's batches and fire what is due first, on a flow they
@@ -128,9 +131,10 @@ class MasterSide:
                     return now + REMOTE_FIRE_AFTER_S - quiet
             # A flow dropped is loaded again by the session.
             if m.state.role == MASTER and m.leadership.may_write() and session is not None and session.active:
-                self.lateness.observe(max(0.0, now - due))  # once per firing round: the earliest due
+                if due is not None and due <= now:
+                    self.lateness.observe(now - due)  # once per firing round: the earliest due
                 self.kept_by_executors = False  # fired here, on a flow held or loaded here
-                self._act_on(session.fire(now))
+                self._act_on(session.fire(now, resume=resume))
             flow = self.flow
             return flow.next_deadline() if flow is not None else None
         finally:
@@ -203,3 +207,4 @@ class MasterSide:
         flow = self.flow
         if flow is not None:
             self.open_in_flow = flow.pending()
+            self.m.reader.set_suspended(flow.suspensions())  # the master knows first: hold at once

@@ -274,7 +274,8 @@ class FlowMember:
                 "unclaimed": sort.unclaimed,
                 "nohit": sort.nohit,
                 "rule_pending": sort.rule_pending(),  # RULE_PEND: held per ruleset of the claim pair
-                "backpressure": int(self.reader.held),
+                "backpressure": int(self.reader.pressure),
+                "suspended": dict(self.reader.suspended),
                 "holding": int(self.intake.holding),
                 "grpc_address": self.address,
             }

@@ -140,6 +140,11 @@ class PeerCollector(Collector):
             ("twinflow_epoch", "epoch", "The master's epoch (a worker: the newest it has seen)"),
         ):
             family(GaugeMetricFamily, name, doc).add_metric(who, int(s.get(key) or 0))
+        suspended = family(GaugeMetricFamily, "twinflow_suspended",
+                           "1 while an action node suspended the flow (retries used up, on_retry_failure: "
+                           "suspend): every peer stops reading until it resumes", ["node", "reason"])
+        for node, held in sorted((s.get("suspended") or {}).items()):
+            suspended.add_metric(who + [node, str(held.get("reason", ""))[:200]], 1)
         rule_pending = s.get("rule_pending") or {}
         if rule_pending:
             gauge = family(GaugeMetricFamily, "twinflow_rule_pending",

@@ -17,6 +17,7 @@ from twinflow import __version__
 from twinflow.cli_common import LAB_DIR, SERVICES_STATE
 from twinflow.cli_lab import cmd_lab
 from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
+from twinflow.cli_resume import cmd_resume
 from twinflow.cli_tools import (cmd_bench, cmd_certs, cmd_demo, cmd_drill, cmd_proxy, cmd_replay, cmd_services,
                                 cmd_simulate)
 
@@ -111,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--timeout", type=float, default=5.0)
         _security_flags(s, serving=False)
         s.set_defaults(fn=fn)
+
+    rs = sub.add_parser("resume", help="end a flow's suspensions now (an action's retries used up, "
+                                       "on_retry_failure: suspend)")
+    rs.add_argument("flow", help="flow file (YAML)")
+    rs.add_argument("--redis")
+    rs.add_argument("--by", help="who resumes it, for the log (default: this user)")
+    rs.set_defaults(fn=cmd_resume)
 
     rp = sub.add_parser("replay", help="run a flow over recorded events on a virtual clock")
     rp.add_argument("flow", help="flow file (YAML)")

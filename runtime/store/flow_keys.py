@@ -79,6 +79,17 @@ class FlowKeys:
         """The marker of one durable write, written with it before its ``WAIT`` (``durable.py``)."""
         return self.prefix + "sync:" + call
 
+    @property
+    def suspended(self) -> str:
+        """The flow's suspensions: action node -> JSON (id, reason, since, until), written by the
+        COMMIT of the step that suspended it, removed by the one that resumed it."""
+        return self.prefix + "suspended"
+
+    @property
+    def resume(self) -> str:
+        """An operator's request to end the suspensions it names (``twinflow resume``)."""
+        return self.prefix + "resume"
+
     def state(self, node: str) -> str:
         """The hash of a flow node's state entries (key -> JSON)."""
         return self.prefix + "state:" + node

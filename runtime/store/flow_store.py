@@ -5,7 +5,7 @@ Every key of flow ``F`` starts with ``tf:{F}:`` (one hash slot per flow).
 :class:`FlowStore` is built from parts: every call goes through the retrying call of
 ``redis_calls.py`` (waiting, deadlines, following the flow's primary), every write that must
 survive a Redis failover through the durable write of ``durable.py``, the uplink is
-``uplink_access.py``, and this module holds the rest: start-up checks, epochs, the master's
+``uplink_access.py``, a flow's suspensions ``suspensions.py``, and this module holds the rest: start-up checks, epochs, the master's
 fenced step, the ID cache and read positions, failure records and peer status. What its
 calls raise is in ``store_errors.py``.
 
@@ -38,6 +38,7 @@ from .flow_keys import FlowKeys
 from .durable import DurableWrites
 from .redis_calls import DEFAULT_CALL_DEADLINE_S, RedisCalls
 from .store_errors import Fenced, GuessWrong, StaleState
+from .suspensions import Suspensions
 from .uplink_access import UplinkAccess
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def chunked(messages: list[Message], max_count: int = DELIVER_MAX_MESSAGES,
         yield chunk
 
 
-class FlowStore(RedisCalls, DurableWrites, UplinkAccess):
+class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
     """Typed, retrying access to one flow's Redis state."""
 
     def __init__(

@@ -78,11 +78,14 @@ class Step:
     version: int | None = None   # the state version the step was computed from (None: not checked)
     # The nodes whose state changes go to the change log as well (empty: the flow keeps none).
     logged: tuple[str, ...] = ()
+    # Action nodes whose suspension the step began (-> its record as JSON text) or ended (-> None).
+    suspended: dict[str, str | None] = field(default_factory=dict)
     # The history's Duplicate and In Doubt verdicts, logged once the step is committed (not written).
     journal: list[dict] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return self.mark is None and not self.ids and not self.outputs and not any(self.state.values())
+        return (self.mark is None and not self.ids and not self.outputs and not any(self.state.values())
+                and not self.suspended)
 
     def script_call(self, epoch: int, keys: FlowKeys, id_ttl: int, token: str,
                     guess: tuple[str | None] | None = None) -> tuple[list[str], list]:
@@ -138,6 +141,14 @@ class Step:
             for at in range(0, len(gone), _HASH_FIELDS):
                 chunk = gone[at:at + _HASH_FIELDS]
                 args += ["E", k, len(chunk), *chunk]
+        if self.suspended:
+            k = key(keys.suspended)
+            began = [x for node, record in self.suspended.items() if record is not None for x in (node, record)]
+            ended = [node for node, record in self.suspended.items() if record is None]
+            if began:
+                args += ["M", k, len(began) // 2, *began]
+            if ended:
+                args += ["E", k, len(ended), *ended]
         if self.logged:
             # Every step, changes or not: the log's versions then run without a gap.
             fields = ["t", token]
