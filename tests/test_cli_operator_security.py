@@ -1,7 +1,7 @@
 """The gRPC options of the operator commands (``status``, ``handover``): each flag over its
 ``TWINFLOW_*`` variable over the flow file's ``security`` section; a client certificate and its
-key taken whole from one place, half a pair refused with exit 2 naming the option; and the two
-helpers a new command reuses. No server is started: the settings are read, not used (the calls
+key taken whole from one place, half a pair refused with exit 2 naming the option; only the
+tokens the command sends read; and the two helpers a new command reuses. No server is started: the settings are read, not used (the calls
 over mutual TLS are in tests/cluster/test_secure_cluster.py)."""
 
 import argparse
@@ -26,7 +26,7 @@ nodes:
   sort: {type: sort, pairs_with: deliver, key: seq, bake_time: 2}
 security:
   tls: {cert: peer.pem, key: peer-key.pem, ca: ca.pem, mutual: true, server_name: peer.example}
-  tokens: {admin: "env:TF_OPS_FILE_TOKEN", ingest: "env:TF_OPS_FILE_TOKEN"}
+  tokens: {admin: "env:TF_OPS_FILE_TOKEN", ingest: "env:TF_OPS_FILE_TOKEN", escalation: "env:TF_OPS_PEERS_ONLY"}
 """
 
 
@@ -47,8 +47,9 @@ def pki(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def environment(monkeypatch):
-    """No operator variable from the shell; the tokens the references name; GRPC_VERBOSITY put back."""
-    for name in (*OPERATOR_ENV.values(), "GRPC_VERBOSITY"):
+    """No operator variable from the shell; the tokens the references name, but the escalation token
+    only the peers have; GRPC_VERBOSITY put back."""
+    for name in (*OPERATOR_ENV.values(), "GRPC_VERBOSITY", "TF_OPS_PEERS_ONLY"):
         monkeypatch.setenv(name, "")  # so that the variable is put back as it was, even when unset
         monkeypatch.delenv(name)
     monkeypatch.setenv("TF_OPS_FILE_TOKEN", "from-the-file")
@@ -74,8 +75,8 @@ def test_without_flags_or_variables_the_flow_file_says(pki):
     assert os.environ["GRPC_VERBOSITY"] == "ERROR"  # the gRPC core's handshake lines left out
     assert (sec.tls.cert, sec.tls.key, sec.tls.ca) == (str(pki / "peer.pem"), str(pki / "peer-key.pem"),
                                                        str(pki / "ca.pem"))
-    assert sec.tls.server_name == "peer.example" and sec.tokens == {"admin": "from-the-file",
-                                                                    "ingest": "from-the-file"}
+    # Only the token the command sends is read: the escalation token's variable is not set here.
+    assert sec.tls.server_name == "peer.example" and sec.tokens == {"admin": "from-the-file"}
 
 
 @pytest.mark.parametrize("command", ["status", "handover"])
@@ -84,21 +85,18 @@ def test_a_flag_wins_over_its_variable_and_the_variable_over_the_flow_file(pki, 
     environment.setenv("TWINFLOW_TLS_KEY", str(pki / "operator-key.pem"))
     environment.setenv("TWINFLOW_TLS_CA", str(pki / "other-ca.pem"))
     environment.setenv("TWINFLOW_TLS_SERVER_NAME", "env.example")
-    environment.setenv("TWINFLOW_TOKEN", "admin=env:TF_OPS_ENV_TOKEN, escalation=env:TF_OPS_ENV_TOKEN")
+    environment.setenv("TWINFLOW_TOKEN", "admin=env:TF_OPS_ENV_TOKEN, ingest=env:TF_OPS_ENV_TOKEN")
     from_env = security(pki, command=command)
     assert (from_env.tls.cert, from_env.tls.key) == (str(pki / "operator.pem"), str(pki / "operator-key.pem"))
     assert (from_env.tls.ca, from_env.tls.server_name) == (str(pki / "other-ca.pem"), "env.example")
-    # Tokens per scope: the variable's over the file's, the file's where the variable names none.
-    assert from_env.tokens == {"admin": "from-the-environment", "escalation": "from-the-environment",
-                               "ingest": "from-the-file"}
+    assert from_env.tokens == {"admin": "from-the-environment"}
 
     from_flags = security(pki, "--tls-cert", str(pki / "spare.pem"), "--tls-key", str(pki / "spare-key.pem"),
                           "--tls-ca", str(pki / "ca.pem"), "--tls-server-name", "flag.example",
                           "--token", "admin=env:TF_OPS_FLAG_TOKEN", command=command)
     assert (from_flags.tls.cert, from_flags.tls.key) == (str(pki / "spare.pem"), str(pki / "spare-key.pem"))
     assert (from_flags.tls.ca, from_flags.tls.server_name) == (str(pki / "ca.pem"), "flag.example")
-    assert from_flags.tokens == {"admin": "from-the-flag", "escalation": "from-the-environment",
-                                 "ingest": "from-the-file"}
+    assert from_flags.tokens == {"admin": "from-the-flag"}
 
 
 @pytest.mark.parametrize("argv, env, says", [
@@ -147,6 +145,7 @@ def test_a_certificate_that_cannot_be_read_is_named_before_any_call(pki, capsys)
 
 
 def test_run_keeps_its_serving_flags_and_reads_no_operator_variable(pki, environment):
+    environment.setenv("TF_OPS_PEERS_ONLY", "escalation-token")  # a peer reads every scope's token
     environment.setenv("TWINFLOW_TLS_CERT", str(pki / "operator.pem"))
     environment.setenv("TWINFLOW_TLS_KEY", str(pki / "operator-key.pem"))
     environment.setenv("TWINFLOW_TOKEN", "admin=env:TF_OPS_ENV_TOKEN")
@@ -154,7 +153,7 @@ def test_run_keeps_its_serving_flags_and_reads_no_operator_variable(pki, environ
                                       "--insecure", "--token", "ingest=env:TF_OPS_FLAG_TOKEN"])
     sec = _grpc_security(args, _load_flow(args.flow))
     assert sec.tls.cert == str(pki / "peer.pem") and sec.tls.mutual and sec.insecure
-    assert sec.tokens == {"admin": "from-the-file", "ingest": "from-the-flag"}
+    assert sec.tokens == {"admin": "from-the-file", "ingest": "from-the-flag", "escalation": "escalation-token"}
 
 
 def test_a_new_command_reuses_the_two_helpers(pki, environment):
@@ -163,13 +162,16 @@ def test_a_new_command_reuses_the_two_helpers(pki, environment):
     sub = parser.add_subparsers(dest="command", required=True)
     later = sub.add_parser("later")
     later.add_argument("flow")
-    operator_security_flags(later)
+    operator_security_flags(later, scopes=("admin", "ingest"))  # it calls Admin and Ingest
     assert "TWINFLOW_TLS_CERT" in later.format_help() and "--tls-mutual" not in later.format_help()
+    assert "the admin and ingest token this command sends" in " ".join(later.format_help().split())
     environment.setenv("TWINFLOW_TOKEN", "admin=env:TF_OPS_ENV_TOKEN")
     args = parser.parse_args(["later", str(pki / "flow.yaml"), "--tls-cert", str(pki / "operator.pem"),
                               "--tls-key", str(pki / "operator-key.pem")])
     sec = _grpc_security(args, _load_flow(args.flow))
-    assert sec.tls.cert == str(pki / "operator.pem") and sec.tokens["admin"] == "from-the-environment"
+    assert sec.tls.cert == str(pki / "operator.pem")
+    # Tokens per scope: the variable's over the file's, the file's where the variable names none.
+    assert sec.tokens == {"admin": "from-the-environment", "ingest": "from-the-file"}
 
 
 class _Refused(Exception):

@@ -86,11 +86,13 @@ OPERATOR_ENV = {
 }
 
 
-def operator_security_flags(parser) -> None:
+def operator_security_flags(parser, scopes: tuple[str, ...] = ("admin",)) -> None:
     """Add the gRPC options of a command that calls the peers as an operator to ``parser`` (an
     argparse parser or subparser): ``--tls-cert``/``--tls-key`` (the operator's client certificate,
     for peers with mutual TLS), ``--tls-ca``, ``--tls-server-name`` and ``--token``, each also read
-    from its variable in :data:`OPERATOR_ENV`. :func:`_grpc_security` turns them into the settings."""
+    from its variable in :data:`OPERATOR_ENV`. :func:`_grpc_security` turns them into the settings,
+    reading the tokens of ``scopes`` only (the services the command calls; the Admin service's by
+    default), so that an operator needs no peer's escalation or ingest token."""
     g = parser.add_argument_group(
         "gRPC security (each flag over its TWINFLOW_* variable, both over the flow file's security section)")
     g.add_argument("--tls-cert", metavar="PEM",
@@ -102,9 +104,10 @@ def operator_security_flags(parser) -> None:
                    help="the name to check in a peer's certificate when it is not the host dialled "
                         "(env TWINFLOW_TLS_SERVER_NAME)")
     g.add_argument("--token", action="append", metavar="SCOPE=REF",
-                   help="a token for ingest, escalation or admin, named as file:PATH or env:NAME (never the "
-                        "token itself); repeatable (env TWINFLOW_TOKEN: SCOPE=REF, comma-separated)")
-    parser.set_defaults(operator_env=True)
+                   help=f"the {' and '.join(scopes)} token this command sends, named as file:PATH or env:NAME "
+                        f"(never the token itself), e.g. {scopes[0]}=file:PATH; repeatable (env TWINFLOW_TOKEN: "
+                        f"SCOPE=REF, comma-separated)")
+    parser.set_defaults(operator_scopes=tuple(scopes))
 
 
 def _token_refs(pairs: list[str], source: str) -> dict:
@@ -149,10 +152,11 @@ def _operator_settings(args) -> dict:
 def _grpc_security(args, graph):
     """The flow file's ``security`` section with the command line's TLS and token settings over it
     (for an operator command, :func:`operator_security_flags`: with the ``TWINFLOW_*`` variables
-    between the two, and its TLS files read now); exits EXIT_BAD_FLOW naming the file or setting
+    between the two, only its scopes' tokens, and its TLS files read now); exits EXIT_BAD_FLOW naming the file or setting
     that cannot be used (never a secret's value)."""
-    if getattr(args, "operator_env", False):
-        settings = _operator_settings(args)
+    scopes = getattr(args, "operator_scopes", None)
+    if scopes:
+        settings = {**_operator_settings(args), "scopes": scopes}
         # The gRPC core's own lines on a failed TLS handshake would come before the one that says why.
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     else:
@@ -166,7 +170,7 @@ def _grpc_security(args, graph):
         security = security_from(graph.cluster.security if graph.cluster else None,
                                  mutual=getattr(args, "tls_mutual", False),
                                  insecure=getattr(args, "insecure", False), **settings)
-        if security.tls is not None and getattr(args, "operator_env", False):
+        if security.tls is not None and scopes:
             security.tls.channel_credentials()  # a file that cannot be read, named before any call
         return security
     except (SecurityConfigError, SecretError) as exc:
