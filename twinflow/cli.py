@@ -14,7 +14,7 @@ import signal
 import sys
 
 from twinflow import __version__
-from twinflow.cli_common import LAB_DIR, SERVICES_STATE
+from twinflow.cli_common import LAB_DIR, SERVICES_STATE, operator_security_flags
 from twinflow.cli_lab import cmd_lab
 from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
 from twinflow.cli_resume import cmd_resume
@@ -42,16 +42,20 @@ class _OldName(argparse.Action):
 
 
 def _security_flags(parser, serving: bool) -> None:
+    """``run``'s gRPC options (``serving``: its server's certificate, mutual TLS, --insecure), or
+    an operator command's, :func:`~twinflow.cli_common.operator_security_flags`."""
+    if not serving:
+        operator_security_flags(parser)
+        return
     g = parser.add_argument_group("gRPC security (over the flow file's security section)")
-    if serving:
-        g.add_argument("--tls-cert", metavar="PEM", help="this peer's certificate (its gRPC server; and its "
-                                                          "client certificate with --tls-mutual)")
-        g.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
-        g.add_argument("--tls-mutual", action="store_true", help="ask for and check client certificates "
-                                                                 "signed by --tls-ca (peer to peer)")
-        g.add_argument("--insecure", action="store_true",
-                       help="serve a non-loopback --listen without TLS and tokens (warned at start and "
-                            "every minute)")
+    g.add_argument("--tls-cert", metavar="PEM", help="this peer's certificate (its gRPC server; and its "
+                                                      "client certificate with --tls-mutual)")
+    g.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    g.add_argument("--tls-mutual", action="store_true", help="ask for and check client certificates "
+                                                             "signed by --tls-ca (peer to peer)")
+    g.add_argument("--insecure", action="store_true",
+                   help="serve a non-loopback --listen without TLS and tokens (warned at start and "
+                        "every minute)")
     g.add_argument("--tls-ca", metavar="PEM", help="the CA that signed the peers' certificates")
     g.add_argument("--tls-server-name", metavar="NAME", help="the name to check in a peer's certificate "
                                                              "when it is not the host dialled")
@@ -110,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--node", dest="peer", action=_OldName, new="--peer", append=True)
         else:
             s.add_argument("--timeout", type=float, default=5.0)
-        _security_flags(s, serving=False)
+        operator_security_flags(s)
         s.set_defaults(fn=fn)
 
     rs = sub.add_parser("resume", help="end a flow's suspensions now (an action's retries used up, "

@@ -13,8 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
-from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, _address,
-                                 _grpc_security, _load_flow, _spark_conf, _table)
+from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, _address, _grpc_failure, _grpc_security,
+                                 _load_flow, _operator_settings, _spark_conf, _table)
 
 STATUS_COLUMNS = ["peer_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
                   "delivered", "failed", "unclaimed", "backpressure", "redis", "grpc_address", "rule_pending"]
@@ -110,6 +110,7 @@ def cmd_status(args) -> int:
     from twinflow.runtime.store.store_errors import RedisUnavailable
     from twinflow.secrets import redact_text, redact_url
 
+    _operator_settings(args)  # half a certificate pair is refused even when Redis answers
     graph, stores = _flow_stores(args)
     seen = Path(str(PEERS_SEEN).format(flow=graph.name))
     try:
@@ -154,23 +155,33 @@ def _statuses_over_grpc(addresses: list[str], security) -> list[dict]:
     for address in addresses:
         try:
             rows.append(peer_status(address, timeout_s=3.0, security=security))
-        except Exception as exc:  # a peer that is gone: say so, ask the next
-            print(f"twinflow: peer at {address} did not answer: {exc}", file=sys.stderr)
+        except Exception as exc:  # a peer that is gone or refuses: say so, ask the next
+            print(_grpc_failure(address, exc, security), file=sys.stderr)
     return rows
 
 
 def cmd_handover(args) -> int:
+    graph, stores = _flow_stores(args)
+    security = _grpc_security(args, graph)  # first: it sets the gRPC core's log level, then imports gRPC
+    import grpc
+
     from twinflow.client import request_handover
 
-    graph, stores = _flow_stores(args)
-    security = _grpc_security(args, graph)
     # One master per shard; a peer hands over every shard it is master of.
     masters = sorted({r["grpc_address"] for store in stores for r in store.read_statuses()
                       if r.get("role") == "master"})
     if not masters:
         print("twinflow: no live master found", file=sys.stderr)
         return 1
-    results = [request_handover(address, timeout_s=args.timeout, security=security) for address in masters]
+    results, unanswered = [], 0
+    for address in masters:
+        try:
+            results.append(request_handover(address, timeout_s=args.timeout, security=security))
+        except grpc.RpcError as exc:
+            print(_grpc_failure(address, exc, security), file=sys.stderr)
+            unanswered += 1
     for result in results:
         print(json.dumps(result))
+    if unanswered:
+        return EXIT_UNAVAILABLE
     return 0 if all(r.get("ok") for r in results) else 1

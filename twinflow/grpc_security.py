@@ -188,9 +188,11 @@ NO_SECURITY = GrpcSecurity()
 
 def security_from(spec, *, cert: str | None = None, key: str | None = None, ca: str | None = None,
                   mutual: bool = False, server_name: str | None = None,
-                  token_refs: Mapping[str, str] | None = None, insecure: bool = False) -> GrpcSecurity:
+                  token_refs: Mapping[str, str] | None = None, insecure: bool = False,
+                  scopes: tuple[str, ...] | None = None) -> GrpcSecurity:
     """The flow file's ``security`` section (a ``SecuritySpec``, or None) with the command line's
-    settings over it, the tokens read now. TLS is on when there is a certificate or a CA."""
+    settings over it, the tokens read now: every scope's, or with ``scopes`` (a client that calls
+    only those services) those scopes' alone. TLS is on when there is a certificate or a CA."""
     cert = cert or (spec.tls_cert if spec else None)
     key = key or (spec.tls_key if spec else None)
     ca = ca or (spec.tls_ca if spec else None)
@@ -204,6 +206,8 @@ def security_from(spec, *, cert: str | None = None, key: str | None = None, ca: 
             raise SecurityConfigError("mutual TLS needs the CA that signs the clients' certificates (tls.ca)")
     refs = dict(spec.tokens) if spec else {}
     refs.update(token_refs or {})
+    if scopes is not None:  # an unknown scope is still refused
+        refs = {scope: ref for scope, ref in refs.items() if scope in scopes or scope not in SCOPES}
     return GrpcSecurity.from_refs(tls, refs, insecure=insecure)
 
 

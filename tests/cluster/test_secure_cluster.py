@@ -10,9 +10,17 @@ publishes with the ingest token; the master's escalations reach the worker
 certificate gets nowhere; the master is killed and the other peer delivers
 the rest, each message exactly once; ``twinflow status`` reads the peers with
 the same settings.
+
+An operator is not a peer: with a certificate of its own, signed by the
+cluster's CA (never a peer's key), and a flow file without the peers'
+``security`` section, ``twinflow status`` reads the peers over gRPC (Redis not
+answering at the URL given) and ``twinflow handover`` reaches the master, the
+settings given as flags or as ``TWINFLOW_*`` variables; without a client
+certificate each says in one line what to pass.
 """
 
 import json
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -24,6 +32,7 @@ import trustme
 from tests.cluster.harness import cluster_on
 from tests.conftest import wait_until
 from twinflow.client import Client
+from twinflow.testing.servers import free_port
 from twinflow.testing.services import LocalRedis
 from twinflow.grpc_security import GrpcSecurity, TlsFiles
 
@@ -51,6 +60,9 @@ def secured(tmp_path, services, flow_name, monkeypatch):
     cert = ca.issue_cert("127.0.0.1", "localhost")  # both peers dial each other on loopback
     cert.private_key_pem.write_to_path(str(tmp_path / "node-key.pem"))
     cert.cert_chain_pems[0].write_to_path(str(tmp_path / "node.pem"))
+    operator = ca.issue_cert("operator.example")  # a client certificate of the operator's own
+    operator.private_key_pem.write_to_path(str(tmp_path / "operator-key.pem"))
+    operator.cert_chain_pems[0].write_to_path(str(tmp_path / "operator.pem"))
     for scope in ("ingest", "escalation"):
         (tmp_path / f"{scope}.token").write_text(f"{scope}-{flow_name}\n")
     (tmp_path / "redis.pw").write_text("redis-pw-of-the-test\n")
@@ -116,4 +128,47 @@ def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
     assert done.returncode == 0, done.stderr
     rows = {r["peer_id"]: r for r in json.loads(done.stdout)["peers"]}
     assert rows[worker]["role"] == "master"
-    assert "redis-pw-of-the-test" not in done.stdout + done.stderr + cluster.logs()
+
+    # The killed master's status has expired (handover asks every master Redis names).
+    wait_until(lambda: [n for n, r in cluster.statuses().items() if r.get("role") == "master"] == [worker], 30,
+               what="the killed master's status to expire")
+    operator = operator_calls(cluster, d, address[worker], cluster.peers[worker].redis_url)
+    for how in ("flags", "variables"):
+        code, out, err = operator[f"status, {how}"]
+        assert code == 0, err
+        (row,) = json.loads(out)["peers"]  # from the peer itself: Redis did not answer
+        assert (row["peer_id"], row["role"]) == (worker, "master"), row
+        code, out, err = operator[f"handover, {how}"]
+        assert code == 1 and json.loads(out)["reason"] == "no other peer is waiting to take over", (out, err)
+    for command in ("status", "handover"):
+        code, out, err = operator[f"{command}, no certificate"]
+        assert code == 3, (out, err)
+        assert (f"twinflow: peer at {address[worker]} did not answer: UNAVAILABLE: " in err
+                and "client without a certificate: pass --tls-cert and --tls-key" in err), err
+        assert "Traceback" not in err and "Handshake failed" not in err  # one line, not the gRPC core's
+    outputs = "".join(out + err for _, out, err in operator.values())
+    assert "redis-pw-of-the-test" not in done.stdout + done.stderr + outputs + cluster.logs()
+    assert f"admin-{flow_name}" not in outputs
+
+
+def operator_calls(cluster, d, address: str, redis_url: str) -> dict:
+    """``twinflow status`` (over gRPC) and ``handover`` as an operator: the settings as flags, as
+    variables, and without a client certificate; the commands run at once, each (code, out, err)."""
+    flow = d / "operator.yaml"  # the flow file without the peers' security section
+    flow.write_text(cluster.flow_path.read_text().split("\nsecurity:")[0] + "\n")
+    flags = ["--tls-cert", str(d / "operator.pem"), "--tls-key", str(d / "operator-key.pem"),
+             "--tls-ca", str(d / "ca.pem"), "--token", "admin=env:TF_TEST_ADMIN_TOKEN"]
+    variables = {"TWINFLOW_TLS_CERT": str(d / "operator.pem"), "TWINFLOW_TLS_KEY": str(d / "operator-key.pem"),
+                 "TWINFLOW_TLS_CA": str(d / "ca.pem"), "TWINFLOW_TOKEN": "admin=env:TF_TEST_ADMIN_TOKEN"}
+    no_cert = ["--tls-ca", str(d / "ca.pem"), "--token", "admin=env:TF_TEST_ADMIN_TOKEN"]
+    # Nothing listens at this Redis URL, so status asks the peer over gRPC.
+    status = ["status", str(flow), "--json", "--redis", f"redis://127.0.0.1:{free_port()}/0", "--peer", address]
+    handover = ["handover", str(flow), "--redis", redis_url, "--timeout", "2"]
+    calls = {"status, flags": (status + flags, {}), "status, variables": (status, variables),
+             "status, no certificate": (status + no_cert, {}), "handover, flags": (handover + flags, {}),
+             "handover, variables": (handover, variables), "handover, no certificate": (handover + no_cert, {})}
+    running = {name: subprocess.Popen([sys.executable, "-m", "twinflow.cli", *argv], cwd=d, text=True,
+                                      env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for name, (argv, env) in calls.items()}
+    done = {name: proc.communicate(timeout=60) for name, proc in running.items()}
+    return {name: (running[name].returncode, *out_err) for name, out_err in done.items()}
