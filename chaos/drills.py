@@ -151,7 +151,8 @@ def kill_in_handler(d: Drill) -> None:
     def inside() -> bool:
         lines = (ledger / "calls.jsonl").read_text().splitlines() if (ledger / "calls.jsonl").exists() else []
         last = json.loads(lines[-1]) if lines else None
-        return last is not None and last["pid"] == pid and not (ledger / "booked" / last["uuid"]).exists()
+        return last is not None and last["pid"] == pid and not (
+            ledger / "booked" / guarded_drills.booking_name(last["uuid"])).exists()
 
     if not wait_for(inside, 60, 0.001):
         raise RuntimeError(f"the master was never seen inside a handler call:\n{d.cluster.logs()}")

@@ -20,6 +20,7 @@ A drill of this module passes only with all three at 0.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -46,6 +47,11 @@ def prepare(workdir: Path, delay_ms: int = DELAY_MS) -> Path:
     return ledger
 
 
+def booking_name(uuid: str) -> str:
+    """The handler's file name for an order's booking (``ledger_handlers.booking_name``)."""
+    return hashlib.sha256(uuid.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def _lines(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -58,7 +64,7 @@ def ledger_verdict(ledger: Path) -> dict:
     run_again = Counter(r["uuid"] for r in _lines(ledger / "resolved.jsonl") if r["verdict"] == "new")
     booked = {p.name for p in (ledger / "booked").iterdir()} if (ledger / "booked").exists() else set()
     double = len(_lines(ledger / "double.jsonl"))
-    unbooked = sorted(u for u in calls if u.replace("/", "_") not in booked)
+    unbooked = sorted(u for u in calls if booking_name(u) not in booked)
     repeated = sum(max(0, n - 1 - run_again[u]) for u, n in calls.items())
     return {"calls": sum(calls.values()), "booked": len(booked), "in_doubt_run_again": sum(run_again.values()),
             "in_doubt_duplicate": sum(1 for r in _lines(ledger / "resolved.jsonl") if r["verdict"] == "duplicate"),

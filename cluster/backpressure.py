@@ -3,9 +3,11 @@
 Under failure (promise 5): a worker stops reading while another batch could
 take its bake past ``max_pending``; it never drops. Every member stops
 reading while the flow is suspended (an action node's retries used up with
-``on_retry_failure: suspend``, as ``tf:{F}:suspended`` says): what it has
-not read waits in the uplink, and what the master read meanwhile waits in
-the node, behind the suspended message. A worker plans at most
+``on_retry_failure: suspend``, as ``tf:{F}:suspended`` says), once its
+stream has warmed up (a peer must warm up to contend for the master role,
+and only a master ends a suspension): what it has not read waits in the
+uplink, and what the master read meanwhile waits in the node, behind the
+suspended message. A worker plans at most
 every ``worker_pace_ms`` and reads ``worker_read_behind_ms`` behind; a master reads
 everything as fast as it can (a read behind only delays what a worker bakes: whatever it has
 not read when promoted, it reads then as master).
@@ -61,8 +63,6 @@ class ReaderControl:
         """The flow's suspensions as Redis (or the master's own step) says: hold while there is one."""
         m = self.m
         with m.state.lock:
-            if held == self.suspended:
-                return
             was, self.suspended = self.suspended, dict(held)
         for node, s in held.items():
             if was.get(node, {}).get("since") != s["since"]:
@@ -81,7 +81,9 @@ class ReaderControl:
         with m.state.lock:
             pending = m.claims.sort.pending
             pressure = m.state.role != MASTER and pending + m.intake.max_read_size > max_pending
-            want = pressure or bool(self.suspended)
+            # Not before the stream's warm-up batch: a peer that never warmed up never contends for
+            # the master role, and without a master no suspension would ever end.
+            want = pressure or (bool(self.suspended) and m.state.streaming)
             was_pressure, self.pressure = self.pressure, pressure
             changed = want != self.held
             self.held = want

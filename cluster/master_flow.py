@@ -175,6 +175,8 @@ class MasterFlow:
         for name, node in graph.nodes.items():
             if getattr(node, "external", False):
                 node.started = lambda key, entry, name=name: self._started(name, key, entry)
+            if getattr(node, "decide_doubt", None) is not None:  # an action a history guards (the engine wired it)
+                node.attempt_started = lambda key, at, name=name: self._started(name, key, at)
             if hasattr(node, "journal"):
                 node.journal = self._journal
 
@@ -274,7 +276,7 @@ class MasterFlow:
         self._shared.clear()
         self._journal.clear()
 
-    def _started(self, node: str, key: str, entry: list) -> None:
+    def _started(self, node: str, key: str, entry: float) -> None:
         if self.write_started is not None:
             self.write_started(node, key, entry)
 

@@ -4,8 +4,8 @@ The ledger is a folder (``TWINFLOW_LEDGER``, default ``./ledger``) that every
 peer of the flow reaches (on one machine, or a shared mount):
 
 - ``calls.jsonl``: one line per handler call, written as the call begins;
-- ``booked/<uuid>``: made once, when an order is booked (a second booking of
-  the same order is a line in ``double.jsonl``);
+- ``booked/<sha-256 of the uuid>``: made once, when an order is booked (a
+  second booking of the same order is a line in ``double.jsonl``);
 - ``resolved.jsonl``: one line per In Doubt message the resolver decided;
 - ``down`` (a file an operator makes): every call fails with a transient
   error, so the action retries and then suspends the flow;
@@ -18,6 +18,7 @@ peer of the flow reaches (on one machine, or a shared mount):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -37,8 +38,13 @@ def _note(name: str, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def booking_name(uuid: str) -> str:
+    """The file name of an order's booking: any UUID text makes a short, safe name."""
+    return hashlib.sha256(uuid.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def _booking(uuid: str) -> Path:
-    return ledger() / "booked" / uuid.replace("/", "_")
+    return ledger() / "booked" / booking_name(uuid)
 
 
 def book(msg, attempt):

@@ -125,6 +125,7 @@ def _finishers(graph: FlowGraph) -> dict[tuple[str, str], tuple]:
         links = graph.links.get(name, {})
         if "new" not in links:
             continue
+        node.tracked = True  # the engine reports when each message sent to `new` finished
         reached, todo = set(), [links["new"]]
         while todo:
             nxt = todo.pop()
@@ -133,6 +134,8 @@ def _finishers(graph: FlowGraph) -> dict[tuple[str, str], tuple]:
             reached.add(nxt)
             out = graph.links.get(nxt, {})
             todo.extend(out.values())
+            if hasattr(graph.nodes[nxt], "decide_doubt"):  # an action it guards asks it about doubted attempts
+                graph.nodes[nxt].decide_doubt = node.decide
             for outlink in graph.nodes[nxt].outlinks:
                 if outlink not in out:
                     found.setdefault((nxt, outlink), []).append(node)

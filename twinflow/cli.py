@@ -185,10 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--samples", metavar="FILE",
                     help="with --flow: example messages, one JSON object a line; the producer sends copies of "
                          "them, each with a fresh ID and a growing sort key")
-    sm.add_argument("--kind", choices=("pair", "chained", "sharded", "rulesets"), default="chained",
+    sm.add_argument("--kind", choices=("pair", "chained", "sharded", "rulesets", "guarded"), default="chained",
                     help="the built-in flow: the claim pair alone, the chained flow (default), the chained "
-                         "flow in two uplink shards run on simulated executors, or the claim pair's rulesets "
-                         "(examples/cluster-claim-rulesets.yaml)")
+                         "flow in two uplink shards run on simulated executors, the claim pair's rulesets "
+                         "(examples/cluster-claim-rulesets.yaml), or a handler guarded by the history, with "
+                         "retries and suspend (examples/cluster-guarded.yaml)")
     sm.add_argument("--no-wait", action="store_true",
                     help="Redis failovers without cluster.wait_replicas: what they lose is counted, not failed")
     sm.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")

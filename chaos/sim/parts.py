@@ -177,8 +177,9 @@ class SimParts:
 
     # -- its member's -----------------------------------------------------------
     def store(self, member: "FlowMember") -> FlowStore:
-        client = SimRedis(self.world.redis_server, self.sim.redis_link, self.world.commits, self.world.replica,
-                          self.world.cached_at)
+        world, sim = self.world, self.sim
+        client = SimRedis(world.redis_server, sim.redis_link, world.commits, world.replica, world.cached_at,
+                          after_started=(lambda: world.guarded.after_started(sim)) if world.guarded else None)
         return FlowStore(client, member.keys, member.cfg.peer_id, id_ttl=member.spec.message.id_ttl,
                          sleep=self.world.wait, monotonic=self.world.clock.now)
 

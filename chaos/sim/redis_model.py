@@ -154,8 +154,12 @@ class SimRedis(fakeredis.FakeRedis):
     expired before any check looked."""
 
     def __init__(self, server: fakeredis.FakeServer, link: RedisLink, commits: list[int] | None = None,
-                 replica: Replica | None = None, cached_at: dict[str, float] | None = None) -> None:
+                 replica: Replica | None = None, cached_at: dict[str, float] | None = None,
+                 after_started: Callable[[], None] | None = None) -> None:
         super().__init__(server=server)
+        # Called once a STARTED script (a history's "processing" entry) was applied and its reply
+        # is on the way: the simulator may kill the writer there, inside its handler call.
+        self.after_started = after_started
         self.link = link
         self.commits = commits if commits is not None else [0]
         self.replica = replica
@@ -192,6 +196,8 @@ class SimRedis(fakeredis.FakeRedis):
         if self.replica is not None and what.upper() not in _READS:
             self.replica.wrote()
         self.link.after(what)
+        if self.after_started is not None and what == "EVALSHA" and args[1] == _sha(scripts.ALL["started"]):
+            self.after_started()
         return result
 
     def pipeline(self, transaction: bool = True, shard_hint=None):
@@ -208,6 +214,7 @@ class SimRedis(fakeredis.FakeRedis):
             writes = any(str(c[0][0]).upper() not in _READS for c in stack)
             commit = _sha(scripts.ALL["commit"])
             client.commits[0] += sum(1 for c in stack if str(c[0][0]).upper() == "EVALSHA" and c[0][1] == commit)
+            stack_sent = list(stack)
             if stack:
                 sent = list(stack)   # execute() empties the stack
                 result = list(execute(raise_on_error))
@@ -222,6 +229,10 @@ class SimRedis(fakeredis.FakeRedis):
             for i in waits:
                 result.insert(i, client.replica.wait() if client.replica is not None else 0)
             link.after("pipeline")
+            started = _sha(scripts.ALL["started"])
+            if client.after_started is not None and any(
+                    str(c[0][0]).upper() == "EVALSHA" and c[0][1] == started for c in stack_sent):
+                client.after_started()
             return result
 
         pipe.execute = linked_execute

@@ -89,6 +89,12 @@ class Schedule:
             out.append((3, "rolling restart", self.roll))
         if w.dims.log_trim:
             out.append((1, "change log trimmed", self.trim_log))
+        g = w.guarded
+        if g is not None:
+            if faults and not g.down and self.faults < MAX_FAULTS:
+                out.append((0.3, "ledger down", self.ledger_down))
+            if g.suspended():
+                out.append((1, "resume", g.resume))
         return out
 
     def step(self, faults: bool = True) -> str:
@@ -422,6 +428,10 @@ class Schedule:
         if action == "stop":
             return f"{sim.peer_id} {self.world.stop(sim)}"
         return f"start {sim.peer_id}: {self.world.start(sim)}"
+
+    def ledger_down(self) -> str:
+        self.faults += 1
+        return self.world.guarded.go_down(self.rng.uniform(1.0, 60.0))
 
     def heal(self) -> None:
         """End every fault (a rolling restart under way ends with its peers started) and start

@@ -35,6 +35,7 @@ import gc
 import logging
 import random
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -49,7 +50,9 @@ from ...runtime.cluster_spec import MAX_STEP_MESSAGES
 from ...runtime.flowgraph import parse_graph
 from ...runtime.shards import shard_graph
 from ...testing.flow_messages import CHAINED_MESSAGES, messages_for
+from .. import guarded_drills
 from .checker import Checker
+from .guarded import GuardedLedger
 from .redis_model import virtual_time
 from .schedule import Schedule
 from .world import START_TIME, Dims, Killed, SimulationStuck, World
@@ -58,7 +61,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 CHAINED = EXAMPLES / "cluster-chained.yaml"
 KINDS = {"pair": EXAMPLES / "cluster.yaml", "chained": CHAINED, "sharded": EXAMPLES / "cluster-sharded.yaml",
          # the claim pair's rulesets: two baking groups, a claim ruleset, nohit traffic, fields named `mid`, `n`, ...
-         "rulesets": EXAMPLES / "cluster-claim-rulesets.yaml"}
+         "rulesets": EXAMPLES / "cluster-claim-rulesets.yaml",
+         # a handler guarded by a history with external completion, retries and suspend (guarded.py)
+         "guarded": EXAMPLES / "cluster-guarded.yaml"}
 
 
 def draw_dims(seed: int, sharded: bool, wait: bool = True, only: dict | None = None) -> tuple[Dims, dict]:
@@ -82,6 +87,7 @@ def draw_dims(seed: int, sharded: bool, wait: bool = True, only: dict | None = N
     d.read_behind = random.Random(f"read-behind-{seed}").random() < 0.5  # in force only with skip_processed
     d.rolling = draw_rolling(seed)
     d.timer_faults = draw_timer_faults(seed)
+    d.handler_kill = random.Random(f"handler-kill-{seed}").choice([0.0, 0.05, 0.2])  # read by the guarded kind only
     for k, v in (only or {}).items():
         if k in flow:
             flow[k] = v
@@ -217,6 +223,11 @@ def run_once(seed: int, steps: int = 200, messages: int = 40, flow_text: str | N
         flow_text = KINDS[kind].read_text()
     else:
         kind = kind or kind_of(flow_text)
+    workdir = Path(tempfile.mkdtemp(prefix="twinflow-sim-"))
+    ledger = None
+    if kind == "guarded":  # its handler module next to the flow, before the flow is parsed
+        ledger = guarded_drills.prepare(workdir, delay_ms=0)
+        sys.path.insert(0, str(workdir))
     sharded = kind == "sharded" or kind_of(flow_text) == "sharded"
     dims, settings = draw_dims(seed, sharded, wait, only)
     full = parse_graph(flow_for(flow_text, dims, settings), "simulated flow")
@@ -224,7 +235,6 @@ def run_once(seed: int, steps: int = 200, messages: int = 40, flow_text: str | N
     source = messages_for(full, samples) if given or kind not in ("pair", "chained", "sharded") else CHAINED_MESSAGES
     dims.step_messages = full.cluster.step_messages  # what the run steps by (a --flow file may set its own)
     graph = shard_graph(full, 0) if sharded else full
-    workdir = Path(tempfile.mkdtemp(prefix="twinflow-sim-"))
     quiet = logging.getLogger("twinflow")
     level = quiet.level
     if not verbose:
@@ -233,11 +243,15 @@ def run_once(seed: int, steps: int = 200, messages: int = 40, flow_text: str | N
                        dims=dims.describe() + f", id_ttl={graph.cluster.message.id_ttl}, "
                                               f"retention={graph.cluster.retention}")
     world = World(graph, workdir, lambda line: trace.append(line), dims, rng, full_graph=full)
+    if ledger is not None:
+        world.guarded = GuardedLedger(world, ledger, random.Random(f"guarded-{seed}"))
     try:
         with virtual_time(world.clock.now):
             return _run(world, rng, result, steps, messages, settle_s, source)
     finally:
         quiet.setLevel(level)
+        if ledger is not None:
+            sys.path.remove(str(workdir))
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -287,6 +301,8 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
             result.lost += len(stuck)
         if unexpected:
             problems.append(f"messages that were never sent left the flow: {', '.join(map(repr, unexpected[:10]))}")
+        if world.guarded is not None:
+            problems.extend(world.guarded.problems(list(schedule.docs.values())))
         _report(world, result, problems)
         return result
     finally:
@@ -297,6 +313,8 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
         result.counts.update(schedule.counts)
         result.counts.update(checker.counts)
         result.counts["interleaved"] += world.interleaved
+        if world.guarded is not None:
+            result.counts.update(world.guarded.counts())
         result.counts["reads_skipping_processed"] += world.skipped_reads
         result.counts["claims_left_unread"] += world.net.unread
         result.counts["uplink_entries_trimmed"] += world.commits[2]

@@ -62,6 +62,7 @@ class Dims:
     read_behind: bool = False   # with skip_processed: workers read behind, a promotion catches up to the newest entry
     rolling: float = 0.0        # chance that a fault is a rolling restart (graceful stop and start, one peer then the other)
     timer_faults: float = 0.0   # chance that a timer round meets a fault: the master's flow dropped, the pace failing
+    handler_kill: float = 0.0   # guarded kind: chance that a master is killed inside a handler call (guarded.py)
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.__dict__.items())
@@ -134,6 +135,7 @@ class World:
         self.skipped_reads = 0  # reads that skipped processed entries (Dims.skip_processed)
         self.interleave_hook: Callable[[SimPeer, str], str | None] | None = None  # set by the schedule
         self.zombies: list = []         # shard task attempts declared lost that have not run yet
+        self.guarded = None             # the guarded kind's ledger (guarded.GuardedLedger), set by the run
         self.stops: list[str] = []      # batches that failed with an error other than Redis being away
         self.erased_failures: set[str] = set()  # uplink positions whose failure record a failover erased
         self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)

@@ -29,6 +29,19 @@ suspended message runs first, with its retries anew, then the others.
 ``suspension()`` says whether, why and since when the node is suspended; on
 the cluster a suspended flow stops reading its uplink on every peer.
 
+Guarded attempts. Behind a history with external completion
+(``runtime/nodes/history.py``), the first attempt of a message is guarded by
+the history's "processing" entry; the attempts the node makes later from
+its state (a retry, the end of a suspension, a message waiting behind one)
+are guarded here: ``attempt_started`` (set by the cluster's master) writes a
+marker to Redis before the handler runs, and the step that ran the attempt
+removes it. A marker loaded with the state means a master died inside that
+attempt: before running it again the node asks ``decide_doubt`` (the
+history's resolver, wired by the engine). Duplicate: the message leaves by
+``done`` (the handler's effect is there); New: it runs again; no resolver,
+or any other answer: it leaves by ``error`` with the reason, so no handler
+call is ever repeated outside an In Doubt decision.
+
 The node holds a message only while it waits for a retry or behind a
 suspension; retries fire from ``on_time`` in deadline order, so they happen
 with no new input.
@@ -61,6 +74,8 @@ class TransientError(Exception):
 
 
 RETRY_FAILURES = ("error", "suspend")
+ATTEMPT_PREFIX = "attempt:"  # a state key: an attempt made from the state, marked before its handler ran
+DOUBTED = "an attempt of this message was under way when its master died"
 DEFAULT_SUSPEND_FOR = 60.0
 
 
@@ -113,6 +128,11 @@ class ActionNode(Node):
         # retries; the messages behind wait until it has left (done or error).
         self._head: int | None = None
         self._behind: dict[int, Msg] = {}  # arrival order -> a message waiting behind the suspension
+        # Guarded attempts (see the module doc): set by the cluster's master and the engine.
+        self.attempt_started: Callable[[str, float], None] | None = None
+        self.decide_doubt: Callable[[Msg, float], str | None] | None = None
+        self._doubted: set[int] = set()  # orders whose attempt marker was loaded: a master died inside it
+        self._unstart: set[str] = set()  # attempt markers the next changes remove
 
     def on_message(self, msg: Msg, now: float) -> list[Emit]:
         if self._blocked():
@@ -131,7 +151,7 @@ class ActionNode(Node):
             elif self._blocked() and waiting.key != self._head:
                 self._wait_behind(waiting.key, waiting.msg)  # its retry comes after the suspension
             else:
-                out += self._run(waiting.msg, waiting.retries, due, waiting.key)
+                out += self._run(waiting.msg, waiting.retries, due, waiting.key, from_state=True)
         return out
 
     # -- suspension --------------------------------------------------------
@@ -160,12 +180,14 @@ class ActionNode(Node):
         """The suspension is over: its message runs first, with its retries anew."""
         s, self._suspended = self._suspended, None
         self._head = s.key
-        return self._run(s.msg, 0, due, s.key)
+        return self._run(s.msg, 0, due, s.key, from_state=True)
 
-    def _run(self, msg: Msg, retries: int, now: float, order: int) -> list[Emit]:
-        """An attempt; once the message a suspension ended on has left, those behind it run, in
-        order, until one suspends the node again."""
-        out = self._attempt(msg, retries, now, order)
+    def _run(self, msg: Msg, retries: int, now: float, order: int, from_state: bool = False) -> list[Emit]:
+        """An attempt (``from_state``: one made from the node's state, guarded when the node is);
+        once the message a suspension ended on has left, those behind it run, in order, until one
+        suspends the node again."""
+        out = self._guarded(msg, retries, now, order) if from_state and self.attempt_started is not None \
+            else self._attempt(msg, retries, now, order)
         if order != self._head:
             return out
         waiting = self._waiting.get(order)
@@ -178,8 +200,25 @@ class ActionNode(Node):
                     break
                 msg = self._behind.pop(behind)
                 self._changed["q" + str(behind)] = None
-                out += self._run(msg, 0, now, behind)
+                out += self._run(msg, 0, now, behind, from_state=True)
         return out
+
+    def _guarded(self, msg: Msg, retries: int, now: float, order: int) -> list[Emit]:
+        """An attempt made from the state behind a guarding history: its marker in Redis first; an
+        attempt a dead master may have made is decided by the history's resolver first."""
+        marker = ATTEMPT_PREFIX + str(order)
+        if order in self._doubted:
+            self._doubted.discard(order)
+            self._unstart.add(marker)
+            verdict = self.decide_doubt(msg, now) if self.decide_doubt is not None else None
+            if verdict == "duplicate":
+                return [Emit("done", (msg,), {"reason": DOUBTED, "resolver": verdict})]
+            if verdict != "new":
+                why = "no resolver" if self.decide_doubt is None or verdict is None else f"resolver answered {verdict!r}"
+                return [Emit("error", (msg,), {"reason": f"{DOUBTED} ({why})"})]
+        self.attempt_started(marker, now)
+        self._unstart.add(marker)  # the step that ran the attempt removes it
+        return self._attempt(msg, retries, now, order)
 
     def _wait_behind(self, order: int, msg: Msg) -> None:
         self._behind[order] = msg
@@ -188,11 +227,15 @@ class ActionNode(Node):
     # -- state per waiting retry (see base) ----------------------------------
     def changed_state(self) -> dict:
         changed, self._changed = self._changed, {}
+        if self._unstart:
+            changed.update(dict.fromkeys(self._unstart))
+            self._unstart = set()
         return changed
 
     def load_state(self, entries) -> None:
+        markers = {k for k in entries if k.startswith(ATTEMPT_PREFIX)}
         behind = {k: v for k, v in entries.items() if k.startswith("q")}
-        timed = {k: v for k, v in entries.items() if not k.startswith("q")}
+        timed = {k: v for k, v in entries.items() if not k.startswith("q") and k not in markers}
         for key, value in sorted(timed.items(), key=lambda kv: (kv[1][0], int(kv[0]))):
             due, msg, retries = value[:3]
             waiting = self._waiting[int(key)] = _Retry(int(key), msg_from_json(msg), retries, *value[3:])
@@ -203,7 +246,13 @@ class ActionNode(Node):
             self._timers.set(waiting, due)
         for key, (msg,) in behind.items():
             self._behind[int(key[1:])] = msg_from_json(msg)
-        self._order = itertools.count(max((int(k.lstrip("q")) for k in entries), default=-1) + 1)
+        for marker in markers:  # an attempt that was running when its master died
+            order = int(marker[len(ATTEMPT_PREFIX):])
+            if order in self._waiting or order in self._behind:
+                self._doubted.add(order)
+            else:
+                self._unstart.add(marker)
+        self._order = itertools.count(max((int(k.lstrip("q")) for k in entries if k not in markers), default=-1) + 1)
 
     def next_deadline(self) -> float | None:
         return self._timers.next()

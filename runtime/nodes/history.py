@@ -11,6 +11,7 @@ that share one timestamp, and the verdict follows Integration Server's table:
     "processing" and "completed"         Duplicate   duplicate
     "completed" only                     Duplicate   duplicate
     "processing" only                    In Doubt    resolver, else in_doubt
+    "processing" only, run in progress   Duplicate   duplicate
     (any, with a UUID over 96 chars)     In Doubt    resolver, else in_doubt
 
 A New message is recorded "processing" when it leaves through ``new`` (the
@@ -23,6 +24,16 @@ or ``error``, say), the engine calls :meth:`HistoryNode.finished`. On the
 cluster the "processing" entry of an external completion is in Redis before
 the downstream runs (``started``, set by the master), so a peer that dies
 inside the handler leaves the message In Doubt for whoever runs it next.
+
+A "processing" entry alone is not always a doubt. When the engine reports
+completion (``tracked``: something in the flow is linked to ``new``) and
+the run that wrote the entry is known to be under way (the step that ran
+it was committed, and the message waits downstream: for a retry, behind a
+suspension, in an open join), a message with the same UUID is a Duplicate
+("run still in progress"), not In Doubt. Only an entry written by
+``started`` whose step never committed (a master that died inside the
+handler) loads as In Doubt: ``started`` writes it under a key of its own
+(``STARTED_PREFIX``), which the step that runs the message removes.
 
 An optional resolver decides In Doubt messages: ``new`` (recorded and run
 again) or ``duplicate`` (recorded as completed, so the message is never In
@@ -73,6 +84,9 @@ BOTH_ENTRIES = "processing and completed entries exist"
 COMPLETED_ONLY = "completed entry exists"
 NOT_COMPLETED = "processing entry without a completed entry"
 TOO_LONG = f"uuid longer than {MAX_UUID_LENGTH} characters"
+IN_PROGRESS = "processing entry of a run still in progress"
+ATTEMPT_IN_DOUBT = "an attempt downstream was under way when its master died"
+STARTED_PREFIX = "started:"  # a state key: the "processing" entry a master wrote before its handler ran
 
 Key = tuple[str, str]  # (trigger, uuid)
 
@@ -270,10 +284,15 @@ class HistoryNode(Node):
         # external completion: its "processing" entries reach Redis outside the steps (see
         # ``started``), so the log would miss them; a promotion reads that history whole.
         self.logs_state_changes = self.state_in_redis and not self.external
-        # External completion on the cluster: called with (state key, entry) when a "processing"
+        # External completion on the cluster: called with (state key, time) when a "processing"
         # entry is recorded, before the message leaves for the downstream; it must not return
         # before the entry is in Redis (it raises when it cannot be written).
-        self.started: Callable[[str, list], None] | None = None
+        self.started: Callable[[str, float], None] | None = None
+        # Set by the engine when it reports completion (a node is linked to ``new``): then a
+        # "processing" entry alone is a run in progress unless it was loaded from ``started``.
+        self.tracked = False
+        self._doubted: set[Key] = set()  # keys loaded from a started entry alone: In Doubt
+        self._unstart: set[str] = set()  # started entries to remove with the next changes
         # When a list: every Duplicate and In Doubt verdict is appended to it, as a journal entry.
         self.journal: list[dict] | None = None
         # external completion only: message ID -> (key, started) of messages
@@ -301,6 +320,8 @@ class HistoryNode(Node):
             return self._run(msg, key, now, {})
         if entry.completed:
             return self._verdict(DUPLICATE, msg, uuid, {"reason": BOTH_ENTRIES if entry.processing else COMPLETED_ONLY})
+        if self.tracked and key not in self._doubted:
+            return self._verdict(DUPLICATE, msg, uuid, {"reason": IN_PROGRESS})
         return self._doubt(msg, uuid, NOT_COMPLETED, entry.time, now)
 
     def on_time(self, now: float) -> list[Emit]:
@@ -323,10 +344,30 @@ class HistoryNode(Node):
 
     # -- state per identifier (see base) -------------------------------------
     def changed_state(self) -> dict:
-        return self.store.changed()
+        changed = self.store.changed()
+        if self._unstart:
+            changed.update(dict.fromkeys(self._unstart))
+            self._unstart = set()
+        return changed
 
     def load_state(self, entries) -> None:
+        started = {k: v for k, v in entries.items() if k.startswith(STARTED_PREFIX)}
+        if started:
+            entries = {k: v for k, v in entries.items() if not k.startswith(STARTED_PREFIX)}
         self.store.load(entries)
+        for name, time in started.items():
+            text = name[len(STARTED_PREFIX):]
+            key = tuple(loads(text))
+            if len(key) != 2 or isinstance(time, bool) or not isinstance(time, (int, float)):
+                raise ValueError("a started history entry is not started:[trigger, uuid] -> time")
+            entry = self.store.get(key)
+            if entry is not None and entry.time == time:  # its step committed (and will have removed it)
+                self._unstart.add(name)
+                continue
+            # Its step never committed: whoever ran it died. In Doubt until decided (the started
+            # entry stays in Redis until then, so a master that dies first leaves it In Doubt too).
+            self.store.load({text: [float(time), True, False]})
+            self._doubted.add(key)
 
     def apply_state(self, changes) -> None:
         self.store.apply(changes)
@@ -356,6 +397,26 @@ class HistoryNode(Node):
             return False
         return len(uuid) <= MAX_UUID_LENGTH and self._complete((self.trigger, uuid), None, now)
 
+    def decide(self, msg: Msg, now: float) -> str | None:
+        """A node downstream asks: an attempt of ``msg`` (sent to ``new``) was under way when its
+        master died. The resolver answers ``new`` (run it again) or ``duplicate`` (its effect is
+        there); None: no resolver, or it raised or answered anything else. Journaled like an In Doubt."""
+        if self.resolver is None:
+            return None
+        try:
+            uuid = self._identify(msg)
+        except BadInput:
+            return None
+        entry = self.store.get((self.trigger, uuid)) if len(uuid) <= MAX_UUID_LENGTH else None
+        try:
+            verdict = self.resolver(msg, Doubt(self.trigger, uuid, ATTEMPT_IN_DOUBT, entry.time if entry else None, now))
+        except Exception:  # user code: the action sends the message to `error` with the reason
+            return None
+        if verdict not in (NEW, DUPLICATE):
+            return None
+        self._verdict(IN_DOUBT, msg, uuid, {"reason": ATTEMPT_IN_DOUBT})
+        return verdict
+
     def _complete(self, key: Key, opened: tuple[Key, float] | None, now: float) -> bool:
         cutoff = self._expire(now)
         entry = self.store.get(key)
@@ -374,7 +435,15 @@ class HistoryNode(Node):
         opened = self._open
         while opened and next(iter(opened.values()))[1] <= cutoff:
             opened.popitem(last=False)
+        if self._doubted:
+            for key in [k for k in self._doubted if self.store.get(k) is None]:
+                self._settled(key)
         return cutoff
+
+    def _settled(self, key: Key) -> None:
+        """A key loaded In Doubt was decided, run again or expired: its started entry goes."""
+        self._doubted.discard(key)
+        self._unstart.add(STARTED_PREFIX + key_text(key))
 
     def _identify(self, msg: Msg) -> str:
         try:
@@ -393,8 +462,11 @@ class HistoryNode(Node):
         """A New message: "processing" before it leaves, "completed" after the downstream."""
         self.store.put(key, PROCESSING, now)
         if self.external:
+            self._doubted.discard(key)
             if self.started is not None:
-                self.started(key_text(key), [now, True, False])
+                name = STARTED_PREFIX + key_text(key)
+                self.started(name, now)
+                self._unstart.add(name)  # the step that runs the message removes it
             self._open[msg.id] = (key, now)
             self._open.move_to_end(msg.id)
         else:
@@ -419,6 +491,8 @@ class HistoryNode(Node):
         if verdict == DUPLICATE:
             if started is not None:  # recorded: the message is a Duplicate from now on, never In Doubt again
                 self.store.put((self.trigger, uuid), COMPLETED, started)
+                if (self.trigger, uuid) in self._doubted:
+                    self._settled((self.trigger, uuid))
             return self._verdict(DUPLICATE, msg, uuid, info)
         return [Emit(FAILURE, (msg,), {
             "reason": f"resolver returned {verdict!r} (expected {NEW} or {DUPLICATE})"[:500], "doubt": reason})]

@@ -180,7 +180,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
 
         self._write("commit", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms, refused=refused)
 
-    def record_started(self, epoch: int, node: str, key: str, entry: list, *, deadline_s: float | None = None,
+    def record_started(self, epoch: int, node: str, key: str, entry, *, deadline_s: float | None = None,
                        replicas: int = 0, replica_wait_ms: int = 1000) -> None:
         """Write one state entry of ``node`` now, fenced by ``epoch`` (scripts.STARTED): a
         history's "processing" entry, in Redis (on ``replicas`` replicas) before the handler it

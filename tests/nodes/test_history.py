@@ -16,7 +16,7 @@ from twinflow.runtime.flowgraph import load_graph, parse_graph
 from twinflow.runtime.nodes import history
 from twinflow.runtime.nodes.base import Msg
 from twinflow.runtime.nodes.history import (
-    BOTH_ENTRIES, COMPLETED, COMPLETED_ONLY, NOT_COMPLETED, PROCESSING, TOO_LONG,
+    BOTH_ENTRIES, COMPLETED, COMPLETED_ONLY, IN_PROGRESS, NOT_COMPLETED, PROCESSING, TOO_LONG,
     Doubt, Entry, HistoryNode, MemoryHistoryStore, build,
 )
 from twinflow.runtime.params import Doc, FlowFileError, Params
@@ -309,7 +309,46 @@ def test_started_is_told_before_the_message_leaves_for_the_downstream():
     node.started = lambda key, entry: told.append((key, entry))
     node.on_message(m("m1", "u1"), 4.0)
     node.on_message(m("m2", "u1"), 5.0)  # In Doubt: nothing started
-    assert told == [('["guard", "u1"]', [4.0, True, False])]
+    assert told == [('started:["guard", "u1"]', 4.0)]
+    # The step that runs the message removes the started entry; the history entry is written.
+    assert node.changed_state() == {'["guard", "u1"]': [4.0, True, False], 'started:["guard", "u1"]': None}
+
+
+def tracked(**kw) -> HistoryNode:
+    node = HistoryNode("guard", completion="external", **kw)
+    node.tracked = True  # as the engine sets it when a node is linked to `new`
+    return node
+
+
+def test_a_run_in_progress_makes_a_second_message_a_duplicate_not_in_doubt():
+    node = tracked(resolver=answering("new"))
+    node.on_message(m("m1", "u1"), 0.0)  # its handler waits for a retry downstream
+    assert route(node, m("m2", "u1"), 1.0) == ("duplicate", {"reason": IN_PROGRESS})
+
+
+def test_a_started_entry_whose_step_never_committed_loads_in_doubt_until_decided():
+    seen = []
+    node = tracked(resolver=answering("duplicate", seen))
+    node.load_state({'started:["guard", "u1"]': 4.0})
+    assert node.changed_state() == {}  # nothing is written until the message is decided
+    assert outlink(node, m("m2", "u1"), 5.0) == "duplicate" and len(seen) == 1
+    assert node.changed_state() == {'["guard", "u1"]': [4.0, True, True], 'started:["guard", "u1"]': None}
+    assert route(node, m("m3", "u1"), 6.0) == ("duplicate", {"reason": BOTH_ENTRIES})
+
+
+def test_a_started_entry_of_a_committed_step_is_only_removed():
+    node = tracked()
+    node.load_state({'["guard", "u1"]': [4.0, True, False], 'started:["guard", "u1"]': 4.0})
+    assert node.changed_state() == {'started:["guard", "u1"]': None}
+    assert route(node, m("m2", "u1"), 5.0) == ("duplicate", {"reason": IN_PROGRESS})
+
+
+def test_a_doubted_entry_that_expires_takes_its_started_entry_with_it():
+    node = HistoryNode("guard", retention=10.0, completion="external")
+    node.tracked = True
+    node.load_state({'started:["guard", "u1"]': 4.0})
+    assert outlink(node, m("m2", "u2"), 20.0) == "new"
+    assert node.changed_state()['started:["guard", "u1"]'] is None
 
 
 def test_resolver_is_not_asked_about_new_or_duplicate_messages():

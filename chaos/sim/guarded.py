@@ -1,0 +1,100 @@
+"""The simulator's guarded handler: the example flow whose handler a history with external
+completion guards (``examples/cluster-guarded.yaml``, kind ``guarded``), driven as the others are,
+plus what only it has.
+
+- **Kills inside a handler.** Right after a master's "processing" entry
+  reached Redis (the STARTED script), and before the handler books the
+  order, the writer may be killed (``Dims.handler_kill``): its successor
+  finds the message In Doubt and the resolver decides. A kill after the
+  handler booked and before the step's COMMIT is the schedule's "kill the
+  writer" while a COMMIT is in flight.
+- **A ledger that goes down** (a fault): every call fails with a transient
+  error, the action retries and then suspends the flow; every peer stops
+  reading; the ledger comes back when the fault heals.
+- **An operator's resume** while the flow is suspended (``twinflow resume``'s
+  request, written through the store).
+
+At the end of a run the ledger must hold every order booked once, and no
+handler call repeated except through an In Doubt message the resolver sent
+to run again (``guarded_drills.ledger_verdict``). Under failure: nothing
+here raises but :class:`~.world.Killed`, for the kill it decides.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...cluster.on_cluster import flow_keys
+from ...runtime.store.flow_store import FlowStore
+from ..guarded_drills import booking_name, ledger_kept, ledger_verdict
+
+if TYPE_CHECKING:
+    from .world import SimPeer, World
+
+
+class GuardedLedger:
+    """One run's ledger folder, its faults and its final check."""
+
+    def __init__(self, world: "World", ledger: Path, rng: random.Random):
+        self.world, self.ledger, self.rng = world, ledger, rng
+        self.keys = flow_keys(world.graph)
+        # An operator's own client, on the producer's link (it never fails).
+        self.operator = FlowStore(world.redis, self.keys, "operator", sleep=world.wait, monotonic=world.clock.now)
+        self.kills = 0
+        self.resumes = 0
+        self.downs = 0
+
+    # -- kills inside a handler -----------------------------------------------
+    def after_started(self, sim: "SimPeer") -> None:
+        """A "processing" entry of ``sim``'s reached Redis: maybe kill ``sim`` before its handler runs."""
+        from .world import Killed
+
+        if self.rng.random() >= self.world.dims.handler_kill or not sim.alive:
+            return
+        self.kills += 1
+        self.world.kill(sim)
+        raise Killed(sim.peer_id, f"{sim.peer_id} killed inside a handler call (its processing entry in Redis)")
+
+    # -- the ledger down, an operator's resume ----------------------------------
+    @property
+    def down(self) -> bool:
+        return (self.ledger / "down").exists()
+
+    def go_down(self, duration: float) -> str:
+        (self.ledger / "down").touch()
+        self.downs += 1
+        self.world.add_fault("the ledger down", duration, self.come_back)
+        return f"the ledger is down for {duration:.1f} s"
+
+    def come_back(self) -> None:
+        (self.ledger / "down").unlink(missing_ok=True)
+
+    def suspended(self) -> bool:
+        return bool(self.world.redis.hlen(self.keys.suspended))
+
+    def resume(self) -> str:
+        held = self.operator.request_resume("operator", now=self.world.clock.now())
+        self.resumes += 1
+        return f"resume requested for {', '.join(held) or 'nothing'}"
+
+    # -- the check --------------------------------------------------------------
+    def problems(self, docs: list[dict]) -> list[str]:
+        """What the ledger shows against the documents the producer published (``docs``)."""
+        verdict = ledger_verdict(self.ledger)
+        out = []
+        if not ledger_kept(verdict):
+            out.append(f"the ledger: {verdict['double_booked']} orders booked twice, {verdict['unbooked']} called "
+                       f"and never booked, {verdict['repeated_calls']} calls repeated outside In Doubt ({verdict})")
+        never = sorted({d["uuid"] for d in docs if isinstance(d.get("uuid"), str) and d["uuid"]
+                        and not (self.ledger / "booked" / booking_name(d["uuid"])).exists()})
+        if never:
+            out.append(f"the ledger: {len(never)} orders published and never booked: {', '.join(never[:10])}")
+        return out
+
+    def counts(self) -> dict[str, int]:
+        verdict = ledger_verdict(self.ledger)
+        return {"handler_kills": self.kills, "ledger_downs": self.downs, "resumes_requested": self.resumes,
+                "in_doubt_run_again": verdict["in_doubt_run_again"],
+                "in_doubt_duplicate": verdict["in_doubt_duplicate"]}
