@@ -17,7 +17,7 @@ from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, _address, _grpc
                                  _load_flow, _operator_settings, _spark_conf, _table)
 
 STATUS_COLUMNS = ["peer_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
-                  "delivered", "failed", "unclaimed", "backpressure", "redis", "grpc_address", "rule_pending"]
+                  "delivered", "failed", "unclaimed", "backpressure", "suspended", "redis", "grpc_address", "rule_pending"]
 # The peers `twinflow status` last found in Redis, asked over gRPC when Redis does not answer.
 PEERS_SEEN = Path(".twinflow") / "peers-{flow}.json"
 
@@ -143,8 +143,8 @@ def cmd_status(args) -> int:
 
 def _cell(value) -> str:
     """A status value as a table shows it; RULE_PEND (a mapping) as ``ruleset=count ...``."""
-    if isinstance(value, dict):
-        return " ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, dict):  # RULE_PEND; or the suspensions, node -> record: their nodes
+        return " ".join(k if isinstance(v, dict) else f"{k}={v}" for k, v in value.items()) or "-"
     return value
 
 

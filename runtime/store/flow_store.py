@@ -413,8 +413,9 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
                     continue
                 row = {k.decode(): v.decode() for k, v in h.items()}
                 row.setdefault("peer_id", row.get("node_id", nid))  # a peer that writes only node_id (mid-upgrade)
-                if row.get("rule_pending", "").startswith("{"):
-                    row["rule_pending"] = loads(row["rule_pending"])
+                for mapping in ("rule_pending", "suspended"):  # written as JSON text (write_status)
+                    if row.get(mapping, "").startswith("{"):
+                        row[mapping] = loads(row[mapping])
                 out.append(row)
             return out
 
