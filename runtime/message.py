@@ -301,8 +301,8 @@ def _message_id(doc: dict, spec: MessageSpec) -> str:
 def _resubmitted(position: str, data: bytes, envelope: dict, spec: MessageSpec) -> Resubmitted:
     """A resubmit envelope's message: read from the inner document (its ID, its claim pair's
     ruleset and key), under an identity and a claim ID of its own (``runtime/resubmit.py``)."""
-    audit, node, doc = resubmit.read_envelope(envelope)
-    original = _message_id(doc, spec)
+    audit, node, message_id, doc = resubmit.read_envelope(envelope)
+    original = message_id if message_id is not None else _message_id(doc, spec)
     rules = spec.claim_rules
     claim = rules.classify(doc, original) if rules is not None else None
     suffix = resubmit.SEPARATOR + audit

@@ -3,23 +3,25 @@
 An operator's resubmit (``twinflow failures resubmit``) writes one uplink entry
 whose body wraps the message that failed::
 
-    {"twinflow_resubmit": {"audit": "<audit ID>", "node": "<node>"}, "message": <the document>}
+    {"twinflow_resubmit": {"audit": "<audit ID>", "node": "<node>", "id": "<ID>"}, "message": <the document>}
 
 ``decode`` (``runtime/message.py``) reads it as a :class:`Resubmitted` message:
 its ``id``, the identity the ID cache, the processed mark and the claim pair
 track, is the original ID with ``~resubmit:<audit ID>`` after it, so one audit
 entry's resubmit runs once whatever the cache holds of the original; the
 nodes get the original ID and document (``msg()``); the master feeds it at
-``node``, the node it failed at ("" : the flow's input). The top-level key
+``node``, the node it failed at ("" : the flow's input). ``id`` is the ID the
+node saw (a group's, such as ``o1+p1``, is not in its document); without it
+the ID is read from the document as for any message. The top-level key
 ``twinflow_resubmit`` is reserved: the gRPC Ingest refuses a body that has it.
 
 Under failure: reading an envelope never raises anything but BadInput, whose
 reason names what is wrong; such an entry leaves by the failure stream like
 any other bad input.
 
->>> body = envelope("1700000000000-3", "deliver", {"id": "o7", "n": 1})
+>>> body = envelope("1700000000000-3", "deliver", {"id": "o7", "n": 1}, "o7")
 >>> read_envelope(json.loads(body))
-('1700000000000-3', 'deliver', {'id': 'o7', 'n': 1})
+('1700000000000-3', 'deliver', 'o7', {'id': 'o7', 'n': 1})
 >>> read_envelope({"twinflow_resubmit": {"audit": "x", "node": "a"}, "message": {}})
 Traceback (most recent call last):
 ...
@@ -41,10 +43,11 @@ AUDIT_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _NODE = re.compile(r"[A-Za-z0-9_.-]{0,64}")  # a node name, or "" for the flow's input
 
 
-def envelope(audit_id: str, node: str, doc: dict) -> bytes:
-    """The uplink body that resubmits ``doc`` (a failed message's document) at ``node``."""
-    return json.dumps({KEY: {"audit": audit_id, "node": node}, "message": doc},
-                      separators=(",", ":"), ensure_ascii=False).encode()
+def envelope(audit_id: str, node: str, doc: dict, message_id: str = "") -> bytes:
+    """The uplink body that resubmits ``doc`` (a failed message's document, whose ID the node saw
+    was ``message_id``; "" : read it from the document) at ``node``."""
+    head = {"audit": audit_id, "node": node, **({"id": message_id} if message_id else {})}
+    return json.dumps({KEY: head, "message": doc}, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def processed_id(original_id: str, audit_id: str) -> str:
@@ -56,9 +59,9 @@ def processed_id(original_id: str, audit_id: str) -> str:
     return original_id + SEPARATOR + audit_id
 
 
-def read_envelope(doc: dict) -> tuple[str, str, dict]:
-    """``(audit ID, node, document)`` of an envelope (``doc`` has the key ``twinflow_resubmit``);
-    BadInput naming the field when it is not one."""
+def read_envelope(doc: dict) -> tuple[str, str, str | None, dict]:
+    """``(audit ID, node, message ID or None, document)`` of an envelope (``doc`` has the key
+    ``twinflow_resubmit``); BadInput naming the field when it is not one."""
     extra = sorted(set(doc) - {KEY, "message"})
     if extra:
         raise BadInput(f"resubmit envelope: unexpected field {_short(extra[0])} beside {KEY} and message")
@@ -71,6 +74,9 @@ def read_envelope(doc: dict) -> tuple[str, str, dict]:
                        f"(got {_short(audit)})")
     if not isinstance(node, str) or not _NODE.fullmatch(node):
         raise BadInput(f"resubmit envelope: {KEY}.node must be a node name (got {_short(node)})")
+    message_id = head.get("id")
+    if message_id is not None and (not isinstance(message_id, str) or not message_id):
+        raise BadInput(f"resubmit envelope: {KEY}.id must be a non-empty string (got {_short(message_id)})")
     if "message" not in doc:
         raise BadInput("resubmit envelope: it has no message")
     message = doc["message"]
@@ -78,7 +84,7 @@ def read_envelope(doc: dict) -> tuple[str, str, dict]:
         raise BadInput(f"resubmit envelope: message must be a JSON object (got {_kind(message)})")
     if KEY in message:
         raise BadInput("resubmit envelope: its message is an envelope itself")
-    return audit, node, message
+    return audit, node, message_id, message
 
 
 def _kind(value: Any) -> str:

@@ -32,6 +32,12 @@ def test_two_audit_entries_of_one_message_are_two_identities():
     assert a.node == "" and a.msg().id == "5"  # an integer ID is its text, as for any message
 
 
+def test_the_id_the_node_saw_comes_from_the_envelope_when_it_has_one():
+    group = {"ids": ["o1", "p1"], "messages": [{"id": "o1"}, {"id": "p1"}]}  # a join's group: no ID field
+    m = decode("9-0", envelope(AUDIT, "deliver", group, "o1+p1"), MessageSpec())
+    assert (m.id, m.msg().id, dict(m.msg().doc)) == (f"o1+p1~resubmit:{AUDIT}", "o1+p1", group)
+
+
 def test_a_flow_without_a_claim_pair_has_no_claim_for_it():
     m = decode("9-0", envelope(AUDIT, "a", {"id": "x"}), MessageSpec())
     assert (m.rule, m.cid, m.key, m.id) == (None, None, None, f"x~resubmit:{AUDIT}")
@@ -56,6 +62,8 @@ GOOD_INNER = {"meta": {"id": "o1"}, "seq": 1}
     (body({"audit": "1-0", "node": ["a"]}, GOOD_INNER), "twinflow_resubmit.node must be a node name"),
     (body({"audit": "1-0", "node": "a b"}, GOOD_INNER), "twinflow_resubmit.node must be a node name"),
     (body({"audit": "1-0", "node": "a"}), "it has no message"),
+    (body({"audit": "1-0", "node": "a", "id": ""}, GOOD_INNER), "twinflow_resubmit.id must be a non-empty string"),
+    (body({"audit": "1-0", "node": "a", "id": 7}, GOOD_INNER), "twinflow_resubmit.id must be a non-empty string"),
     (body({"audit": "1-0", "node": "a"}, [1, 2]), "message must be a JSON object (got an array)"),
     (body({"audit": "1-0", "node": "a"}, GOOD_INNER, extra=1), "unexpected field 'extra'"),
     (body({"audit": "1-0", "node": "a"}, {"seq": 1}), "no ID field 'meta.id'"),
