@@ -238,7 +238,7 @@ class AuditStore:
         many replicas have it, as a publish does."""
         entry = self.entry(audit_id, deadline_s)
         if entry is None:
-            raise AuditError("missing", audit_id, self._missing(audit_id))
+            raise AuditError("missing", audit_id, self.missing(audit_id))
         if entry.mark:
             raise AuditError("marked", audit_id, self._marked(audit_id, entry.mark))
         body = self._envelope(entry, max_bytes)
@@ -252,7 +252,7 @@ class AuditStore:
     def _mark(self, audit_id: str, status: str, by: str, body: bytes, deadline_s: float | None,
               replicas: int, replica_wait_ms: int) -> dict:
         if not resubmit.AUDIT_ID.fullmatch(audit_id):
-            raise AuditError("missing", audit_id, self._missing(audit_id))
+            raise AuditError("missing", audit_id, self.missing(audit_id))
         keys = [self.keys.audit, self.keys.audit_marks, self.keys.uplink]
         args = [audit_id, status, by, uuid.uuid4().hex, body]
         store = self.store
@@ -264,14 +264,15 @@ class AuditStore:
                                 wait_ms=replica_wait_ms)
         code = int(reply[0])
         if code == 0:
-            raise AuditError("missing", audit_id, self._missing(audit_id))
+            raise AuditError("missing", audit_id, self.missing(audit_id))
         mark = loads(reply[1])
         if code == 2:
             raise AuditError("marked", audit_id, self._marked(audit_id, mark))
         mark.pop("token", None)
         return mark
 
-    def _missing(self, audit_id: str) -> str:
+    def missing(self, audit_id: str) -> str:
+        """The reason given when the audit has no entry ``audit_id``."""
         return f"flow {self.keys.flow} has no audit entry {audit_id!r} (never written, or removed by the retention)"
 
     @staticmethod
