@@ -1,8 +1,9 @@
 """A Python client for services that talk to a twinflow cluster over gRPC.
 
 :class:`Client` publishes message bodies into a flow's uplink through the
-Ingest service of any of the flow's peers, and asks peers for their status
-and for a graceful handover (the Admin service). :class:`EscalationClient`
+Ingest service of any of the flow's peers (and reads a publisher's error
+notices there), and asks peers for their status, for a graceful handover and
+for the audit of failed messages: list, resubmit, discard (the Admin service). :class:`EscalationClient`
 reports processed messages to a flow's worker over the Escalation stream,
 one acknowledged batch at a time. Both take a :class:`~twinflow.grpc_security.GrpcSecurity`
 (TLS files and the bearer token of each scope: ``ingest`` for publishing,
