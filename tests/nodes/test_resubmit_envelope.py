@@ -75,3 +75,14 @@ def test_a_hostile_envelope_is_bad_input_with_its_reason(data, reason):
     with pytest.raises(BadInput) as err:
         decode("9-0", data, SPEC)
     assert reason in err.value.reason, err.value.reason
+
+
+def test_the_workers_claim_sort_holds_a_resubmit_until_its_own_claim():
+    from twinflow.runtime.nodes.sort.claim import ClaimSortNode
+
+    spec = MessageSpec(key_path="seq")
+    m = decode("20-0", envelope(AUDIT, "deliver", {"id": "o7", "seq": 3}, "o7"), spec)
+    node = ClaimSortNode(bake_time=5.0)
+    assert node.offer(m, now=0.0) is None and node.baked == 1
+    assert node.claim("o7", 3, "10-0", "all") == []  # the original's claim, earlier in the uplink: not this one
+    assert [x.id for x in node.claim(m.cid, m.key, m.position, m.rule)] == [m.id] and node.baked == 0
