@@ -66,6 +66,7 @@ from . import resubmit
 
 
 MAX_REASON = 200  # characters of a reason taken from a value or an exception
+_RESUBMIT_KEY = resubmit.KEY  # the reserved top-level key of a resubmit envelope (runtime/resubmit.py)
 
 
 def _clip(text: str, limit: int = MAX_REASON) -> str:
@@ -269,7 +270,7 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
             raise BadInput("body is not a JSON object")
         if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
             _refuse_lone_surrogates(doc)
-        if resubmit.KEY in doc:
+        if _RESUBMIT_KEY in doc:
             return _resubmitted(position, data, doc, spec)
         msg_id = _message_id(doc, spec)
         rules = spec.claim_rules

@@ -176,9 +176,10 @@ class AuditStore:
             low = "(" + page[-1].id
 
     def _page(self, low: str, high: str, deadline_s: float | None) -> list[AuditEntry]:
-        r, keys = self.store.r, self.keys
+        store, keys = self.store, self.keys
 
-        def read():
+        def read():  # store.r read at each attempt: a retry may follow the flow's primary elsewhere
+            r = store.r
             rows = r.xrange(keys.audit, low, high, count=PAGE)
             marks = r.hmget(keys.audit_marks, [i for i, _ in rows]) if rows else []
             return rows, marks
@@ -197,10 +198,10 @@ class AuditStore:
         """The entry ``audit_id`` with its mark and outcome, or None when the audit has none."""
         if not resubmit.AUDIT_ID.fullmatch(audit_id):
             return None
-        r, keys = self.store.r, self.keys
+        store, keys = self.store, self.keys
 
         def read():
-            pipe = r.pipeline(transaction=True)
+            pipe = store.r.pipeline(transaction=True)
             pipe.xrange(keys.audit, audit_id, audit_id)
             pipe.hget(keys.audit_marks, audit_id)
             pipe.hget(keys.audit_outcomes, audit_id)
@@ -212,10 +213,10 @@ class AuditStore:
     def counts(self, deadline_s: float | None = None) -> dict[str, int]:
         """entries and FAILED among them now; removed and removed_unhandled by trims so far;
         notices_removed by the notice stream's cap."""
-        r, keys = self.store.r, self.keys
+        store, keys = self.store, self.keys
 
         def read():
-            pipe = r.pipeline(transaction=True)
+            pipe = store.r.pipeline(transaction=True)
             pipe.xlen(keys.audit)
             pipe.hlen(keys.audit_marks)
             pipe.hmget(keys.audit_counts, ["removed", "removed_unhandled"])

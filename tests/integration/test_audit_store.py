@@ -22,6 +22,7 @@ from twinflow.runtime.store.audit import AuditError, AuditFilter, AuditStore
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.runtime.store.notices import read_notices
+from twinflow.runtime.resubmit import envelope
 
 CALLS: list[str] = []      # every handler call, by message ID
 BROKEN: set[str] = set()   # IDs whose delivery fails for good (a service error)
@@ -97,7 +98,8 @@ def test_a_service_error_is_audited_with_the_step_and_its_resubmit_runs_exactly_
     master.run(10.0)
     assert CALLS == ["o1", "o2"]
     (entry,) = audit.entries()
-    assert (entry.status, entry.node, entry.fields["outlink"], entry.fields["id"]) == ("FAILED", "deliver", "error", "o1")
+    assert (entry.status, entry.node, entry.fields["outlink"]) == ("FAILED", "deliver", "error")
+    assert entry.fields["id"] == "o1"
     assert entry.reason == "service error: RuntimeError: the service refused o1"
     assert (entry.fields["flow"], entry.fields["peer"], entry.fields["epoch"]) == (store.keys.flow, "peer-a", "1")
     assert float(entry.fields["at"]) == 10.0 and json.loads(entry.data) == {"id": "o1", "type": "order"}
@@ -167,6 +169,16 @@ def test_a_resubmit_of_a_flow_input_failure_reenters_at_the_node_it_failed_at(st
     master.run(2.0)
     assert audit.entry(entry.id).outcome["outlink"] == "failure"  # the same node judged it again
     assert CALLS == []
+
+
+def test_an_envelope_naming_a_node_the_flow_has_not_leaves_by_the_failure_stream(store):
+    audit, master = AuditStore(store), Master(store)
+    store.r.xadd(store.keys.uplink, {"data": envelope("1-0", "nowhere", {"id": "o9", "type": "order"})})
+    publish(store, {"id": "o10", "type": "order"})  # the flow goes on
+    master.run(1.0)
+    (entry,) = audit.entries()
+    assert entry.node == "" and "names node 'nowhere', which this flow's graph does not have" in entry.reason
+    assert [f[b"id"] for _, f in store.r.xrange(store.keys.sink)] == [b"o10"] and CALLS == ["o10"]
 
 
 def test_an_unknown_audit_id_is_refused_and_changes_nothing(store):
