@@ -29,7 +29,11 @@ and it holds the message's whole effect, per node:
 - any node: an emission on a linked outlink is taken by the next node in the
   same step, so the rule applies again there.
 
-Nothing is processed in part: a step is committed whole or not at all.
+Nothing is processed in part: a step is committed whole or not at all. What a
+message leaving the flow records beside its output (a FAILED audit entry, a
+resubmit's outcome, a publisher's error notice: ``flow_audit.py``) is part of
+the same step. A resubmitted message (``runtime/resubmit.py``) enters at the
+node it failed at, under its original ID.
 
 >>> from twinflow.runtime.flowgraph import parse_graph
 >>> g = parse_graph("flow: f\\nnodes:\\n  a: {type: action}\\n")
