@@ -20,8 +20,9 @@ Under failure:
 - A bind that fails (port taken, bad address) raises :class:`BindError` naming
   the address; nothing is left running. ``SO_REUSEPORT`` is off so that a
   second server can never silently share a port with the first.
-- ``Publish`` refuses a wrong flow or an oversized batch with
-  ``INVALID_ARGUMENT`` before anything is written. It gives the uplink the
+- ``Publish`` refuses a wrong flow, an oversized batch, a resubmit
+  envelope or a bad publisher name with ``INVALID_ARGUMENT`` before anything
+  is written. It gives the uplink the
   RPC's remaining time less :data:`PUBLISH_ANSWER_MARGIN_S`, and at most
   ``max_wait_s`` (10 s by default, also when the client set no deadline), to
   answer: ``publish(bodies, deadline_s)`` retries while Redis is unreachable
@@ -58,6 +59,9 @@ from grpc_health.v1.health import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from twinflow.cluster.escalation_servicer import EscalationServicer
+from twinflow.cluster.failures_rpc import action_reply, failures_reply, notices_reply
+from twinflow.cluster.flow_failures import FlowFailures
+from twinflow.cluster.ingest_bodies import IngestRefused
 from twinflow.grpc_keepalive import SERVER_OPTIONS
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity, SecurityConfigError
 from twinflow.runtime.store.store_errors import RedisUnavailable, StoreClosed
@@ -221,22 +225,28 @@ class _ServiceLimits(grpc.ServerInterceptor):
 
 
 class IngestServicer(pb_grpc.IngestServicer):
-    """Writes published message bodies into the flow's uplink through ``publish(bodies, deadline_s)``.
+    """Writes published message bodies into the flow's uplink through ``publish(bodies, deadline_s)``,
+    and serves the publishers' error notices from ``failures()`` (``failures_rpc.py``).
 
     ``publish`` must return the bodies' uplink positions within about
     ``deadline_s`` seconds or raise ``RedisUnavailable`` (or ``ConnectionError``)
     with the reason; ``FlowStore.publish`` does. ``deadline_s`` is the RPC's
     remaining time less :data:`PUBLISH_ANSWER_MARGIN_S`, at most ``max_wait_s``.
+    A request that names its publisher calls ``publish(bodies, deadline_s, publisher=...)``;
+    ``IngestRefused`` from it is answered ``INVALID_ARGUMENT`` (nothing was written).
+    Without ``failures``, Notices is answered ``UNIMPLEMENTED``.
     """
 
     def __init__(
         self,
         flow: str,
-        publish: Callable[[list[bytes], float], list[str]],
+        publish: Callable[..., list[str]],
         max_batch: int = 10_000,
         max_wait_s: float = PUBLISH_MAX_WAIT_S,
+        failures: Callable[[], FlowFailures] | None = None,
     ):
         self.flow, self._publish, self.max_batch, self.max_wait_s = flow, publish, max_batch, max_wait_s
+        self._failures = failures
 
     def Publish(self, request, context):
         if request.flow != self.flow:
@@ -250,13 +260,24 @@ class IngestServicer(pb_grpc.IngestServicer):
             )
         if not request.messages:
             return pb.PublishReply()
+        bodies = [m.body for m in request.messages]
         try:
-            positions = self._publish([m.body for m in request.messages], self._deadline_s(context))
+            if request.publisher:
+                positions = self._publish(bodies, self._deadline_s(context), publisher=request.publisher)
+            else:
+                positions = self._publish(bodies, self._deadline_s(context))
+        except IngestRefused as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"publish to flow {self.flow!r} refused: {exc}")
         except (RedisUnavailable, ConnectionError) as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"uplink of flow {self.flow!r} unavailable: {exc}")
         except StoreClosed:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"uplink of flow {self.flow!r} closed: the peer is stopping")
         return pb.PublishReply(positions=positions)
+
+    def Notices(self, request, context):
+        if self._failures is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server keeps no notices")
+        return notices_reply(self._failures(), request, context)
 
     def _deadline_s(self, context) -> float:
         # Without a client deadline gRPC reports a remaining time of centuries (or None).
@@ -267,23 +288,40 @@ class IngestServicer(pb_grpc.IngestServicer):
 
 
 class AdminServicer(pb_grpc.AdminServicer):
-    """Answers Status from ``status()`` and Handover through ``handover(timeout_s)``.
+    """Answers Status from ``status()`` and Handover through ``handover(timeout_s)``; Failures,
+    Resubmit and Discard over the audit ``failures()`` gives (``failures_rpc.py``).
 
     Both callables return plain dicts keyed by the reply's field names; a
     missing or ``None`` key leaves the field at its default and a key the
-    reply does not have is ignored.
+    reply does not have is ignored. Without ``failures``, the audit's calls are
+    answered ``UNIMPLEMENTED``.
     """
 
     DEFAULT_HANDOVER_TIMEOUT_S = 5.0
 
-    def __init__(self, status: Callable[[], dict], handover: Callable[[float], dict]):
-        self._status, self._handover = status, handover
+    def __init__(self, status: Callable[[], dict], handover: Callable[[float], dict],
+                 failures: Callable[[], FlowFailures] | None = None):
+        self._status, self._handover, self._failures = status, handover, failures
 
     def Status(self, request, context):
         return _from_dict(pb.NodeStatus, self._status())
 
     def Handover(self, request, context):
         return _from_dict(pb.HandoverReply, self._handover(request.timeout_s or self.DEFAULT_HANDOVER_TIMEOUT_S))
+
+    def Failures(self, request, context):
+        return failures_reply(self._audit(context), request, context)
+
+    def Resubmit(self, request, context):
+        return action_reply(self._audit(context), request, context, resubmit=True)
+
+    def Discard(self, request, context):
+        return action_reply(self._audit(context), request, context, resubmit=False)
+
+    def _audit(self, context) -> FlowFailures:
+        if self._failures is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server keeps no audit")
+        return self._failures()
 
 
 def _from_dict(message_type, values: dict):

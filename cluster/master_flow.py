@@ -32,7 +32,11 @@ and it holds the message's whole effect, per node:
 - any node: an emission on a linked outlink is taken by the next node in the
   same step, so the rule applies again there.
 
-Nothing is processed in part: a step is committed whole or not at all.
+Nothing is processed in part: a step is committed whole or not at all. What a
+message leaving the flow records beside its output (a FAILED audit entry, a
+resubmit's outcome, a publisher's error notice: ``flow_audit.py``) is part of
+the same step. A resubmitted message (``runtime/resubmit.py``) enters at the
+node it failed at, under its original ID.
 
 >>> from twinflow.runtime.flowgraph import parse_graph
 >>> g = parse_graph("flow: f\\nnodes:\\n  a: {type: action}\\n")
@@ -56,7 +60,7 @@ from typing import Any
 from ..runtime.engine import Engine
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.json_text import compact
-from ..runtime.message import Message
+from ..runtime.message import Message, Resubmitted
 from ..runtime.positions import position_order
 from ..runtime.nodes.action import ActionNode
 from ..runtime.nodes.base import Emit
@@ -65,6 +69,7 @@ from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.store.step import SharedFields, Step
 from ..logs import event
+from .flow_audit import RESUBMITS, StepAudit
 
 
 def outlink_streams(graph: FlowGraph, keys: FlowKeys) -> dict[tuple[str, str], str]:
@@ -152,6 +157,9 @@ class MasterFlow:
         # This step's outputs' shared leading fields, by (node, outlink, time, the names that follow).
         self._shared: dict[tuple, SharedFields] = {}
         self._streams = outlink_streams(graph, keys)
+        # What leaving messages record beside their outputs: audit, outcomes, notices (flow_audit.py).
+        self.audit = StepAudit(graph, keys, peer_id, set(self._streams))
+        self._watched = self.audit.watched
         # The processed mark as Redis holds it, read with the state and moved by
         # each step committed: while this object is valid, this master is the
         # only writer, so it knows the mark without asking (see ``committed``).
@@ -184,15 +192,19 @@ class MasterFlow:
     def load(cls, graph: FlowGraph, store: FlowStore, deadline_s: float | None = None) -> "MasterFlow":
         """A new flow whose nodes continue from the state entries in Redis, with the processed mark."""
         with collector_paused():
-            entries, mark, version = store.load_state_version(graph.nodes, deadline_s=deadline_s)
+            entries, mark, version = store.load_state_version([*graph.nodes, RESUBMITS], deadline_s=deadline_s)
+            inflight = entries.pop(RESUBMITS)
             fresh = loaded_graph(graph, entries)
-        return cls.resume(fresh, store, mark, version)
+        return cls.resume(fresh, store, mark, version, inflight)
 
     @classmethod
-    def resume(cls, graph: FlowGraph, store: FlowStore, mark: str | None, version: int) -> "MasterFlow":
-        """A flow on ``graph``'s nodes, which hold the state at ``version`` with the processed ``mark``."""
+    def resume(cls, graph: FlowGraph, store: FlowStore, mark: str | None, version: int,
+               inflight: dict[str, Any] | None = None) -> "MasterFlow":
+        """A flow on ``graph``'s nodes, which hold the state at ``version`` with the processed ``mark``
+        (and ``inflight``: the resubmits the flow holds, as loaded, ``flow_audit.RESUBMITS``)."""
         flow = cls(graph, store.keys, store.peer_id)
         flow.mark, flow.version = mark, version
+        flow.audit.load(inflight or {})
         return flow
 
     def committed(self, step: Step) -> None:
@@ -227,9 +239,12 @@ class MasterFlow:
                 continue
             seen.add(m.id)
             step.ids.append(m.id)
-            self._bodies[m.id] = m
             try:
-                self.engine.feed(m.msg(), now)
+                if m.__class__ is Resubmitted:
+                    self._feed_resubmit(m, now)
+                else:
+                    self._bodies[m.id] = m
+                    self.engine.feed(m.msg(), now)
             except (Fenced, RedisUnavailable):  # a "processing" entry could not be written: not the message's fault
                 self._reset()
                 raise
@@ -238,6 +253,16 @@ class MasterFlow:
                 raise MessageRefused(m, f"the flow could not take this message: {type(exc).__name__}: {exc}"[:500]) from exc
         step.mark = mark if mark is not None else (msgs[-1].position if msgs else None)
         return self._end()
+
+    def _feed_resubmit(self, m: Resubmitted, now: float) -> None:
+        """A resubmitted message enters at the node it failed at ("" : the flow's input), under
+        its original ID (runtime/resubmit.py); its outcome is recorded when it leaves."""
+        node = m.node or self.graph.input
+        if node not in self.graph.nodes:
+            raise ValueError(f"the resubmit of audit entry {m.audit} names node {node!r}, "
+                             f"which this flow's graph does not have")
+        self.audit.fed(m)
+        self.engine.feed_at(node, m.msg(), now)
 
     def fire(self, now: float, epoch: int, resume: bool = False) -> Step:
         """Fire every deadline at or before ``now`` (no new message); with ``resume``, every
@@ -297,6 +322,9 @@ class MasterFlow:
             changed = node.changed_state()
             if changed:
                 step.state[name] = changed
+        inflight = self.audit.changed_state()
+        if inflight:
+            step.state[RESUBMITS] = inflight
         return step
 
     def _leave(self, node: str, e: Emit, at: float) -> None:
@@ -323,6 +351,8 @@ class MasterFlow:
                 ("node", self.peer_id, "epoch", self._epoch, "from", node, "outlink", e.outlink, "at", repr(at)),
                 names)
         self._step.outputs.append((shared.stream, shared, values))
+        if self.audit.inflight or (node, e.outlink) in self._watched:
+            self.audit.left(self._step, self._epoch, node, e, at, values[names.index("data")], self._bodies)
 
 
 _SINGLE_ORIGINAL = ("id", "position", "data")  # a message as it came: its uplink bytes

@@ -62,6 +62,7 @@ from .master_flow import logged_nodes
 from .master_side import MasterSide
 from .member_state import MemberState
 from .member_timers import MemberTimers
+from .audit_upkeep import AuditUpkeep
 from .on_cluster import cluster_flow, flow_keys
 from .parts import MemberParts
 from .peer_config import PeerConfig
@@ -116,6 +117,7 @@ class FlowMember:
         self.reader = ReaderControl(self)
         self.promotion = Promotion(self)
         self.timers = MemberTimers(self)
+        self.audit = AuditUpkeep(self)
 
     # -- life cycle (driven by the peer, peer.py) ----------------------------
     def open_store(self) -> None:

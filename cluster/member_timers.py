@@ -153,6 +153,7 @@ class MemberTimers:
         When ZooKeeper cannot list them, nothing is trimmed: a live worker's read position
         must never be left out."""
         m = self.m
+        m.audit.trim()  # the failed messages' audit too (audit_upkeep.py); never raises
         try:
             live = set(m.leadership.members()) | {m.cfg.peer_id}
         except MembersUnknown as exc:

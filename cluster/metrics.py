@@ -174,6 +174,15 @@ class PeerCollector(Collector):
                    ).add_metric(who, int(store.failing_since is None))
             family(CounterMetricFamily, "twinflow_redis_outages", "Times Redis stopped answering this peer "
                    "(each ends in a reconnect)").add_metric(who, getattr(store, "outages", 0))
+        audit = n.audit.counts()  # as the master's last trim round read them (audit_upkeep.py)
+        if audit is not None:
+            family(CounterMetricFamily, "twinflow_audit_removed_unhandled", "Audit entries the retention "
+                   "removed while still FAILED (never resubmitted nor discarded): the flow's count in Redis, "
+                   "as this peer's last trim as master read it").add_metric(who, audit["removed_unhandled"])
+            family(GaugeMetricFamily, "twinflow_audit_failed", "Audit entries FAILED now (neither resubmitted "
+                   "nor discarded), as this peer's last trim as master read it").add_metric(who, audit["failed"])
+            family(CounterMetricFamily, "twinflow_notices_removed", "Error notices the notice stream's cap "
+                   "removed: the flow's count in Redis").add_metric(who, audit["notices_removed"])
         lead = n.leadership
         if lead is not None:
             family(GaugeMetricFamily, "twinflow_zookeeper_connected", "1 while the ZooKeeper connection is up"

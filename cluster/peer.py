@@ -37,6 +37,8 @@ from .metrics import serve as serve_metrics
 from .on_cluster import StartRefused, cluster_flow
 from .parts import PeerParts, UplinkReading
 from .peer_config import PeerConfig
+from .flow_failures import FlowFailures
+from .ingest_bodies import read_bodies
 from .roles import MASTER
 from .timings import BatchTimings
 
@@ -199,21 +201,33 @@ class Peer:
         self.parts.close()
 
     # -- what the gRPC server serves ----------------------------------------
-    def publish(self, bodies: list[bytes], deadline_s: float | None = None) -> list[str]:
+    def publish(self, bodies: list[bytes], deadline_s: float | None = None, publisher: str = "") -> list[str]:
         """Append each body to its member's uplink: entry IDs, or ``<shard flow>/<entry ID>`` for a
-        sharded flow; with ``cluster.wait_replicas`` acknowledged once that many replicas have it."""
+        sharded flow; with ``cluster.wait_replicas`` acknowledged once that many replicas have it.
+        With ``publisher``, each message is recorded as that publisher's (its error notices name
+        it). IngestRefused, nothing written, for a resubmit envelope (``ingest_bodies.py``)."""
         spec = self.spec
+        message_ids = read_bodies(bodies, spec.message, publisher)
         if not self.sharded:
             return self.member.store.publish(bodies, deadline_s, replicas=spec.wait_replicas,
-                                             replica_wait_ms=spec.replica_wait_ms)
+                                             replica_wait_ms=spec.replica_wait_ms, publisher=publisher,
+                                             message_ids=[i for i in message_ids if i is not None])
         positions: list[str] = [""] * len(bodies)
         for k, items in self.router.split(bodies).items():
             member = self.members[k]
             ids = member.store.publish([b for _, b in items], deadline_s, replicas=spec.wait_replicas,
-                                       replica_wait_ms=spec.replica_wait_ms)
+                                       replica_wait_ms=spec.replica_wait_ms, publisher=publisher,
+                                       message_ids=[message_ids[i] for i, _ in items if message_ids[i] is not None])
             for (i, _), entry in zip(items, ids):
                 positions[i] = f"{member.name}/{entry}"
         return positions
+
+    def failures(self) -> FlowFailures:
+        """The flow's audit and notices over its members' stores (what the Admin and Ingest
+        services serve: ``failures_rpc.py``)."""
+        spec = self.spec
+        return FlowFailures(self.name, [m.store for m in self.members], max_bytes=spec.message.max_bytes,
+                            replicas=spec.wait_replicas, replica_wait_ms=spec.replica_wait_ms)
 
     def status(self) -> dict:
         """The peer's status: its member's, or for a flow run on executors the counts summed over

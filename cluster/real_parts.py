@@ -68,8 +68,8 @@ class RealParts:
             peer.cfg.listen,
             escalation=EscalationServicer.for_flows({m.name: (m.on_claims, m.admit_escalation)
                                                      for m in peer.members}),
-            ingest=IngestServicer(peer.name, peer.publish),
-            admin=AdminServicer(peer.status, peer.handover),
+            ingest=IngestServicer(peer.name, peer.publish, failures=peer.failures),
+            admin=AdminServicer(peer.status, peer.handover, failures=peer.failures),
             security=peer.cfg.security,
             health=peer.health.servicer,
         )

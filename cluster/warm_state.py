@@ -42,6 +42,7 @@ from ..runtime.nodes.base import Node
 from ..runtime.store.change_log import ChangesRead, LogEntry
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.store.step import CHANGE_LOG_STEPS
+from .flow_audit import RESUBMITS
 from .master_flow import MasterFlow, collector_paused, loaded_graph, logged_nodes
 
 log = logging.getLogger("twinflow.peer")
@@ -107,7 +108,7 @@ class WarmState:
         with self._lock:
             if self._nodes is None:
                 return None
-            others = [name for name in self.graph.nodes if name not in self._nodes]
+            others = [name for name in self.graph.nodes if name not in self._nodes] + [RESUBMITS]
             with collector_paused():  # no collection walking the heap on the promotion's path
                 try:
                     # The whole tail: a promotion applies everything since the last round.
@@ -118,9 +119,10 @@ class WarmState:
                     return None
                 nodes = self._nodes
                 self._nodes, self._anchor, self._version = None, None, 0  # the new master's from now on
+                inflight = read.entries.pop(RESUBMITS)
                 fresh = loaded_graph(self.graph, read.entries)
             fresh.nodes.update(nodes)
-            return MasterFlow.resume(fresh, self.store, read.mark, read.version)
+            return MasterFlow.resume(fresh, self.store, read.mark, read.version, inflight)
 
     # -- inside the lock --------------------------------------------------
     def _prime(self, deadline_s: float | None) -> None:

@@ -16,6 +16,8 @@ and ``twinflow replay`` ignores them; ``twinflow run`` needs ``uplink``::
         bake_time: 5.0
     cluster: {session_timeout: 2.0}
     failure: {max_entries: 100000}
+    audit: {retention: 7d, max_entries: 100000}   # failed messages kept for an operator (audit_spec.py)
+    notices: {outlinks: [deliver.failure]}        # failures a publisher is told of, besides an action's error
     security:                      # gRPC between nodes and clients (docs/operations/security.md)
       tls: {cert: certs/node.pem, key: certs/node-key.pem, ca: certs/ca.pem, mutual: true}
       tokens: {ingest: "env:TF_INGEST", escalation: "file:/etc/twinflow/escalation", admin: "file:/etc/twinflow/admin"}
@@ -35,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .audit_spec import AuditSpec, NoticeSpec, read_audit, read_notices
 from .keys import KEY_TYPES
 from .message import MessageSpec
 from .nodes.sort import read_outlink_names, read_rulesets
@@ -113,6 +116,8 @@ class ClusterSpec:
     # Smaller steps: a shorter COMMIT each (Redis blocks less per script), more round trips.
     step_messages: int = MAX_STEP_MESSAGES
     security: SecuritySpec = SecuritySpec()
+    audit: AuditSpec = AuditSpec()      # the failed messages' audit: retention and size
+    notices: NoticeSpec = NoticeSpec()  # the outlinks that give publishers notices
 
     @property
     def max_pending(self) -> int:
@@ -184,9 +189,12 @@ XA0_REFUSED = ("xa_mode 0 is refused on the cluster: both peers read one uplink,
                "removing it would remove it from the master's input too")
 
 
-def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None) -> ClusterSpec | None:
-    """The cluster sections of a flow file, or None when it has no ``uplink`` (replay only)."""
-    for section in ("cluster", "failure", "security"):
+def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None,
+                  outlinks: dict[str, tuple[str, ...]] | None = None,
+                  links: dict[str, dict[str, str]] | None = None) -> ClusterSpec | None:
+    """The cluster sections of a flow file, or None when it has no ``uplink`` (replay only).
+    ``outlinks`` (each node's) and ``links`` (the graph's) check the ``notices`` section."""
+    for section in ("cluster", "failure", "security", "audit", "notices"):
         if top.has(section) and not top.has("uplink"):
             raise top.error(section, "only with an uplink section (the flow runs on the cluster)")
     if not top.has("uplink"):
@@ -243,6 +251,8 @@ def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None) -> 
                              why=f"must be 1..{MAX_STEP_MESSAGES} (messages per master step)"),
         failure_max_entries=failure.integer("max_entries", 100_000, minimum=100),
         security=read_security(top),
+        audit=read_audit(top),
+        notices=read_notices(top, outlinks or {}, links or {}),
     )
 
 

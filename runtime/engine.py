@@ -60,6 +60,16 @@ class Engine:
             self.advance(at)
         self._deliver(self.graph.input, msg)
 
+    def feed_at(self, node: str, msg: Msg, at: float) -> None:
+        """As :meth:`feed`, but ``msg`` enters at ``node`` instead of the flow's input (a
+        resubmitted message goes back to the node it failed at); KeyError for a node the
+        flow does not have."""
+        if node not in self.graph.nodes:
+            raise KeyError(f"the flow has no node {node!r}")
+        if at != self._fired_to:
+            self.advance(at)
+        self._deliver(node, msg)
+
     def advance(self, to: float) -> None:
         """Fire every deadline at or before ``to``, in time order; the clock ends at ``to``."""
         self._fire(lambda t: t <= to)

@@ -59,7 +59,7 @@ class FlowGraph:
 def parse_graph(text: str, file: str = "<string>") -> FlowGraph:
     doc = Doc(text, file)
     top = Params(doc, "", doc.value).only("flow", "input", "message", "nodes", "uplink", "cluster", "failure",
-                                        "security")
+                                        "security", "audit", "notices")
     name = top.name("flow")
     message = read_message(top)
     id_path = top.section("message", default={}).field_path("id", FieldPath("id"))
@@ -98,7 +98,7 @@ def parse_graph(text: str, file: str = "<string>") -> FlowGraph:
     entry = top.get("input", str, next(iter(nodes)), check=lambda v: v in nodes,
                     why="must name a node of this flow (not the worker's half of the claim pair)")
     _refuse_cycles(links, top)
-    cluster = parse_cluster(top, message, pair)
+    cluster = parse_cluster(top, message, pair, {n: node.outlinks for n, node in nodes.items()}, links)
     return FlowGraph(name, entry, id_path, nodes, links, file, cluster.message if cluster else message, cluster, text)
 
 

@@ -29,6 +29,11 @@ twinflow.runtime.fields.BadInput: a text in the message is not valid Unicode (a 
 >>> decode("1-0", b'{"id": "a", "face": "\\\\ud83d\\\\ude00"}', MessageSpec()).doc["face"] == "\\U0001F600"
 True
 
+Resubmits: a body whose top level has the reserved key ``twinflow_resubmit``
+is a resubmit envelope (``runtime/resubmit.py``), decoded as a
+:class:`Resubmitted` message: the inner document under an identity and a claim
+ID of its own, or BadInput naming what is wrong with the envelope.
+
 IDs: an ID is its text. The ID field may hold a non-empty string or an
 integer, and the integer ``1`` and the string ``"1"`` are the same ID, so a
 producer that switches between the two encodings can never have one message
@@ -57,9 +62,11 @@ from .fields import BadInput, FieldPath, MissingField
 from .json_text import LONG_RUN, loads_known
 from .keys import parse_key
 from .nodes.base import Msg
+from . import resubmit
 
 
 MAX_REASON = 200  # characters of a reason taken from a value or an exception
+_RESUBMIT_KEY = resubmit.KEY  # the reserved top-level key of a resubmit envelope (runtime/resubmit.py)
 
 
 def _clip(text: str, limit: int = MAX_REASON) -> str:
@@ -130,6 +137,21 @@ class Message:
     def msg(self) -> Msg:
         """The message as the flow's nodes take it."""
         return Msg(self.id, self.doc)
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class Resubmitted(Message):
+    """A failed message an operator resubmitted (``runtime/resubmit.py``): ``id`` (what the ID
+    cache, the processed mark and claims track) is distinct per audit entry, the nodes get
+    ``original_id`` and the document (``msg()``), and the master feeds it at ``node`` ("" : the
+    flow's input). ``cid`` carries the same suffix, so its claim is its own too."""
+
+    original_id: str = field(default="", compare=False)
+    audit: str = field(default="", compare=False)   # the audit entry it was resubmitted from
+    node: str = field(default="", compare=False)
+
+    def msg(self) -> Msg:
+        return Msg(self.original_id, self.doc)
 
 
 # -- bounds checked before parsing -------------------------------------------------
@@ -248,17 +270,9 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
             raise BadInput("body is not a JSON object")
         if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
             _refuse_lone_surrogates(doc)
-        try:
-            raw_id = _path(spec.id_path).get(doc)
-        except MissingField:
-            raise BadInput(f"message has no ID field '{spec.id_path}'") from None
-        if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or raw_id == "":
-            # The rare cases sorted out only here, off the hot path: "" is a string, so saying
-            # it is not one would send the producer looking for the wrong fault.
-            if raw_id == "":
-                raise BadInput(f"ID field '{spec.id_path}' is empty")
-            raise BadInput(f"ID field '{spec.id_path}' is not a non-empty string or integer")
-        msg_id = str(raw_id)
+        if _RESUBMIT_KEY in doc:
+            return _resubmitted(position, data, doc, spec)
+        msg_id = _message_id(doc, spec)
         rules = spec.claim_rules
         claim = rules.classify(doc, msg_id) if rules is not None else None
         if claim is None:
@@ -268,6 +282,35 @@ def decode(position: str, data: bytes | None, spec: MessageSpec) -> Message:
         raise
     except Exception as exc:  # the backstop: one bad message must never stop the peer
         raise BadInput(_clip(f"message cannot be decoded: {type(exc).__name__}: {exc}")) from exc
+
+
+def _message_id(doc: dict, spec: MessageSpec) -> str:
+    """The message ID of ``doc`` as text; BadInput when the ID field is missing or not an ID."""
+    try:
+        raw_id = _path(spec.id_path).get(doc)
+    except MissingField:
+        raise BadInput(f"message has no ID field '{spec.id_path}'") from None
+    if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or raw_id == "":
+        # The rare cases sorted out only here, off the hot path: "" is a string, so saying
+        # it is not one would send the producer looking for the wrong fault.
+        if raw_id == "":
+            raise BadInput(f"ID field '{spec.id_path}' is empty")
+        raise BadInput(f"ID field '{spec.id_path}' is not a non-empty string or integer")
+    return str(raw_id)
+
+
+def _resubmitted(position: str, data: bytes, envelope: dict, spec: MessageSpec) -> Resubmitted:
+    """A resubmit envelope's message: read from the inner document (its ID, its claim pair's
+    ruleset and key), under an identity and a claim ID of its own (``runtime/resubmit.py``)."""
+    audit, node, message_id, doc = resubmit.read_envelope(envelope)
+    original = message_id if message_id is not None else _message_id(doc, spec)
+    rules = spec.claim_rules
+    claim = rules.classify(doc, original) if rules is not None else None
+    suffix = resubmit.SEPARATOR + audit
+    if claim is None:
+        return Resubmitted(original + suffix, None, position, data, doc, None, None, original, audit, node)
+    return Resubmitted(original + suffix, claim[1], position, data, doc, claim[0], claim[2] + suffix,
+                       original, audit, node)
 
 
 def _refuse_lone_surrogates(doc: dict) -> None:

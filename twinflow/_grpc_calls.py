@@ -1,5 +1,6 @@
-"""Single gRPC calls to a peer, without retries: a Publish, a Status, a Handover, and the
-encoding and batching of the bodies a publish sends.
+"""Single gRPC calls to a peer, without retries: a Publish, a Status, a Handover, the audit's
+Failures, Resubmit and Discard, a publisher's Notices, and the encoding and batching of the
+bodies a publish sends.
 
 It holds the calls :class:`twinflow.client.Client` makes, and the one-call functions
 ``publish``, ``peer_status`` (``node_status``, deprecated) and ``request_handover`` that
@@ -48,9 +49,50 @@ def _batches(bodies: list[bytes], batch_size: int, max_bytes: int) -> Iterable[l
         yield batch
 
 
-def _publish_once(channel: grpc.Channel, flow: str, bodies: list[bytes], timeout_s: float) -> list[str]:
-    request = pb.PublishRequest(flow=flow, messages=[pb.Envelope(body=b) for b in bodies])
+def _publish_once(channel: grpc.Channel, flow: str, bodies: list[bytes], timeout_s: float,
+                  publisher: str = "") -> list[str]:
+    request = pb.PublishRequest(flow=flow, messages=[pb.Envelope(body=b) for b in bodies], publisher=publisher)
     return list(pb_grpc.IngestStub(channel).Publish(request, timeout=timeout_s).positions)
+
+
+def _notices(channel: grpc.Channel, flow: str, publisher: str, after: str, max_count: int,
+             timeout_s: float) -> tuple[list[dict], str]:
+    request = pb.NoticesRequest(flow=flow, publisher=publisher, after=after, max=max_count)
+    reply = pb_grpc.IngestStub(channel).Notices(request, timeout=timeout_s)
+    return [_to_dict(n) for n in reply.notices], reply.cursor
+
+
+def _failures_request(flow: str, node: str | None = None, reason: str | None = None, since: float | None = None,
+                      until: float | None = None, status: str = "FAILED", limit: int = 100,
+                      after: str | None = None, audit_id: str = "") -> pb.FailuresRequest:
+    return pb.FailuresRequest(flow=flow, node=node or "", reason=reason or "", since=since or 0.0,
+                              until=until or 0.0, status=status, limit=limit, after=after or "",
+                              audit_id=audit_id)
+
+
+def _failures(channel: grpc.Channel, request: pb.FailuresRequest, timeout_s: float) -> list[dict]:
+    reply = pb_grpc.AdminStub(channel).Failures(request, timeout=timeout_s)
+    return [_audit_entry(e) for e in reply.entries]
+
+
+def _audit_entry(entry) -> dict:
+    out = _to_dict(entry)
+    out["message"] = entry.message.decode("utf-8", "replace")
+    out["mark"] = json.loads(out.pop("mark_json")) if entry.mark_json else None
+    out["outcome"] = json.loads(out.pop("outcome_json")) if entry.outcome_json else None
+    return out
+
+
+def _audit_action(channel: grpc.Channel, request: pb.AuditActionRequest, resubmit: bool,
+                  timeout_s: float) -> list[dict]:
+    stub = pb_grpc.AdminStub(channel)
+    reply = (stub.Resubmit if resubmit else stub.Discard)(request, timeout=timeout_s)
+    out = []
+    for r in reply.results:
+        row = _to_dict(r)
+        row["mark"] = json.loads(row.pop("mark_json")) if r.mark_json else None
+        out.append(row)
+    return out
 
 
 def _status(channel: grpc.Channel, timeout_s: float) -> dict:

@@ -15,6 +15,7 @@ import sys
 
 from twinflow import __version__
 from twinflow.cli_common import LAB_DIR, SERVICES_STATE, operator_security_flags
+from twinflow.cli_failures import cmd_failures
 from twinflow.cli_lab import cmd_lab
 from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
 from twinflow.cli_resume import cmd_resume
@@ -123,6 +124,33 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--redis")
     rs.add_argument("--by", help="who resumes it, for the log (default: this user)")
     rs.set_defaults(fn=cmd_resume)
+
+    fl = sub.add_parser("failures", help="the audit of failed messages: list, show, resubmit (exactly once "
+                                         "more) or discard them (docs/operations/failures.md)")
+    fl.add_argument("action", choices=["list", "show", "resubmit", "discard"])
+    fl.add_argument("flow", help="flow file (YAML)")
+    fl.add_argument("ids", nargs="*", metavar="AUDIT_ID", help="show: one audit ID; resubmit, discard: the "
+                                                               "entries to act on (or --all)")
+    fl.add_argument("--redis", help="Redis URL (the default way in)")
+    fl.add_argument("--peer", action="append", metavar="HOST:PORT",
+                    help="go through this peer's Admin service instead of Redis (repeatable: the first "
+                         "that answers)")
+    fl.add_argument("--node", help="only entries of the messages that failed at this flow node")
+    fl.add_argument("--reason", metavar="TEXT", help="only entries whose reason contains TEXT")
+    fl.add_argument("--since", metavar="TIME", help="only entries written at or after TIME (epoch seconds, "
+                                                   "an ISO time, or a span ago such as 2h)")
+    fl.add_argument("--until", metavar="TIME", help="only entries written at or before TIME")
+    fl.add_argument("--status", type=str.upper, choices=["FAILED", "RESUBMITTED", "DISCARDED", "ANY"],
+                    default="FAILED", help="list: entries of this status (default FAILED)")
+    fl.add_argument("--limit", type=int, default=100, help="list: at most this many (default 100)")
+    fl.add_argument("--after", metavar="AUDIT_ID", help="list: the entries after this one")
+    fl.add_argument("--all", action="store_true",
+                    help="resubmit, discard: every FAILED entry the filters take")
+    fl.add_argument("--by", metavar="NAME", help="resubmit, discard: the operator to record (default: "
+                                                 "the OS user)")
+    fl.add_argument("--json", action="store_true")
+    operator_security_flags(fl)
+    fl.set_defaults(fn=cmd_failures)
 
     rp = sub.add_parser("replay", help="run a flow over recorded events on a virtual clock")
     rp.add_argument("flow", help="flow file (YAML)")

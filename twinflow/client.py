@@ -1,8 +1,9 @@
 """A Python client for services that talk to a twinflow cluster over gRPC.
 
 :class:`Client` publishes message bodies into a flow's uplink through the
-Ingest service of any of the flow's peers, and asks peers for their status
-and for a graceful handover (the Admin service). :class:`EscalationClient`
+Ingest service of any of the flow's peers (and reads a publisher's error
+notices there), and asks peers for their status, for a graceful handover and
+for the audit of failed messages: list, resubmit, discard (the Admin service). :class:`EscalationClient`
 reports processed messages to a flow's worker over the Escalation stream,
 one acknowledged batch at a time. Both take a :class:`~twinflow.grpc_security.GrpcSecurity`
 (TLS files and the bearer token of each scope: ``ingest`` for publishing,
@@ -70,13 +71,15 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 import grpc
 
 from twinflow._escalation_client import Ack, EscalationClient
-from twinflow._grpc_calls import (_batches, _encode, _handover, _publish_once, _status, node_status, peer_status,
-                                  publish, request_handover)
+from twinflow._grpc_calls import (_audit_action, _batches, _encode, _failures, _failures_request, _handover,
+                                  _notices, _publish_once, _status, node_status, peer_status, publish,
+                                  request_handover)
+from twinflow.wire import twinflow_pb2 as pb
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
 from twinflow.runtime.waiting import Backoff
 
@@ -90,6 +93,8 @@ __all__ = [
     "publish",
     "request_handover",
 ]
+
+T = TypeVar("T")
 
 DEFAULT_BATCH_SIZE = 1000
 # A peer refuses a request over 64 MiB (grpc_server.DEFAULT_MAX_MESSAGE_BYTES); batches are cut
@@ -191,6 +196,7 @@ class Client:
         batch_size: int = DEFAULT_BATCH_SIZE,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         deadline_s: float = 10.0,
+        publisher: str | None = None,
     ) -> list[str]:
         """Write ``bodies`` to the flow's uplink; return their uplink positions, in order.
 
@@ -200,6 +206,8 @@ class Client:
         refuses a batch over its ``max_batch`` (10,000 by default). All of it,
         retries included, ends within ``deadline_s``. Raises
         :class:`PublishError` when it gives up (see the module doc).
+        With ``publisher`` (1-128 letters, digits or ``_.:@/-``), the error
+        notices of these messages name it, and :meth:`notices` reads them.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -207,10 +215,11 @@ class Client:
         end = self._monotonic() + deadline_s
         positions: list[str] = []
         for batch in _batches(encoded, batch_size, max_batch_bytes):
-            positions.extend(self._publish_batch(batch, end, positions, len(encoded)))
+            positions.extend(self._publish_batch(batch, end, positions, len(encoded), publisher or ""))
         return positions
 
-    def _publish_batch(self, batch: list[bytes], end: float, written: list[str], total: int) -> list[str]:
+    def _publish_batch(self, batch: list[bytes], end: float, written: list[str], total: int,
+                       publisher: str = "") -> list[str]:
         pauses = self.backoff.pauses()
         attempts = failed_in_row = 0
         code, details, address = grpc.StatusCode.OK, "", self.addresses[self._current]
@@ -228,7 +237,7 @@ class Client:
             address = self.addresses[current]
             attempts += 1
             try:
-                positions = _publish_once(self._channel(address, "ingest"), self.flow, batch, remaining)
+                positions = _publish_once(self._channel(address, "ingest"), self.flow, batch, remaining, publisher)
             except grpc.RpcError as exc:
                 code, details = exc.code(), exc.details() or ""
                 if not self._retryable(code, details):
@@ -305,6 +314,79 @@ class Client:
                 return {"ok": False, "new_master": "", "seconds": 0.0,
                         "reason": f"no master among {', '.join(self.addresses)}"}
         return _handover(self._channel(address, "admin"), timeout_s)
+
+    # ---- notices and the audit of failed messages ----------------------------
+
+    def notices(self, publisher: str, after: str | None = None, max_count: int = 100, *,
+                timeout_s: float = 5.0, address: str | None = None) -> tuple[list[dict], str]:
+        """The error notices of ``publisher``'s messages after the cursor ``after`` (None: from the
+        oldest the flow keeps), at most ``max_count``, and the cursor to pass next time.
+
+        Each notice is a dict: ``id`` (the message ID), ``node``, ``outlink``, ``reason``, ``at``
+        (the flow's time), ``position``, ``publisher``, ``flow`` and its own ``cursor``. Keep the
+        cursor (across reconnects and restarts of the client): a call after it returns what
+        came since, none twice and none missed while the flow keeps them
+        (``notices.max_entries``). Asks ``address``, else the first peer that answers (the
+        ``ingest`` scope). Raises ``grpc.RpcError``.
+        """
+        def call(a: str):
+            return _notices(self._channel(a, "ingest"), self.flow, publisher, after or "", max_count, timeout_s)
+
+        return self._first(call, address)
+
+    def failures(self, *, node: str | None = None, reason: str | None = None, since: float | None = None,
+                 until: float | None = None, status: str = "FAILED", limit: int = 100, after: str | None = None,
+                 timeout_s: float = 10.0, address: str | None = None) -> list[dict]:
+        """The flow's audit entries the filters take, oldest first (docs/operations/failures.md):
+        ``node`` exactly, ``reason`` a part of it, ``since``/``until`` epoch seconds, ``status``
+        FAILED, RESUBMITTED, DISCARDED or ANY. Each a dict with ``audit_id``, ``status``, the
+        message (``message``, ``message_id``), ``node``, ``outlink``, ``reason``, ``at``,
+        ``mark`` and ``outcome``. The ``admin`` scope; raises ``grpc.RpcError``."""
+        request = _failures_request(self.flow, node, reason, since, until, status, limit, after)
+        return self._first(lambda a: _failures(self._channel(a, "admin"), request, timeout_s), address)
+
+    def failure(self, audit_id: str, *, timeout_s: float = 10.0, address: str | None = None) -> dict:
+        """One audit entry, with its mark and the outcome of its resubmit; ``grpc.RpcError``
+        ``NOT_FOUND`` when the flow has none of that ID."""
+        request = _failures_request(self.flow, audit_id=audit_id)
+        return self._first(lambda a: _failures(self._channel(a, "admin"), request, timeout_s), address)[0]
+
+    def resubmit(self, audit_ids: Iterable[str] = (), *, all_matching: bool = False, by: str = "",
+                 timeout_s: float = 60.0, address: str | None = None, **filters) -> list[dict]:
+        """Resubmit audit entries: ``audit_ids``, or with ``all_matching`` every FAILED entry the
+        ``filters`` take (those of :meth:`failures`). Each runs exactly once more, from the node
+        it failed at. One dict per entry: ``ok``, and ``reason`` and ``refusal`` (``missing``,
+        ``marked``, ``unusable``) when it was refused, which changed nothing; ``mark`` when done.
+        ``by`` names the operator (default: the peer records this client's address)."""
+        return self._audit_action(True, audit_ids, all_matching, by, timeout_s, address, filters)
+
+    def discard(self, audit_ids: Iterable[str] = (), *, all_matching: bool = False, by: str = "",
+                timeout_s: float = 60.0, address: str | None = None, **filters) -> list[dict]:
+        """Mark audit entries DISCARDED (nothing runs again); as :meth:`resubmit`."""
+        return self._audit_action(False, audit_ids, all_matching, by, timeout_s, address, filters)
+
+    def _audit_action(self, resubmit: bool, audit_ids: Iterable[str], all_matching: bool, by: str,
+                      timeout_s: float, address: str | None, filters: dict) -> list[dict]:
+        request = pb.AuditActionRequest(flow=self.flow, audit_ids=list(audit_ids), all_matching=all_matching,
+                                        filter=_failures_request(self.flow, **filters), by=by)
+        return self._first(lambda a: _audit_action(self._channel(a, "admin"), request, resubmit, timeout_s),
+                           address)
+
+    def _first(self, call: Callable[[str], T], address: str | None) -> T:
+        """``call(address)``; without one, the first of the client's peers that answers
+        (``UNAVAILABLE`` moves on to the next; any other error is raised at once)."""
+        if address is not None:
+            return call(address)
+        last: grpc.RpcError | None = None
+        for a in self._in_order():
+            try:
+                return call(a)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
 
     # ---- channels ----------------------------------------------------------
 

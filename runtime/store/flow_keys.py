@@ -102,6 +102,42 @@ class FlowKeys:
         """The marker of one committed master step (see scripts.COMMIT)."""
         return self.prefix + "step:" + token
 
+    # -- the audit of failed messages and the publishers' notices (runtime/store/audit.py) --
+    @property
+    def audit(self) -> str:
+        """The audit: one FAILED entry per message that left by a failure or error outlink, or
+        that the flow could not take (the failure stream)."""
+        return self.prefix + "audit"
+
+    @property
+    def audit_marks(self) -> str:
+        """Audit ID -> JSON: the entry's RESUBMITTED or DISCARDED mark (who, when)."""
+        return self.prefix + "audit:marks"
+
+    @property
+    def audit_outcomes(self) -> str:
+        """Audit ID -> JSON: how the resubmit of that entry left the flow."""
+        return self.prefix + "audit:outcomes"
+
+    @property
+    def audit_counts(self) -> str:
+        """Counts of the audit's trims: removed, and removed_unhandled (still FAILED)."""
+        return self.prefix + "audit:counts"
+
+    @property
+    def notices(self) -> str:
+        """The error notices for publishers, in order (entry IDs are the readers' cursors)."""
+        return self.prefix + "notices"
+
+    @property
+    def notices_removed(self) -> str:
+        """How many notices the stream's cap has removed."""
+        return self.prefix + "notices:removed"
+
+    def publisher(self, message_id: str) -> str:
+        """The publisher that gave message ``message_id`` over gRPC (kept as long as the ID cache)."""
+        return self.prefix + "pub:" + message_id
+
     def read(self, peer_id: str) -> str:
         """Where a peer's uplink reader records how far it has read (read_n, read_id)."""
         return self.prefix + "read:" + peer_id

@@ -346,7 +346,8 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
                         max_entries: int = 100_000, max_body: int = 1 << 20,
                         deadline_s: float | None = None, replicas: int = 0, replica_wait_ms: int = 1000) -> int:
         """Put (position, reason, body, size) on the failure stream, once per position, unless
-        the position is at or before the processed mark (scripts.RECORD_FAILURE).
+        the position is at or before the processed mark (scripts.RECORD_FAILURE), each with a
+        FAILED entry in the flow's audit (``audit.py``).
 
         The stream keeps about ``max_entries`` records and each keeps at most
         ``max_body`` bytes of its body (``size`` is the whole body's length);
@@ -356,8 +357,8 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
         """
         if not failures:
             return 0
-        keys = [self.keys.failure, self.keys.processed]
-        args: list = [self.id_ttl, self.peer_id, max_entries]
+        keys = [self.keys.failure, self.keys.processed, self.keys.audit]
+        args: list = [self.id_ttl, self.peer_id, max_entries, self.keys.flow, self.epoch_seen]
         for pos, reason, body, size in failures:
             body = body or b""
             keys.append(self.keys.failed_prefix + pos)

@@ -20,6 +20,8 @@ them (promises 2 and 3, docs/concepts/promises.md):
   uplink (new state directory, down longer than ``id_ttl``) cannot double-feed.
 """
 
+from . import audit_scripts
+
 # Lua: true when stream entry ID a ("<ms>-<seq>") sorts at or before b.
 _AT_OR_BEFORE = """
 local function at_or_before(a, b)
@@ -71,6 +73,9 @@ return cur
 #   'M' k n f1 v1 .. fn vn     HSET KEYS[k] f1 v1 .. fn vn
 #   'E' k n f1 .. fn           HDEL KEYS[k] f1 .. fn
 #   'L' k cap nf f1 v1 ..      XADD KEYS[k] MAXLEN ~ cap * v <the new version> f1 v1 ..
+#   'N' k p c cap nf f1 v1 ..  a notice: XADD KEYS[k] * publisher <GET KEYS[p], "" when p is 0
+#                              or the key is gone> f1 v1 .., then XTRIM KEYS[k] MAXLEN ~ cap,
+#                              the entries it removed added to the counter KEYS[c]
 # 'L' is the change log (a flow whose nodes log their state changes: the
 # history): one entry per step, numbered with the version the step makes, so a
 # reader that follows it sees every step in order or knows it missed one
@@ -167,6 +172,18 @@ while i <= #ARGV do
     redis.call('XADD', key, 'MAXLEN', '~', ARGV[i + 2], '*', 'v', tostring(version + 1),
                unpack(ARGV, i + 4, i + 3 + 2 * nf))
     i = i + 4 + 2 * nf
+  elseif op == 'N' then
+    local p, nf = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 5])
+    local publisher = ''
+    if p > 0 then
+      publisher = redis.call('GET', KEYS[p]) or ''
+    end
+    redis.call('XADD', key, '*', 'publisher', publisher, unpack(ARGV, i + 6, i + 5 + 2 * nf))
+    local gone = redis.call('XTRIM', key, 'MAXLEN', '~', ARGV[i + 4])
+    if gone > 0 then
+      redis.call('INCRBY', KEYS[tonumber(ARGV[i + 3])], gone)
+    end
+    i = i + 6 + 2 * nf
   else
     return redis.error_reply('COMMIT: unknown operation ' .. tostring(op))
   end
@@ -180,24 +197,33 @@ return {1, redis.call('INCR', KEYS[4])}
 
 # RECORD_FAILURE: put a bad uplink entry on the failure stream once, however
 # many peers read it (keyed by its uplink position, so no epoch is needed: a
-# second writer changes nothing). The stream is capped (approximately) at
+# second writer changes nothing), and a FAILED entry for it in the flow's
+# audit in the same script (its time the Redis server's, which the flow's
+# clock follows; the audit is trimmed only by TRIM_AUDIT, which counts what it
+# removes). The stream is capped (approximately) at
 # ARGV[3] entries: a record that falls off still points at its uplink entry.
 # An entry at or before the processed mark is not recorded: it was handled
 # (recorded then), and its seen-marker, which lives as long as an ID in the
 # ID cache, may be gone by the time a peer that restarts reads it again.
-# KEYS[1] failure stream, KEYS[2] the processed mark, KEYS[2+j] the
-# seen-marker key of the j-th entry.
-# ARGV[1] TTL (s) of the seen-markers, ARGV[2] peer id, ARGV[3] cap, then one
-# (position, reason, body, size) quadruple per entry.
+# KEYS[1] failure stream, KEYS[2] the processed mark, KEYS[3] the audit,
+# KEYS[3+j] the seen-marker key of the j-th entry.
+# ARGV[1] TTL (s) of the seen-markers, ARGV[2] peer id, ARGV[3] cap, ARGV[4]
+# the flow's name, ARGV[5] the epoch the peer saw last, then one (position,
+# reason, body, size) quadruple per entry.
 # Returns how many were recorded now.
 RECORD_FAILURE = _AT_OR_BEFORE + """
 local n = 0
 local mark = redis.call('GET', KEYS[2])
-for j = 1, #KEYS - 2 do
-  local i = 4 * j
-  if not at_or_before(ARGV[i], mark) and redis.call('SET', KEYS[2 + j], ARGV[2], 'NX', 'EX', ARGV[1]) then
+local t = redis.call('TIME')
+local at = string.format('%.3f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+for j = 1, #KEYS - 3 do
+  local i = 2 + 4 * j
+  if not at_or_before(ARGV[i], mark) and redis.call('SET', KEYS[3 + j], ARGV[2], 'NX', 'EX', ARGV[1]) then
     redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'position', ARGV[i], 'reason', ARGV[i + 1],
                'node', ARGV[2], 'size', ARGV[i + 3], 'data', ARGV[i + 2])
+    redis.call('XADD', KEYS[3], '*', 'flow', ARGV[4], 'node', '', 'outlink', '', 'reason', ARGV[i + 1],
+               'at', at, 'id', '', 'position', ARGV[i], 'peer', ARGV[2], 'epoch', ARGV[5],
+               'size', ARGV[i + 3], 'data', ARGV[i + 2])
     n = n + 1
   end
 end
@@ -416,7 +442,8 @@ return {1}
 """
 
 ALL = {"raise_epoch": RAISE_EPOCH, "commit": COMMIT, "started": STARTED, "record_failure": RECORD_FAILURE,
-       "record_handled": RECORD_HANDLED, "read_batch": READ_BATCH, "trim_uplink": TRIM_UPLINK}
+       "record_handled": RECORD_HANDLED, "read_batch": READ_BATCH, "trim_uplink": TRIM_UPLINK,
+       **audit_scripts.ALL}
 
 
 def register(client) -> dict:

@@ -82,10 +82,14 @@ class Step:
     suspended: dict[str, str | None] = field(default_factory=dict)
     # The history's Duplicate and In Doubt verdicts, logged once the step is committed (not written).
     journal: list[dict] = field(default_factory=list)
+    # What the step records beside its outputs (audit entries, resubmit outcomes, notices), in
+    # order: ("X", stream, fields) an XADD; ("M", hash, fields) an HSET; ("N", stream,
+    # publisher key or "", counter key, cap, fields) a notice (scripts.COMMIT, 'N').
+    records: list[tuple] = field(default_factory=list)
 
     def empty(self) -> bool:
         return (self.mark is None and not self.ids and not self.outputs and not any(self.state.values())
-                and not self.suspended)
+                and not self.suspended and not self.records)
 
     def script_call(self, epoch: int, keys: FlowKeys, id_ttl: int, token: str,
                     guess: tuple[str | None] | None = None) -> tuple[list[str], list]:
@@ -124,6 +128,14 @@ class Step:
             for out in outputs[i:j]:
                 args += out[2]
             i = j
+        for record in self.records:
+            fields = [x for pair in record[-1].items() for x in pair]
+            if record[0] == "N":
+                _, stream, publisher, counter, cap, _ = record
+                args += ["N", key(stream), key(publisher) if publisher else 0, key(counter), cap,
+                         len(fields) // 2, *fields]
+            else:
+                args += [record[0], key(record[1]), len(fields) // 2, *fields]
         for node, entries in self.state.items():
             if not entries:
                 continue

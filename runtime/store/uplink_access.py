@@ -22,22 +22,28 @@ class UplinkAccess:
 
     # -- uplink -----------------------------------------------------------
     def publish(self, bodies: Iterable[bytes], deadline_s: float | None = None, *, replicas: int = 0,
-                replica_wait_ms: int = 1000) -> list[str]:
+                replica_wait_ms: int = 1000, publisher: str = "", message_ids: Iterable[str] = ()) -> list[str]:
         """Append documents to the uplink; returns their entry IDs.
 
         RedisUnavailable once ``deadline_s`` passes without Redis answering. With
         ``replicas`` > 0 (``cluster.wait_replicas``, for the gRPC ingest) it returns only
         once that many replicas have the entries (``durable.py``), so that a Redis
-        failover cannot erase an entry the producer was told is written.
+        failover cannot erase an entry the producer was told is written. With
+        ``publisher``, each of ``message_ids`` (the bodies' message IDs) is recorded as that
+        publisher's for as long as the ID cache remembers an ID, in the same round trip:
+        what the error notices of those messages name (``notices.py``).
         """
         bodies = list(bodies)
+        owned = [self.keys.publisher(i) for i in message_ids] if publisher else []
 
         def write(pipe):
             for b in bodies:
                 pipe.xadd(self.keys.uplink, {"data": b})
+            for key in owned:
+                pipe.set(key, publisher, ex=self.id_ttl)
 
         positions = self._write("publish", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
-        return [p.decode() if isinstance(p, bytes) else p for p in positions]
+        return [p.decode() if isinstance(p, bytes) else p for p in positions[:len(bodies)]]
 
     def read_uplink(self, after: str | None, upto: str, count: int, max_body: int, *,
                     max_bytes: int = 64 << 20, deadline_s: float | None = None

@@ -75,3 +75,33 @@ def test_a_master_whose_flow_was_dropped_fires_its_time_outs_without_a_batch(red
                    what="the lone order leaving by its time-out")
     finally:
         a.parts.peer.stop()
+
+
+def test_the_masters_trim_round_trims_the_audit_and_the_metrics_count_what_went_unhandled(redis_url, flow_name,
+                                                                                          tmp_path):
+    from twinflow.cluster.metrics import PeerCollector
+    from twinflow.runtime.store.audit import AuditStore
+
+    graph = parse_graph(FLOW.format(name=flow_name) + "audit: {retention: 60, max_entries: 1000}\n")
+    a = node(graph, "a", redis_url, FakeClock(1000.0), tmp_path)
+    try:
+        r, audit = a.store.r, AuditStore(a.store)
+        for ms in (5000, 6000, 7000):  # written 995 s before the flow's time: past the retention of 60 s
+            r.xadd(a.keys.audit, {"node": "deliver", "data": "{}"}, id=f"{ms}-0")
+        r.xadd(a.keys.audit, {"node": "deliver", "data": "{}"}, id="990000-0")  # 10 s ago: kept
+        audit.discard("5000-0", "ops")
+        assert a.audit.counts() is None  # a worker never trims
+        a.parts.leader.is_master = True
+        a.on_promoted(1)
+        a.wake.set()
+        wait_until(lambda: a.audit.counts() is not None, 10.0, what="the master's trim round")
+        assert [i for i, _ in r.xrange(a.keys.audit)] == [b"990000-0"]
+        assert a.audit.counts() == {"entries": 1, "failed": 1, "removed": 3, "removed_unhandled": 2,
+                                    "notices_removed": 0}
+        samples = {(s.name, s.labels["peer"]): s.value for family in PeerCollector(lambda: [a]).collect()
+                   for s in family.samples}
+        assert samples[("twinflow_audit_removed_unhandled_total", "a")] == 2
+        assert samples[("twinflow_audit_failed", "a")] == 1
+        assert samples[("twinflow_notices_removed_total", "a")] == 0
+    finally:
+        a.parts.peer.stop()

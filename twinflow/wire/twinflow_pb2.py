@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctwinflow/wire/twinflow.proto\x12\rtwinflow.wire\"Q\n\x08\x45nvelope\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x0c\n\x04rule\x18\x05 \x01(\t\"w\n\x0f\x45scalationBatch\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x11\n\tfrom_node\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\'\n\x06\x63laims\x18\x05 \x03(\x0b\x32\x17.twinflow.wire.Envelope\"O\n\rEscalationAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07\x63laimed\x18\x03 \x01(\r\x12\x0e\n\x06reason\x18\x04 \x01(\t\"I\n\x0ePublishRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.twinflow.wire.Envelope\"!\n\x0cPublishReply\x12\x11\n\tpositions\x18\x01 \x03(\t\"\x0f\n\rStatusRequest\"\xaf\x03\n\nNodeStatus\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x13\n\x07node_id\x18\x02 \x01(\tB\x02\x18\x01\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nuplink_lag\x18\x05 \x01(\x03\x12\r\n\x05\x62\x61ked\x18\x06 \x01(\x03\x12\x0f\n\x07\x63laimed\x18\x07 \x01(\x03\x12\x13\n\x0brolled_back\x18\x08 \x01(\x03\x12\x11\n\tdelivered\x18\t \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\n \x01(\x03\x12\x11\n\tunclaimed\x18\x0b \x01(\x03\x12\x14\n\x0cgrpc_address\x18\x0c \x01(\t\x12\x14\n\x0c\x62\x61\x63kpressure\x18\r \x01(\x03\x12\r\n\x05redis\x18\x0e \x01(\t\x12\x11\n\tzookeeper\x18\x0f \x01(\t\x12\x0f\n\x07peer_id\x18\x10 \x01(\t\x12@\n\x0crule_pending\x18\x11 \x03(\x0b\x32*.twinflow.wire.NodeStatus.RulePendingEntry\x12\r\n\x05nohit\x18\x12 \x01(\x03\x1a\x32\n\x10RulePendingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"$\n\x0fHandoverRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"P\n\rHandoverReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x12\n\nnew_master\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t2Z\n\nEscalation\x12L\n\x08\x45scalate\x12\x1e.twinflow.wire.EscalationBatch\x1a\x1c.twinflow.wire.EscalationAck(\x01\x30\x01\x32O\n\x06Ingest\x12\x45\n\x07Publish\x12\x1d.twinflow.wire.PublishRequest\x1a\x1b.twinflow.wire.PublishReply2\x94\x01\n\x05\x41\x64min\x12\x41\n\x06Status\x12\x1c.twinflow.wire.StatusRequest\x1a\x19.twinflow.wire.NodeStatus\x12H\n\x08Handover\x12\x1e.twinflow.wire.HandoverRequest\x1a\x1c.twinflow.wire.HandoverReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctwinflow/wire/twinflow.proto\x12\rtwinflow.wire\"Q\n\x08\x45nvelope\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x0c\n\x04rule\x18\x05 \x01(\t\"w\n\x0f\x45scalationBatch\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x11\n\tfrom_node\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\'\n\x06\x63laims\x18\x05 \x03(\x0b\x32\x17.twinflow.wire.Envelope\"O\n\rEscalationAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07\x63laimed\x18\x03 \x01(\r\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\\\n\x0ePublishRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.twinflow.wire.Envelope\x12\x11\n\tpublisher\x18\x03 \x01(\t\"!\n\x0cPublishReply\x12\x11\n\tpositions\x18\x01 \x03(\t\"\x92\x01\n\x06Notice\x12\x0e\n\x06\x63ursor\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04\x66low\x18\x03 \x01(\t\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x0f\n\x07outlink\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\n\n\x02\x61t\x18\x07 \x01(\x01\x12\x10\n\x08position\x18\x08 \x01(\t\x12\x11\n\tpublisher\x18\t \x01(\t\"M\n\x0eNoticesRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x11\n\tpublisher\x18\x02 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x03 \x01(\t\x12\x0b\n\x03max\x18\x04 \x01(\r\"F\n\x0cNoticesReply\x12&\n\x07notices\x18\x01 \x03(\x0b\x32\x15.twinflow.wire.Notice\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\"\x0f\n\rStatusRequest\"\xaf\x03\n\nNodeStatus\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x13\n\x07node_id\x18\x02 \x01(\tB\x02\x18\x01\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nuplink_lag\x18\x05 \x01(\x03\x12\r\n\x05\x62\x61ked\x18\x06 \x01(\x03\x12\x0f\n\x07\x63laimed\x18\x07 \x01(\x03\x12\x13\n\x0brolled_back\x18\x08 \x01(\x03\x12\x11\n\tdelivered\x18\t \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\n \x01(\x03\x12\x11\n\tunclaimed\x18\x0b \x01(\x03\x12\x14\n\x0cgrpc_address\x18\x0c \x01(\t\x12\x14\n\x0c\x62\x61\x63kpressure\x18\r \x01(\x03\x12\r\n\x05redis\x18\x0e \x01(\t\x12\x11\n\tzookeeper\x18\x0f \x01(\t\x12\x0f\n\x07peer_id\x18\x10 \x01(\t\x12@\n\x0crule_pending\x18\x11 \x03(\x0b\x32*.twinflow.wire.NodeStatus.RulePendingEntry\x12\r\n\x05nohit\x18\x12 \x01(\x03\x1a\x32\n\x10RulePendingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"$\n\x0fHandoverRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"P\n\rHandoverReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x12\n\nnew_master\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x9b\x01\n\x0f\x46\x61iluresRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05since\x18\x04 \x01(\x01\x12\r\n\x05until\x18\x05 \x01(\x01\x12\x0e\n\x06status\x18\x06 \x01(\t\x12\r\n\x05limit\x18\x07 \x01(\r\x12\r\n\x05\x61\x66ter\x18\x08 \x01(\t\x12\x10\n\x08\x61udit_id\x18\t \x01(\t\"\x89\x02\n\nAuditEntry\x12\x10\n\x08\x61udit_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0c\n\x04\x66low\x18\x03 \x01(\t\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x0f\n\x07outlink\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\n\n\x02\x61t\x18\x07 \x01(\x01\x12\x12\n\nmessage_id\x18\x08 \x01(\t\x12\x0f\n\x07message\x18\t \x01(\x0c\x12\x10\n\x08position\x18\n \x01(\t\x12\x0c\n\x04peer\x18\x0b \x01(\t\x12\r\n\x05\x65poch\x18\x0c \x01(\x03\x12\x13\n\x0bresubmit_of\x18\r \x01(\t\x12\x11\n\tmark_json\x18\x0e \x01(\t\x12\x14\n\x0coutcome_json\x18\x0f \x01(\t\";\n\rFailuresReply\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.twinflow.wire.AuditEntry\"\x87\x01\n\x12\x41uditActionRequest\x12\x0c\n\x04\x66low\x18\x01 \x01(\t\x12\x11\n\taudit_ids\x18\x02 \x03(\t\x12\x14\n\x0c\x61ll_matching\x18\x03 \x01(\x08\x12.\n\x06\x66ilter\x18\x04 \x01(\x0b\x32\x1e.twinflow.wire.FailuresRequest\x12\n\n\x02\x62y\x18\x05 \x01(\t\"e\n\x11\x41uditActionResult\x12\x10\n\x08\x61udit_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07refusal\x18\x04 \x01(\t\x12\x11\n\tmark_json\x18\x05 \x01(\t\"E\n\x10\x41uditActionReply\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .twinflow.wire.AuditActionResult2Z\n\nEscalation\x12L\n\x08\x45scalate\x12\x1e.twinflow.wire.EscalationBatch\x1a\x1c.twinflow.wire.EscalationAck(\x01\x30\x01\x32\x96\x01\n\x06Ingest\x12\x45\n\x07Publish\x12\x1d.twinflow.wire.PublishRequest\x1a\x1b.twinflow.wire.PublishReply\x12\x45\n\x07Notices\x12\x1d.twinflow.wire.NoticesRequest\x1a\x1b.twinflow.wire.NoticesReply2\xfd\x02\n\x05\x41\x64min\x12\x41\n\x06Status\x12\x1c.twinflow.wire.StatusRequest\x1a\x19.twinflow.wire.NodeStatus\x12H\n\x08Handover\x12\x1e.twinflow.wire.HandoverRequest\x1a\x1c.twinflow.wire.HandoverReply\x12H\n\x08\x46\x61ilures\x12\x1e.twinflow.wire.FailuresRequest\x1a\x1c.twinflow.wire.FailuresReply\x12N\n\x08Resubmit\x12!.twinflow.wire.AuditActionRequest\x1a\x1f.twinflow.wire.AuditActionReply\x12M\n\x07\x44iscard\x12!.twinflow.wire.AuditActionRequest\x1a\x1f.twinflow.wire.AuditActionReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,23 +42,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ESCALATIONACK']._serialized_start=251
   _globals['_ESCALATIONACK']._serialized_end=330
   _globals['_PUBLISHREQUEST']._serialized_start=332
-  _globals['_PUBLISHREQUEST']._serialized_end=405
-  _globals['_PUBLISHREPLY']._serialized_start=407
-  _globals['_PUBLISHREPLY']._serialized_end=440
-  _globals['_STATUSREQUEST']._serialized_start=442
-  _globals['_STATUSREQUEST']._serialized_end=457
-  _globals['_NODESTATUS']._serialized_start=460
-  _globals['_NODESTATUS']._serialized_end=891
-  _globals['_NODESTATUS_RULEPENDINGENTRY']._serialized_start=841
-  _globals['_NODESTATUS_RULEPENDINGENTRY']._serialized_end=891
-  _globals['_HANDOVERREQUEST']._serialized_start=893
-  _globals['_HANDOVERREQUEST']._serialized_end=929
-  _globals['_HANDOVERREPLY']._serialized_start=931
-  _globals['_HANDOVERREPLY']._serialized_end=1011
-  _globals['_ESCALATION']._serialized_start=1013
-  _globals['_ESCALATION']._serialized_end=1103
-  _globals['_INGEST']._serialized_start=1105
-  _globals['_INGEST']._serialized_end=1184
-  _globals['_ADMIN']._serialized_start=1187
-  _globals['_ADMIN']._serialized_end=1335
+  _globals['_PUBLISHREQUEST']._serialized_end=424
+  _globals['_PUBLISHREPLY']._serialized_start=426
+  _globals['_PUBLISHREPLY']._serialized_end=459
+  _globals['_NOTICE']._serialized_start=462
+  _globals['_NOTICE']._serialized_end=608
+  _globals['_NOTICESREQUEST']._serialized_start=610
+  _globals['_NOTICESREQUEST']._serialized_end=687
+  _globals['_NOTICESREPLY']._serialized_start=689
+  _globals['_NOTICESREPLY']._serialized_end=759
+  _globals['_STATUSREQUEST']._serialized_start=761
+  _globals['_STATUSREQUEST']._serialized_end=776
+  _globals['_NODESTATUS']._serialized_start=779
+  _globals['_NODESTATUS']._serialized_end=1210
+  _globals['_NODESTATUS_RULEPENDINGENTRY']._serialized_start=1160
+  _globals['_NODESTATUS_RULEPENDINGENTRY']._serialized_end=1210
+  _globals['_HANDOVERREQUEST']._serialized_start=1212
+  _globals['_HANDOVERREQUEST']._serialized_end=1248
+  _globals['_HANDOVERREPLY']._serialized_start=1250
+  _globals['_HANDOVERREPLY']._serialized_end=1330
+  _globals['_FAILURESREQUEST']._serialized_start=1333
+  _globals['_FAILURESREQUEST']._serialized_end=1488
+  _globals['_AUDITENTRY']._serialized_start=1491
+  _globals['_AUDITENTRY']._serialized_end=1756
+  _globals['_FAILURESREPLY']._serialized_start=1758
+  _globals['_FAILURESREPLY']._serialized_end=1817
+  _globals['_AUDITACTIONREQUEST']._serialized_start=1820
+  _globals['_AUDITACTIONREQUEST']._serialized_end=1955
+  _globals['_AUDITACTIONRESULT']._serialized_start=1957
+  _globals['_AUDITACTIONRESULT']._serialized_end=2058
+  _globals['_AUDITACTIONREPLY']._serialized_start=2060
+  _globals['_AUDITACTIONREPLY']._serialized_end=2129
+  _globals['_ESCALATION']._serialized_start=2131
+  _globals['_ESCALATION']._serialized_end=2221
+  _globals['_INGEST']._serialized_start=2224
+  _globals['_INGEST']._serialized_end=2374
+  _globals['_ADMIN']._serialized_start=2377
+  _globals['_ADMIN']._serialized_end=2758
 # @@protoc_insertion_point(module_scope)

@@ -111,12 +111,23 @@ class IngestStub:
                 request_serializer=twinflow_dot_wire_dot_twinflow__pb2.PublishRequest.SerializeToString,
                 response_deserializer=twinflow_dot_wire_dot_twinflow__pb2.PublishReply.FromString,
                 _registered_method=True)
+        self.Notices = channel.unary_unary(
+                '/twinflow.wire.Ingest/Notices',
+                request_serializer=twinflow_dot_wire_dot_twinflow__pb2.NoticesRequest.SerializeToString,
+                response_deserializer=twinflow_dot_wire_dot_twinflow__pb2.NoticesReply.FromString,
+                _registered_method=True)
 
 
 class IngestServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Publish(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Notices(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,6 +140,11 @@ def add_IngestServicer_to_server(servicer, server):
                     servicer.Publish,
                     request_deserializer=twinflow_dot_wire_dot_twinflow__pb2.PublishRequest.FromString,
                     response_serializer=twinflow_dot_wire_dot_twinflow__pb2.PublishReply.SerializeToString,
+            ),
+            'Notices': grpc.unary_unary_rpc_method_handler(
+                    servicer.Notices,
+                    request_deserializer=twinflow_dot_wire_dot_twinflow__pb2.NoticesRequest.FromString,
+                    response_serializer=twinflow_dot_wire_dot_twinflow__pb2.NoticesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -168,6 +184,33 @@ class Ingest:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Notices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/twinflow.wire.Ingest/Notices',
+            twinflow_dot_wire_dot_twinflow__pb2.NoticesRequest.SerializeToString,
+            twinflow_dot_wire_dot_twinflow__pb2.NoticesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class AdminStub:
     """Missing associated documentation comment in .proto file."""
@@ -188,6 +231,21 @@ class AdminStub:
                 request_serializer=twinflow_dot_wire_dot_twinflow__pb2.HandoverRequest.SerializeToString,
                 response_deserializer=twinflow_dot_wire_dot_twinflow__pb2.HandoverReply.FromString,
                 _registered_method=True)
+        self.Failures = channel.unary_unary(
+                '/twinflow.wire.Admin/Failures',
+                request_serializer=twinflow_dot_wire_dot_twinflow__pb2.FailuresRequest.SerializeToString,
+                response_deserializer=twinflow_dot_wire_dot_twinflow__pb2.FailuresReply.FromString,
+                _registered_method=True)
+        self.Resubmit = channel.unary_unary(
+                '/twinflow.wire.Admin/Resubmit',
+                request_serializer=twinflow_dot_wire_dot_twinflow__pb2.AuditActionRequest.SerializeToString,
+                response_deserializer=twinflow_dot_wire_dot_twinflow__pb2.AuditActionReply.FromString,
+                _registered_method=True)
+        self.Discard = channel.unary_unary(
+                '/twinflow.wire.Admin/Discard',
+                request_serializer=twinflow_dot_wire_dot_twinflow__pb2.AuditActionRequest.SerializeToString,
+                response_deserializer=twinflow_dot_wire_dot_twinflow__pb2.AuditActionReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -205,6 +263,24 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Failures(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resubmit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Discard(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +293,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Handover,
                     request_deserializer=twinflow_dot_wire_dot_twinflow__pb2.HandoverRequest.FromString,
                     response_serializer=twinflow_dot_wire_dot_twinflow__pb2.HandoverReply.SerializeToString,
+            ),
+            'Failures': grpc.unary_unary_rpc_method_handler(
+                    servicer.Failures,
+                    request_deserializer=twinflow_dot_wire_dot_twinflow__pb2.FailuresRequest.FromString,
+                    response_serializer=twinflow_dot_wire_dot_twinflow__pb2.FailuresReply.SerializeToString,
+            ),
+            'Resubmit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resubmit,
+                    request_deserializer=twinflow_dot_wire_dot_twinflow__pb2.AuditActionRequest.FromString,
+                    response_serializer=twinflow_dot_wire_dot_twinflow__pb2.AuditActionReply.SerializeToString,
+            ),
+            'Discard': grpc.unary_unary_rpc_method_handler(
+                    servicer.Discard,
+                    request_deserializer=twinflow_dot_wire_dot_twinflow__pb2.AuditActionRequest.FromString,
+                    response_serializer=twinflow_dot_wire_dot_twinflow__pb2.AuditActionReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -273,6 +364,87 @@ class Admin:
             '/twinflow.wire.Admin/Handover',
             twinflow_dot_wire_dot_twinflow__pb2.HandoverRequest.SerializeToString,
             twinflow_dot_wire_dot_twinflow__pb2.HandoverReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Failures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/twinflow.wire.Admin/Failures',
+            twinflow_dot_wire_dot_twinflow__pb2.FailuresRequest.SerializeToString,
+            twinflow_dot_wire_dot_twinflow__pb2.FailuresReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resubmit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/twinflow.wire.Admin/Resubmit',
+            twinflow_dot_wire_dot_twinflow__pb2.AuditActionRequest.SerializeToString,
+            twinflow_dot_wire_dot_twinflow__pb2.AuditActionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Discard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/twinflow.wire.Admin/Discard',
+            twinflow_dot_wire_dot_twinflow__pb2.AuditActionRequest.SerializeToString,
+            twinflow_dot_wire_dot_twinflow__pb2.AuditActionReply.FromString,
             options,
             channel_credentials,
             insecure,
