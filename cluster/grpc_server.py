@@ -288,8 +288,9 @@ class IngestServicer(pb_grpc.IngestServicer):
 
 
 class AdminServicer(pb_grpc.AdminServicer):
-    """Answers Status from ``status()`` and Handover through ``handover(timeout_s)``; Failures,
-    Resubmit and Discard over the audit ``failures()`` gives (``failures_rpc.py``).
+    """Answers Status from ``status()`` and Handover through ``handover(timeout_s)``; Resume through
+    ``resume(by)`` (the suspensions it asked to end); Failures, Resubmit and Discard over the
+    audit ``failures()`` gives (``failures_rpc.py``).
 
     Both callables return plain dicts keyed by the reply's field names; a
     missing or ``None`` key leaves the field at its default and a key the
@@ -300,14 +301,22 @@ class AdminServicer(pb_grpc.AdminServicer):
     DEFAULT_HANDOVER_TIMEOUT_S = 5.0
 
     def __init__(self, status: Callable[[], dict], handover: Callable[[float], dict],
-                 failures: Callable[[], FlowFailures] | None = None):
+                 failures: Callable[[], FlowFailures] | None = None,
+                 resume: Callable[[str], list[dict]] | None = None):
         self._status, self._handover, self._failures = status, handover, failures
+        self._resume = resume
 
     def Status(self, request, context):
         return _from_dict(pb.NodeStatus, self._status())
 
     def Handover(self, request, context):
         return _from_dict(pb.HandoverReply, self._handover(request.timeout_s or self.DEFAULT_HANDOVER_TIMEOUT_S))
+
+    def Resume(self, request, context):
+        if self._resume is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server runs no flow to resume")
+        resumed = self._resume(request.by or context.peer())
+        return pb.ResumeReply(resumed=[_from_dict(pb.Suspension, s) for s in resumed])
 
     def Failures(self, request, context):
         return failures_reply(self._audit(context), request, context)

@@ -249,6 +249,14 @@ class Peer:
         out["epoch"] = max(r["epoch"] for r in rows)
         return out
 
+    def resume(self, by: str) -> list[dict]:
+        """Ask the master to end the flow's suspensions (every shard's): the ones the request ends."""
+        out = []
+        for m in self.members:
+            for node, s in m.store.request_resume(by, deadline_s=5.0).items():
+                out.append({"flow": m.name, "node": node, **s})
+        return out
+
     def handover(self, timeout_s: float) -> dict:
         """Hand every member this peer is master of over; ok when each one was."""
         if not self.sharded:

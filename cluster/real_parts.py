@@ -69,7 +69,7 @@ class RealParts:
             escalation=EscalationServicer.for_flows({m.name: (m.on_claims, m.admit_escalation)
                                                      for m in peer.members}),
             ingest=IngestServicer(peer.name, peer.publish, failures=peer.failures),
-            admin=AdminServicer(peer.status, peer.handover, failures=peer.failures),
+            admin=AdminServicer(peer.status, peer.handover, failures=peer.failures, resume=peer.resume),
             security=peer.cfg.security,
             health=peer.health.servicer,
         )

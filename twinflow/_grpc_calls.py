@@ -106,6 +106,11 @@ def _handover(channel: grpc.Channel, timeout_s: float) -> dict:
     return _to_dict(pb_grpc.AdminStub(channel).Handover(request, timeout=timeout_s + HANDOVER_REPLY_MARGIN_S))
 
 
+def _resume(channel: grpc.Channel, by: str, timeout_s: float) -> list[dict]:
+    reply = pb_grpc.AdminStub(channel).Resume(pb.ResumeRequest(by=by), timeout=timeout_s)
+    return [_to_dict(s) for s in reply.resumed]
+
+
 def _to_dict(message) -> dict:
     out = {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
     if "rule_pending" in out:  # a map field: a plain dict, as the status in Redis gives it

@@ -121,8 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("resume", help="end a flow's suspensions now (an action's retries used up, "
                                        "on_retry_failure: suspend)")
     rs.add_argument("flow", help="flow file (YAML)")
-    rs.add_argument("--redis")
+    rs.add_argument("--redis", help="Redis URL (the default way in)")
+    rs.add_argument("--peer", action="append", metavar="HOST:PORT",
+                    help="go through this peer's Admin service instead of Redis (repeatable: the first that answers)")
     rs.add_argument("--by", help="who resumes it, for the log (default: this user)")
+    operator_security_flags(rs)
     rs.set_defaults(fn=cmd_resume)
 
     fl = sub.add_parser("failures", help="the audit of failed messages: list, show, resubmit (exactly once "

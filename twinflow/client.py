@@ -76,7 +76,7 @@ from typing import Callable, Iterable, TypeVar
 import grpc
 
 from twinflow._escalation_client import Ack, EscalationClient
-from twinflow._grpc_calls import (_audit_action, _batches, _encode, _failures, _failures_request, _handover,
+from twinflow._grpc_calls import (_audit_action, _batches, _encode, _failures, _failures_request, _handover, _resume,
                                   _notices, _publish_once, _status, node_status, peer_status, publish,
                                   request_handover)
 from twinflow.wire import twinflow_pb2 as pb
@@ -314,6 +314,13 @@ class Client:
                 return {"ok": False, "new_master": "", "seconds": 0.0,
                         "reason": f"no master among {', '.join(self.addresses)}"}
         return _handover(self._channel(address, "admin"), timeout_s)
+
+    def resume(self, by: str = "", *, timeout_s: float = 10.0, address: str | None = None) -> list[dict]:
+        """Ask the flow's master to end its suspensions now (``twinflow resume``): the first peer
+        that answers writes the request. One dict per suspension it ends (``flow``, ``node``, ``id``,
+        ``reason``, ``since``, ``until``); empty when the flow is not suspended. The ``admin``
+        scope; raises ``grpc.RpcError``."""
+        return self._first(lambda a: _resume(self._channel(a, "admin"), by, timeout_s), address)
 
     # ---- notices and the audit of failed messages ----------------------------
 

@@ -51,8 +51,8 @@ class GuardedLedger:
         """A "processing" entry of ``sim``'s reached Redis: maybe kill ``sim`` before its handler runs."""
         from .world import Killed
 
-        if self.rng.random() >= self.world.dims.handler_kill or not sim.alive:
-            return
+        if self.rng.random() >= self.world.dims.handler_kill or not sim.alive or sim.peer_id in self.world.stopping:
+            return  # a peer in a graceful stop exits by it: the stop is what a rolling restart tests
         self.kills += 1
         self.world.kill(sim)
         raise Killed(sim.peer_id, f"{sim.peer_id} killed inside a handler call (its processing entry in Redis)")

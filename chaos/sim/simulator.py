@@ -55,6 +55,7 @@ from .checker import Checker
 from .guarded import GuardedLedger
 from .redis_model import virtual_time
 from .schedule import Schedule
+from .turns import ThreadKilled
 from .world import START_TIME, Dims, Killed, SimulationStuck, World
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
@@ -345,7 +346,7 @@ def _step(world: World, schedule: Schedule, checker: Checker, result: RunResult,
     except SimulationStuck as exc:
         result.problems.append(f"step {i}: {exc}")
         return False
-    except Exception as exc:  # the node code (or a model) broke: a failed run with its traceback
+    except (Exception, ThreadKilled) as exc:  # the node code (or a model) broke: a failed run with its traceback
         result.problems.append(f"step {i}: {type(exc).__name__}: {exc}")
         result.trace.append(traceback.format_exc())
         return False

@@ -136,6 +136,7 @@ class World:
         self.interleave_hook: Callable[[SimPeer, str], str | None] | None = None  # set by the schedule
         self.zombies: list = []         # shard task attempts declared lost that have not run yet
         self.guarded = None             # the guarded kind's ledger (guarded.GuardedLedger), set by the run
+        self.stopping: set[str] = set()  # peers inside a graceful stop (no fault is injected into one)
         self.stops: list[str] = []      # batches that failed with an error other than Redis being away
         self.erased_failures: set[str] = set()  # uplink positions whose failure record a failover erased
         self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)
@@ -295,11 +296,14 @@ class World:
         # handled_id, as a kill does.
         if sim.ahead is not None and sim.ahead.pending is not None:
             was += ", with a batch running ahead of its checkpoint"
+        self.stopping.add(sim.peer_id)
         try:
             peer.stop_gracefully()
             said = f"stopped gracefully (was {was})"
         except Exception as exc:  # the process exits all the same
             said = f"graceful stop failed ({type(exc).__name__}: {exc}); the process exits"
+        finally:
+            self.stopping.discard(sim.peer_id)
         self._gone(sim)
         return said
 

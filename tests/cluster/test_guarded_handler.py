@@ -1,6 +1,7 @@
 """A handler guarded by the history, with retries and `on_retry_failure: suspend`, on a real pair
 (examples/cluster-guarded.yaml and its ledger handler): the suspension stops every peer's
-reading, survives a failover, and `twinflow resume` ends it, starting with the suspended message.
+reading, survives a failover, and `twinflow resume` (through a peer's Admin service, or Redis) ends
+it, starting with the suspended message.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def test_a_suspension_holds_every_peer_survives_a_failover_and_resume_starts_wit
         assert len(sink_ids(cluster)) == 10  # nothing ran past the suspended message
 
         (ledger / "down").unlink()
+        # Through the new master's Admin service (the request lands in Redis all the same).
         r = subprocess.run([sys.executable, "-m", "twinflow.cli", "resume", str(cluster.flow_path),
-                            "--redis", cluster.redis_url, "--by", "ops"], capture_output=True, text=True, timeout=60)
+                            "--peer", cluster.status("b")["grpc_address"], "--by", "ops"],
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "resuming node book (suspended on message 'm10'" in r.stdout, r
         wait_until(lambda: len(sink_ids(cluster)) == 30, 60, what="every message delivered after the resume")
         delivered = sink_ids(cluster)

@@ -268,3 +268,31 @@ class AuditActionReply(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AuditActionResult]
     def __init__(self, results: _Optional[_Iterable[_Union[AuditActionResult, _Mapping]]] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("by",)
+    BY_FIELD_NUMBER: _ClassVar[int]
+    by: str
+    def __init__(self, by: _Optional[str] = ...) -> None: ...
+
+class Suspension(_message.Message):
+    __slots__ = ("flow", "node", "id", "reason", "since", "until")
+    FLOW_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    flow: str
+    node: str
+    id: str
+    reason: str
+    since: float
+    until: float
+    def __init__(self, flow: _Optional[str] = ..., node: _Optional[str] = ..., id: _Optional[str] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ...) -> None: ...
+
+class ResumeReply(_message.Message):
+    __slots__ = ("resumed",)
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    resumed: _containers.RepeatedCompositeFieldContainer[Suspension]
+    def __init__(self, resumed: _Optional[_Iterable[_Union[Suspension, _Mapping]]] = ...) -> None: ...

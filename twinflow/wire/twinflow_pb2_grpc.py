@@ -231,6 +231,11 @@ class AdminStub:
                 request_serializer=twinflow_dot_wire_dot_twinflow__pb2.HandoverRequest.SerializeToString,
                 response_deserializer=twinflow_dot_wire_dot_twinflow__pb2.HandoverReply.FromString,
                 _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/twinflow.wire.Admin/Resume',
+                request_serializer=twinflow_dot_wire_dot_twinflow__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=twinflow_dot_wire_dot_twinflow__pb2.ResumeReply.FromString,
+                _registered_method=True)
         self.Failures = channel.unary_unary(
                 '/twinflow.wire.Admin/Failures',
                 request_serializer=twinflow_dot_wire_dot_twinflow__pb2.FailuresRequest.SerializeToString,
@@ -258,6 +263,12 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Handover(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -293,6 +304,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Handover,
                     request_deserializer=twinflow_dot_wire_dot_twinflow__pb2.HandoverRequest.FromString,
                     response_serializer=twinflow_dot_wire_dot_twinflow__pb2.HandoverReply.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=twinflow_dot_wire_dot_twinflow__pb2.ResumeRequest.FromString,
+                    response_serializer=twinflow_dot_wire_dot_twinflow__pb2.ResumeReply.SerializeToString,
             ),
             'Failures': grpc.unary_unary_rpc_method_handler(
                     servicer.Failures,
@@ -364,6 +380,33 @@ class Admin:
             '/twinflow.wire.Admin/Handover',
             twinflow_dot_wire_dot_twinflow__pb2.HandoverRequest.SerializeToString,
             twinflow_dot_wire_dot_twinflow__pb2.HandoverReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/twinflow.wire.Admin/Resume',
+            twinflow_dot_wire_dot_twinflow__pb2.ResumeRequest.SerializeToString,
+            twinflow_dot_wire_dot_twinflow__pb2.ResumeReply.FromString,
             options,
             channel_credentials,
             insecure,
