@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -157,6 +158,35 @@ def kill_in_handler(d: Drill) -> None:
     if not wait_for(inside, 60, 0.001):
         raise RuntimeError(f"the master was never seen inside a handler call:\n{d.cluster.logs()}")
     d.kill(d.master, d.worker)
+
+
+def resubmit_in_failover(d: Drill) -> None:
+    """The guarded flow with every 7th message refused by the ledger (audited FAILED): once some
+    are, the ledger takes every order again, the master is killed, and while the worker takes
+    over an operator resubmits every FAILED entry; after the stream, once more whatever failed since."""
+    cl = d.cluster
+    ledger = Path(os.environ["TWINFLOW_LEDGER"])
+    d.wait_sent(0.4)
+    if not wait_for(lambda: cl.redis.xlen(cl.keys.audit) >= 3, 60, 0.05):
+        raise RuntimeError(f"no message was audited FAILED:\n{cl.logs()}")
+    d.say(f"  the ledger takes every order again ({guarded_drills.accept_all(ledger)} refused so far)")
+    now = cl.master()
+    if now != d.master:
+        raise RuntimeError(f"{d.master} is not master before the fault (master: {now})")
+    d.fault(f"SIGKILL master {d.master}; every FAILED entry resubmitted while {d.worker} takes over")
+    cl.peers[d.master].kill()
+    d.say(f"  {_resubmit_all(cl)}")
+    cl.wait_role(d.worker, "master")
+
+
+def _resubmit_all(cluster: LocalCluster) -> str:
+    """``twinflow failures resubmit --all`` over Redis, as an operator runs it."""
+    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "failures", "resubmit", str(cluster.flow_path),
+                        "--all", "--redis", cluster.redis_url, "--by", "drill"], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"twinflow failures resubmit failed ({r.returncode}): {r.stderr[-2000:]}")
+    return (r.stdout.strip().splitlines() or ["nothing to resubmit"])[-1]
 
 
 def pause_master(d: Drill) -> None:
@@ -365,6 +395,7 @@ def redis_cluster_failover(d: Drill) -> None:
 DRILLS: dict[str, Callable[[Drill], None]] = {
     "kill-master": kill_master,
     "kill-in-handler": kill_in_handler,
+    "resubmit-in-failover": resubmit_in_failover,
     "pause-master": pause_master,
     "escalation-cut": escalation_cut,
     "escalation-latency": escalation_latency,
@@ -380,7 +411,7 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "redis-cluster-failover": redis_cluster_failover,
 }
 # The drills of a guarded handler: they run the guarded flow (guarded_drills.py), at its rate.
-GUARDED = {"kill-in-handler"}
+GUARDED = {"kill-in-handler", "resubmit-in-failover"}
 # The drills on a Redis with replicas, and which (see LocalCluster's redis_mode).
 REDIS_HA = {"redis-failover": "sentinel", "redis-cluster-failover": "cluster"}
 # The drills that run on a three-server ZooKeeper ensemble (the others on one server).
@@ -439,6 +470,9 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
             FlowProducer(cluster, source, messages, rate, gate)
         drill = Drill(cluster, master, worker, random.Random(seed), lambda: len(producer.ids), messages, say=say,
                       producing=gate)
+        if name == "resubmit-in-failover":  # the ledger refuses every 7th message until it is resubmitted
+            guarded_drills.refuse(ledger, [source.id_of(source.doc(i)) for i in range(messages)
+                                           if i % guarded_drills.REFUSE_EVERY == 3])
         producer.start()
         DRILLS[name](drill)
         producer.join(timeout=messages / rate + 120)
@@ -446,7 +480,14 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
             raise RuntimeError(f"the producer failed: {producer.error}")
         wait_for(lambda: check_outputs(cluster.outputs(), producer.ids).delivered >= len(producer.ids),
                  settle_s, 0.5)
-        result = check(cluster, producer.ids, drill.faults, kills_master=name in KILLS_MASTER)
+        if name == "resubmit-in-failover":
+            resubmitted = _settle_resubmits(cluster, settle_s, say)
+            outputs = guarded_drills.without_resubmitted(cluster.outputs(), cluster.redis, cluster.keys)
+            result = verdict(checker.check(outputs, producer.ids, drill.faults), kills_master=True)
+            result["resubmit"] = resubmitted
+            result["passed"] = result["passed"] and guarded_drills.resubmit_kept(resubmitted)
+        else:
+            result = check(cluster, producer.ids, drill.faults, kills_master=name in KILLS_MASTER)
         result.update(drill=name, seed=seed, messages=messages)
         if ledger is not None:
             result["ledger"] = guarded_drills.ledger_verdict(ledger)
@@ -466,6 +507,19 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
         cluster.stop()
         if not keep:
             cluster.remove()
+
+
+def _settle_resubmits(cluster: LocalCluster, settle_s: float, say: Callable[[str], None]) -> dict:
+    """After the stream: resubmit what failed since the first resubmit, and wait until every
+    resubmitted entry has its outcome; the audit's verdict (guarded_drills.resubmit_verdict)."""
+    say(f"  after the stream: {_resubmit_all(cluster)}")
+    keys = cluster.keys
+
+    def settled():
+        v = guarded_drills.resubmit_verdict(cluster.redis, keys)
+        return v if v["outcomes"] >= v["resubmitted"] else None
+
+    return wait_for(settled, settle_s, 0.5) or guarded_drills.resubmit_verdict(cluster.redis, keys)
 
 
 def check(cluster: LocalCluster, sent: list[str], faults: list[float], kills_master: bool) -> dict:

@@ -16,6 +16,15 @@ mid-stream is almost always inside a call. On top of the checker's promises
   called twice outside In Doubt.
 
 A drill of this module passes only with all three at 0.
+
+``resubmit-in-failover`` also refuses every ``REFUSE_EVERY``-th message in
+the ledger (``refuse/<id>``): those leave by ``error`` and are audited
+FAILED. While the master is killed and the worker takes over, an operator
+resubmits every FAILED entry (``twinflow failures resubmit --all``). Each
+must run exactly once more (:func:`resubmit_verdict`: one outcome per
+resubmitted entry, none left FAILED, its order booked once), and the
+checker counts a resubmitted message's first leaving by ``error`` as what
+the resubmit answered, not as a second leaving (:func:`without_resubmitted`).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ GUARDED_FLOW = EXAMPLES / "cluster-guarded.yaml"
 HANDLERS = EXAMPLES / "ledger_handlers.py"
 DELAY_MS = 10  # each handler call's own work: the kill lands inside a call
 RATE = 60.0    # messages per second: what one master with that handler keeps up with, on two cores
+REFUSE_EVERY = 7  # resubmit-in-failover: every 7th message fails for good until it is resubmitted
 
 
 def prepare(workdir: Path, delay_ms: int = DELAY_MS) -> Path:
@@ -50,6 +60,56 @@ def prepare(workdir: Path, delay_ms: int = DELAY_MS) -> Path:
 def booking_name(uuid: str) -> str:
     """The handler's file name for an order's booking (``ledger_handlers.booking_name``)."""
     return hashlib.sha256(uuid.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def refuse(ledger: Path, ids: list[str]) -> None:
+    """Make the ledger refuse these messages (a service error each) until :func:`accept_all`."""
+    for mid in ids:
+        (ledger / "refuse" / mid).touch()
+
+
+def accept_all(ledger: Path) -> int:
+    """The ledger takes every order again; returns how many it had refused."""
+    refused = list((ledger / "refuse").iterdir())
+    for path in refused:
+        path.unlink()
+    return len(refused)
+
+
+def resubmit_verdict(r, keys) -> dict:
+    """The audit after a drill that resubmitted (``r`` a Redis client, ``keys`` the flow's keys):
+    entries still FAILED, resubmitted, outcomes recorded and of those how many ``done``."""
+    entries = r.xrange(keys.audit)
+    marks = {k.decode(): json.loads(v) for k, v in r.hgetall(keys.audit_marks).items()}
+    outcomes = {k.decode(): json.loads(v) for k, v in r.hgetall(keys.audit_outcomes).items()}
+    resubmitted = [i.decode() for i, _ in entries if marks.get(i.decode(), {}).get("status") == "RESUBMITTED"]
+    return {"audited": len(entries), "resubmitted": len(resubmitted),
+            "still_failed": sum(1 for i, _ in entries if i.decode() not in marks),
+            "outcomes": sum(1 for i in resubmitted if i in outcomes),
+            "outcomes_done": sum(1 for i in resubmitted if outcomes.get(i, {}).get("outlink") == "done")}
+
+
+def resubmit_kept(verdict: dict) -> bool:
+    return verdict["resubmitted"] > 0 and verdict["still_failed"] == 0 and \
+        verdict["outcomes"] == verdict["outcomes_done"] == verdict["resubmitted"]
+
+
+def without_resubmitted(outputs: dict, r, keys) -> dict:
+    """``outputs`` without the first leaving (by ``error``) of each message that was resubmitted:
+    what the checker judges, so that a message that ran once more counts as leaving once."""
+    marks = {k.decode(): json.loads(v) for k, v in r.hgetall(keys.audit_marks).items()}
+    again = Counter(f[b"id"].decode() for i, f in r.xrange(keys.audit)
+                    if marks.get(i.decode(), {}).get("status") == "RESUBMITTED")
+    out = {}
+    for name, entries in outputs.items():
+        kept = []
+        for e in entries:
+            if name.endswith(".error") and again[e.id] > 0:
+                again[e.id] -= 1
+                continue
+            kept.append(e)
+        out[name] = kept
+    return out
 
 
 def _lines(path: Path) -> list[dict]:

@@ -22,7 +22,7 @@ DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 # ... and these where a drill has them (the Redis failover drills, the drills between hosts).
 DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "rto_each_s", "max_gap_s", "stop_status",
                     "skew_s", "timeouts_after_failover", "timeout_error_ms_p50", "timeout_error_ms_min",
-                    "timeout_error_ms_max", "kept_logs", "ledger", "lost_ids", "duplicated_ids", "error"]
+                    "timeout_error_ms_max", "kept_logs", "ledger", "resubmit", "lost_ids", "duplicated_ids", "error"]
 
 
 # -- services ----------------------------------------------------------------
