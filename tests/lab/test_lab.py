@@ -10,6 +10,7 @@ prefix carries this process's PID, so a lab test on another xdist worker never m
 from __future__ import annotations
 
 import errno
+import json
 import socket
 
 import pytest
@@ -93,9 +94,28 @@ def test_the_master_host_dies_and_the_other_peer_delivers_every_message(lab, tmp
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report
     assert report.promises_kept, report
     assert {e.peer for e in outputs["deliver.done"]} == {old, other}
+    operators_on_mutual_tls(lab, other)
     failover_s = failover_seconds(lab.sink_entries(), old_epoch, killed_at)
     assert failover_s is not None and failover_s < 10.0
     record_property("failover_s", round(failover_s, 2))
     print(f"lab up {lab.state.info['up_s']} s; {old} killed after {sent_before_kill} sent; failover "
           f"{failover_s:.2f} s; rto {report.rto_s} s; outlinks "
           f"{ {k: len(v) for k, v in outputs.items() if v} }")
+
+
+def operators_on_mutual_tls(lab, master: str) -> None:
+    """The operator commands from the client host, over the peers' mutual TLS with the client's
+    own certificate and the admin token (TWINFLOW_* variables), never a peer's key."""
+    flow = str(lab.plan.flow_path)
+    peer = f"{master}.lab:7070"
+    # status asks Redis first: one where nothing listens makes it ask the peer over gRPC.
+    status = lab.operator("status", flow, "--json", "--redis", "redis://127.0.0.1:1/0", "--peer", peer)
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert any(row["role"] == "master" and row["peer_id"] == master for row in json.loads(status.stdout)["peers"])
+    listed = lab.operator("failures", "list", flow, "--peer", peer, "--status", "ANY", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout)["flow"] == lab.plan.flow, listed.stderr[-2000:]
+    resumed = lab.operator("resume", flow, "--peer", peer)
+    assert resumed.returncode == 0 and "is not suspended: nothing to resume" in resumed.stdout, resumed.stderr
+    # Without the client's certificate the peers refuse the handshake: one line, exit 3.
+    bare = lab.operator("resume", flow, "--peer", peer, certificate=False)
+    assert bare.returncode == 3 and "Traceback" not in bare.stderr, bare.stderr[-2000:]

@@ -40,7 +40,7 @@ from pathlib import Path
 import redis
 
 from .lab_hosts import (PEERS, REDIS_PORT, SENTINEL_PORTS, SERVICE, SPARK_WEBUI_PORT, ZK_PORT, Launch, LabPlan,
-                        peer_command, peer_stop_command, publisher_command, redis_launches, spark_launches,
+                        operator_command, peer_command, peer_stop_command, publisher_command, redis_launches, spark_launches,
                         zookeeper_launches)
 from .lab_flow import FlowReadings
 from .lab_network import (DEFAULT_PREFIX, DEFAULT_SUBNET, NETNS_ETC, HostOps, LabProcess, LabState, check_usable,
@@ -301,6 +301,18 @@ class Lab(FlowReadings):
     def publisher(self, count: int, rate: float, acked: str | Path, first: int = 0) -> LabProcess:
         """Start the client host publishing (see :func:`.lab_hosts.publisher_command`)."""
         return self._start(publisher_command(self.plan, count, rate, acked, first))
+
+    def operator(self, *args: str, timeout_s: float = 60.0, certificate: bool = True) -> subprocess.CompletedProcess:
+        """``twinflow ARGS`` as an operator on the client host (:func:`.lab_hosts.operator_command`),
+        run to its end; its output and exit status. ``certificate`` False: without the client's
+        certificate and key (the CA and token still given)."""
+        launch = operator_command(self.plan, list(args))
+        if not certificate:
+            launch.env.pop("TWINFLOW_TLS_CERT")
+            launch.env.pop("TWINFLOW_TLS_KEY")
+        Path(launch.cwd).mkdir(parents=True, exist_ok=True)
+        return subprocess.run(netns_exec(self.client_ns, launch.argv), env=launch.env, cwd=launch.cwd,
+                              capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
 
     def wait_exit(self, p: LabProcess, deadline_s: float) -> int | None:
         """The exit status of a process this object started, once it ends (None at the deadline)."""

@@ -313,6 +313,16 @@ def peer_environment(plan: LabPlan, host: str) -> str:
     return "".join(f"{k}={v}\n" for k, v in values.items())
 
 
+def operator_command(plan: LabPlan, args: list[str]) -> Launch:
+    """``twinflow ARGS`` run by an operator on the client host: over the peers' mutual TLS with
+    the client's own certificate (no peer's key) and the admin token, both named by the
+    ``TWINFLOW_TLS_*`` and ``TWINFLOW_TOKEN`` variables, as an operator's shell would set them."""
+    s = plan.secrets
+    env = {"TWINFLOW_TLS_CERT": str(s / "client.pem"), "TWINFLOW_TLS_KEY": str(s / "client-key.pem"),
+           "TWINFLOW_TLS_CA": str(s / "ca.pem"), "TWINFLOW_TOKEN": f"admin=file:{s / 'admin.token'}"}
+    return _launch(plan, "client", "operator", [sys.executable, "-m", "twinflow.cli", *args], env=env)
+
+
 def publisher_command(plan: LabPlan, count: int, rate: float, acked: str | Path, first: int = 0) -> Launch:
     """The client host publishing ``count`` messages of the chained flow at ``rate`` per second
     to both peers' advertised names over mutual TLS with the ingest token
