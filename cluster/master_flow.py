@@ -262,7 +262,7 @@ class MasterFlow:
             raise ValueError(f"the resubmit of audit entry {m.audit} names node {node!r}, "
                              f"which this flow's graph does not have")
         self.audit.fed(m)
-        self.engine.feed_at(node, m.msg(), now)
+        self.engine.feed_at(node, m.msg(), now, token=m.audit)
 
     def fire(self, now: float, epoch: int, resume: bool = False) -> Step:
         """Fire every deadline at or before ``now`` (no new message); with ``resume``, every

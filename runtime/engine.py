@@ -60,15 +60,20 @@ class Engine:
             self.advance(at)
         self._deliver(self.graph.input, msg)
 
-    def feed_at(self, node: str, msg: Msg, at: float) -> None:
+    def feed_at(self, node: str, msg: Msg, at: float, token: str | None = None) -> None:
         """As :meth:`feed`, but ``msg`` enters at ``node`` instead of the flow's input (a
-        resubmitted message goes back to the node it failed at); KeyError for a node the
-        flow does not have."""
+        resubmitted message goes back to the node it failed at; ``token`` names the resubmit, for
+        a node that guards it: an action's ``on_resubmit``); KeyError for a node the flow does
+        not have."""
         if node not in self.graph.nodes:
             raise KeyError(f"the flow has no node {node!r}")
         if at != self._fired_to:
             self.advance(at)
-        self._deliver(node, msg)
+        target = self.graph.nodes[node]
+        if token is not None and hasattr(target, "on_resubmit"):
+            self._route(node, target.on_resubmit(msg, self.now, token))
+        else:
+            self._deliver(node, msg)
 
     def advance(self, to: float) -> None:
         """Fire every deadline at or before ``to``, in time order; the clock ends at ``to``."""

@@ -188,7 +188,7 @@ class Checker:
                 continue
             for member in e.id.split("+"):
                 if member in again:
-                    if self._expired_again(member, now):
+                    if self._expired_again(member, now) or self._resubmitted_again(member):
                         continue
                     problems.append(f"{member} left the flow {self.left[member]} times "
                                     f"(again via {stream}, peer {e.peer}, epoch {e.epoch})")
@@ -209,6 +209,17 @@ class Checker:
                 and self.allowed[member] < extra):
             self.allowed[member] += 1
             self.counts["left_again_after_id_ttl"] += 1
+            return True
+        return False
+
+    def _resubmitted_again(self, member: str) -> bool:
+        """A second leave of a message an operator resubmitted: one more per resubmit."""
+        guarded = self.world.guarded
+        if guarded is None:
+            return False
+        extra = self.left[member] - 1 - self.allowed[member]
+        if extra <= guarded.resubmits_of()[member]:
+            self.counts["left_again_resubmitted"] += 1
             return True
         return False
 

@@ -13,6 +13,13 @@ plus what only it has.
   reading; the ledger comes back when the fault heals.
 - **An operator's resume** while the flow is suspended (``twinflow resume``'s
   request, written through the store).
+- **Orders the ledger refuses** (a fault): a published message's handler call
+  fails with a service error, it leaves by ``error`` and is audited FAILED;
+  **an operator's resubmit** (``twinflow failures resubmit``, through the
+  store) makes the ledger take those orders again and resubmits them, during
+  faults or after them (``heal``: whatever is still FAILED). The checker
+  lets a resubmitted message leave once more per resubmit
+  (:meth:`GuardedLedger.resubmits_of`), never more.
 
 At the end of a run the ledger must hold every order booked once, and no
 handler call repeated except through an In Doubt message the resolver sent
@@ -22,11 +29,15 @@ here raises but :class:`~.world.Killed`, for the kill it decides.
 
 from __future__ import annotations
 
+import json
 import random
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...cluster.flow_failures import FlowFailures
 from ...cluster.on_cluster import flow_keys
+from ...runtime.store.audit import AuditFilter
 from ...runtime.store.flow_store import FlowStore
 from ..guarded_drills import booking_name, ledger_kept, ledger_verdict
 
@@ -40,11 +51,15 @@ class GuardedLedger:
     def __init__(self, world: "World", ledger: Path, rng: random.Random):
         self.world, self.ledger, self.rng = world, ledger, rng
         self.keys = flow_keys(world.graph)
+        self.handler_node = next(n for n, node in world.graph.nodes.items() if getattr(node, "handler", None))
         # An operator's own client, on the producer's link (it never fails).
         self.operator = FlowStore(world.redis, self.keys, "operator", sleep=world.wait, monotonic=world.clock.now)
         self.kills = 0
         self.resumes = 0
         self.downs = 0
+        self.refusals = 0
+        self.resubmitted = 0
+        self.failures = FlowFailures(world.graph.name, [self.operator])
 
     # -- kills inside a handler -----------------------------------------------
     def after_started(self, sim: "SimPeer") -> None:
@@ -79,6 +94,50 @@ class GuardedLedger:
         self.resumes += 1
         return f"resume requested for {', '.join(held) or 'nothing'}"
 
+    # -- refused orders and resubmits ----------------------------------------------
+    def refuse(self, mid: str) -> str:
+        (self.ledger / "refuse" / mid).touch()
+        self.refusals += 1
+        return f"the ledger refuses {mid}"
+
+    def failed(self) -> list[str]:
+        """The audit IDs of the handler's failures still FAILED (bad input is never resubmitted:
+        it would fail again)."""
+        return self.failures.matching(AuditFilter(node=self.handler_node))
+
+    def resubmit(self) -> str:
+        """Take the refused orders again and resubmit every handler failure still FAILED."""
+        for path in (self.ledger / "refuse").iterdir():
+            path.unlink()
+        results = self.failures.resubmit(self.failed(), "operator")
+        done = sum(r.ok for r in results)
+        self.resubmitted += done
+        return f"{done} resubmitted" + (f", {len(results) - done} refused" if done < len(results) else "")
+
+    def heal(self) -> str | None:
+        """After the faults: the ledger takes every order, and what is still FAILED is resubmitted
+        (what fails later, the schedule resubmits as it goes on)."""
+        self.come_back()
+        for path in (self.ledger / "refuse").iterdir():
+            path.unlink()
+        return self.resubmit() if self.failed() else None
+
+    def settled(self) -> bool:
+        """Nothing of the handler's still FAILED, and every resubmitted entry has its outcome."""
+        if self.failed():
+            return False
+        r, keys = self.world.redis, self.keys
+        marks = {k.decode(): json.loads(v) for k, v in r.hgetall(keys.audit_marks).items()}
+        resubmitted = {k for k, m in marks.items() if m.get("status") == "RESUBMITTED"}
+        return resubmitted <= {k.decode() for k in r.hkeys(keys.audit_outcomes)}
+
+    def resubmits_of(self) -> Counter:
+        """Message ID -> how many of its audit entries were resubmitted (each may leave once more)."""
+        r, keys = self.world.redis, self.keys
+        marks = {k.decode(): json.loads(v) for k, v in r.hgetall(keys.audit_marks).items()}
+        return Counter(f[b"id"].decode() for i, f in r.xrange(keys.audit)
+                       if marks.get(i.decode(), {}).get("status") == "RESUBMITTED")
+
     # -- the check --------------------------------------------------------------
     def problems(self, docs: list[dict]) -> list[str]:
         """What the ledger shows against the documents the producer published (``docs``)."""
@@ -96,5 +155,6 @@ class GuardedLedger:
     def counts(self) -> dict[str, int]:
         verdict = ledger_verdict(self.ledger)
         return {"handler_kills": self.kills, "ledger_downs": self.downs, "resumes_requested": self.resumes,
+                "ledger_refusals": self.refusals, "resubmitted": self.resubmitted,
                 "in_doubt_run_again": verdict["in_doubt_run_again"],
                 "in_doubt_duplicate": verdict["in_doubt_duplicate"]}

@@ -93,8 +93,12 @@ class Schedule:
         if g is not None:
             if faults and not g.down and self.faults < MAX_FAULTS:
                 out.append((0.3, "ledger down", self.ledger_down))
+            if faults and len(self.sent) < self.messages and self.faults < MAX_FAULTS:
+                out.append((0.6, "ledger refuses", self.ledger_refuses))
             if g.suspended():
                 out.append((1, "resume", g.resume))
+            if g.failed():
+                out.append((0.5, "resubmit", g.resubmit))
         return out
 
     def step(self, faults: bool = True) -> str:
@@ -429,6 +433,13 @@ class Schedule:
             return f"{sim.peer_id} {self.world.stop(sim)}"
         return f"start {sim.peer_id}: {self.world.start(sim)}"
 
+    def ledger_refuses(self) -> str:
+        """Orders the ledger refuses: the next few the producer publishes."""
+        self.faults += 1
+        upto = min(self.messages, len(self.sent) + 3)
+        return "; ".join(self.world.guarded.refuse(self.source.id_of(self.source.doc(i)))
+                         for i in range(len(self.sent), upto))
+
     def ledger_down(self) -> str:
         self.faults += 1
         return self.world.guarded.go_down(self.rng.uniform(1.0, 60.0))
@@ -439,6 +450,10 @@ class Schedule:
         w = self.world
         self.rolling = []
         w.heal_due(everything=True)
+        if w.guarded is not None:
+            said = w.guarded.heal()
+            if said:
+                self.say(f"the ledger takes every order again: {said}")
         for sim in w.peers.values():
             sim.paused_until = float("-inf")
             if not sim.alive:

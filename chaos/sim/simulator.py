@@ -277,7 +277,8 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
         i = steps
         while world.clock.now() < end:
             if len(schedule.sent) == messages and set(schedule.all_sent()) <= checker.left.keys() and all(
-                    (h is not None and checker.left[h]) or checker.failed[p] for p, h in schedule.hostiles.items()):
+                    (h is not None and checker.left[h]) or checker.failed[p] for p, h in schedule.hostiles.items()) \
+                    and (world.guarded is None or world.guarded.settled()):
                 break
             if not _step(world, schedule, checker, result, i, faults=False):
                 return result

@@ -240,8 +240,14 @@ class World:
 
     # -- the uplink -------------------------------------------------------
     def publish(self, key: str, docs: list[bytes]) -> list[str]:
-        """Append to the uplink with entry IDs from the virtual clock."""
+        """Append to the uplink with entry IDs from the virtual clock, after the stream's last one (an
+        operator's resubmit adds entries with IDs of Redis's choosing)."""
         ms = int(self.clock.now() * 1000)
+        last = self.redis.xrevrange(key, count=1)
+        if last:
+            last_ms, last_seq = map(int, last[0][0].decode().split("-"))
+            if (ms, self._seq + 1) <= (last_ms, last_seq):
+                ms, self._seq = last_ms, last_seq
         out = []
         for body in docs:
             self._seq += 1

@@ -40,7 +40,11 @@ attempt: before running it again the node asks ``decide_doubt`` (the
 history's resolver, wired by the engine). Duplicate: the message leaves by
 ``done`` (the handler's effect is there); New: it runs again; no resolver,
 or any other answer: it leaves by ``error`` with the reason, so no handler
-call is ever repeated outside an In Doubt decision.
+call is ever repeated outside an In Doubt decision. A resubmitted message
+(``on_resubmit``, an operator's ``twinflow failures resubmit``) is guarded
+the same way, its marker named by the resubmit (``resubmit:<token>``): a
+master that dies inside its call leaves the marker, and the resubmit, read
+again from the uplink, asks the resolver first.
 
 The node holds a message only while it waits for a retry or behind a
 suspension; retries fire from ``on_time`` in deadline order, so they happen
@@ -75,6 +79,7 @@ class TransientError(Exception):
 
 RETRY_FAILURES = ("error", "suspend")
 ATTEMPT_PREFIX = "attempt:"  # a state key: an attempt made from the state, marked before its handler ran
+RESUBMIT_PREFIX = "resubmit:"  # a state key: a resubmitted message's attempt, marked before its handler ran
 DOUBTED = "an attempt of this message was under way when its master died"
 DEFAULT_SUSPEND_FOR = 60.0
 
@@ -132,6 +137,7 @@ class ActionNode(Node):
         self.attempt_started: Callable[[str, float], None] | None = None
         self.decide_doubt: Callable[[Msg, float], str | None] | None = None
         self._doubted: set[int] = set()  # orders whose attempt marker was loaded: a master died inside it
+        self._doubted_resubmits: set[str] = set()  # resubmits whose marker was loaded: likewise
         self._unstart: set[str] = set()  # attempt markers the next changes remove
 
     def on_message(self, msg: Msg, now: float) -> list[Emit]:
@@ -139,6 +145,32 @@ class ActionNode(Node):
             self._wait_behind(next(self._order), msg)
             return []
         return self._run(msg, 0, now, next(self._order))
+
+    def on_resubmit(self, msg: Msg, now: float, token: str) -> list[Emit]:
+        """A resubmitted message (``token`` names the resubmit): as ``on_message``, guarded behind a
+        history like an attempt from the state (see the module doc)."""
+        if self.attempt_started is None or self._blocked():
+            return self.on_message(msg, now)
+        marker = RESUBMIT_PREFIX + token
+        if token in self._doubted_resubmits:
+            self._doubted_resubmits.discard(token)
+            self._unstart.add(marker)
+            decided = self._decide(msg, now)
+            if decided is not None:
+                return decided
+        self.attempt_started(marker, now)
+        self._unstart.add(marker)
+        return self._run(msg, 0, now, next(self._order))
+
+    def _decide(self, msg: Msg, now: float) -> list[Emit] | None:
+        """A doubted attempt: the resolver's answer as emissions, or None to run it again."""
+        verdict = self.decide_doubt(msg, now) if self.decide_doubt is not None else None
+        if verdict == "duplicate":
+            return [Emit("done", (msg,), {"reason": DOUBTED, "resolver": verdict})]
+        if verdict == "new":
+            return None
+        why = "no resolver" if self.decide_doubt is None or verdict is None else f"resolver answered {verdict!r}"
+        return [Emit("error", (msg,), {"reason": f"{DOUBTED} ({why})"})]
 
     def on_time(self, now: float) -> list[Emit]:
         out: list[Emit] = []
@@ -210,12 +242,9 @@ class ActionNode(Node):
         if order in self._doubted:
             self._doubted.discard(order)
             self._unstart.add(marker)
-            verdict = self.decide_doubt(msg, now) if self.decide_doubt is not None else None
-            if verdict == "duplicate":
-                return [Emit("done", (msg,), {"reason": DOUBTED, "resolver": verdict})]
-            if verdict != "new":
-                why = "no resolver" if self.decide_doubt is None or verdict is None else f"resolver answered {verdict!r}"
-                return [Emit("error", (msg,), {"reason": f"{DOUBTED} ({why})"})]
+            decided = self._decide(msg, now)
+            if decided is not None:
+                return decided
         self.attempt_started(marker, now)
         self._unstart.add(marker)  # the step that ran the attempt removes it
         return self._attempt(msg, retries, now, order)
@@ -233,6 +262,9 @@ class ActionNode(Node):
         return changed
 
     def load_state(self, entries) -> None:
+        resubmits = {k for k in entries if k.startswith(RESUBMIT_PREFIX)}
+        self._doubted_resubmits.update(k[len(RESUBMIT_PREFIX):] for k in resubmits)
+        entries = {k: v for k, v in entries.items() if k not in resubmits}
         markers = {k for k in entries if k.startswith(ATTEMPT_PREFIX)}
         behind = {k: v for k, v in entries.items() if k.startswith("q")}
         timed = {k: v for k, v in entries.items() if not k.startswith("q") and k not in markers}

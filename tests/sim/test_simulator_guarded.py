@@ -1,9 +1,10 @@
 """The simulator drives a handler guarded by the history (kind ``guarded``,
 examples/cluster-guarded.yaml): masters killed inside handler calls, the ledger going down (retries,
 then a suspension every peer holds for), operators asking to resume. Runs keep every promise and
-the ledger's (every order booked once, no call repeated outside an In Doubt decision), and a history
+the ledger's (every order booked once, no call repeated outside an In Doubt decision), with orders
+the ledger refuses audited FAILED and resubmitted by an operator; and a history
 that takes a dead master's "processing" entry for a run in progress, or an action that runs a
-doubted attempt again without asking, is caught."""
+doubted attempt again without asking, or takes a resubmit unguarded, is caught."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def test_guarded_runs_keep_every_promise_and_the_ledger():
     # the ledger down (retries, suspensions) and resumes asked for.
     assert total["handler_kills"] >= 5 and total["in_doubt_run_again"] >= 5 and total["in_doubt_duplicate"] >= 5
     assert total["ledger_downs"] >= 5 and total["resumes_requested"] >= 5
+    # Orders the ledger refused, audited FAILED and resubmitted: each left once more, no more.
+    assert total["resubmitted"] >= 5 and total["left_again_resubmitted"] >= 5
 
 
 def caught(kind_of_problem: str) -> None:
@@ -42,6 +45,12 @@ def test_a_history_that_loads_a_dead_masters_processing_entry_as_a_run_in_progre
 
     monkeypatch.setattr(HistoryNode, "load_state", trusts_it)
     caught("never booked")
+
+
+def test_an_action_that_takes_a_resubmit_unguarded_is_caught(monkeypatch):
+    # As the audit's first resubmits did: straight to the handler, no marker before the call.
+    monkeypatch.setattr(ActionNode, "on_resubmit", lambda self, msg, now, token: self.on_message(msg, now))
+    caught("the ledger:")
 
 
 def test_an_action_that_runs_a_doubted_attempt_again_without_asking_is_caught(monkeypatch):
