@@ -119,3 +119,20 @@ def test_kill_in_handler_leaves_every_order_booked_once(tmp_path):
     # The kill landed inside a call: its message was In Doubt and decided by the resolver.
     assert ledger["in_doubt_run_again"] + ledger["in_doubt_duplicate"] >= 1, result
     assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])
+
+
+def test_resubmit_in_failover_runs_each_failed_message_exactly_once_more(tmp_path):
+    """The guarded flow with every 7th order refused (audited FAILED): the master is killed and every
+    FAILED entry resubmitted while the worker takes over; each has one outcome, `done`, its order
+    booked once, and the checker sees every message leave once."""
+    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", "resubmit-in-failover", "--seed", "3",
+                        "--messages", "240", "--json"], capture_output=True, text=True, timeout=280)
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, (r.stdout[-2000:], r.stderr[-3000:])
+    result = lines[0]
+    assert result["lost"] == 0 and result["duplicated"] == 0, result
+    resubmit, ledger = result["resubmit"], result["ledger"]
+    assert resubmit["resubmitted"] >= 5 and resubmit["still_failed"] == 0, result
+    assert resubmit["outcomes"] == resubmit["outcomes_done"] == resubmit["resubmitted"], result
+    assert ledger["double_booked"] == 0 and ledger["repeated_calls"] == 0, result
+    assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])
