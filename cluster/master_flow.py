@@ -172,8 +172,9 @@ class MasterFlow:
         self.version: int | None = None
         # Where committed steps' outputs are counted per stream (the peer's metrics), or None.
         self.left: Counter | None = None
-        # (node, state key, entry) -> None: writes a history's "processing" entry to Redis before
-        # the handler it guards runs (the master's session sets it; None: nothing is written).
+        # (node, state key, time) -> None: writes a history's "processing" entry (or an action's
+        # attempt marker) to Redis before the handler it guards runs (the master's session sets
+        # it; None: nothing is written).
         self.write_started = None
         self._journal: list[dict] = []  # this step's Duplicate and In Doubt verdicts
         # The action nodes that can suspend, and their suspensions as Redis holds them (the
@@ -182,7 +183,7 @@ class MasterFlow:
         self._suspensions = self.suspensions()
         for name, node in graph.nodes.items():
             if getattr(node, "external", False):
-                node.started = lambda key, entry, name=name: self._started(name, key, entry)
+                node.started = lambda key, at, name=name: self._started(name, key, at)
             if getattr(node, "decide_doubt", None) is not None:  # an action a history guards (the engine wired it)
                 node.attempt_started = lambda key, at, name=name: self._started(name, key, at)
             if hasattr(node, "journal"):
@@ -301,9 +302,9 @@ class MasterFlow:
         self._shared.clear()
         self._journal.clear()
 
-    def _started(self, node: str, key: str, entry: float) -> None:
+    def _started(self, node: str, key: str, at: float) -> None:
         if self.write_started is not None:
-            self.write_started(node, key, entry)
+            self.write_started(node, key, at)
 
     def _end(self) -> Step:
         step, self._step = self._step, None

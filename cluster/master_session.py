@@ -168,9 +168,9 @@ class MasterSession:
             flow.write_started = self._write_started
         return flow
 
-    def _write_started(self, node: str, key: str, entry: float) -> None:
+    def _write_started(self, node: str, key: str, at: float) -> None:
         spec = self.spec
-        self.store.record_started(self.epoch, node, key, entry, deadline_s=spec.write_lease,
+        self.store.record_started(self.epoch, node, key, at, deadline_s=spec.write_lease,
                                   replicas=spec.wait_replicas, replica_wait_ms=spec.replica_wait_ms)
 
     def drop(self) -> None:

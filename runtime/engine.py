@@ -119,9 +119,10 @@ class Engine:
             if nxt is None:
                 if self.leave is not None:
                     self.leave(name, e, self.now)
-                for history in self._finishers.get((name, e.outlink), ()):
-                    for m in e.msgs:
-                        history.finished(m, self.now)
+                if self._finishers:  # most flows have none: no lookup per emission
+                    for history in self._finishers.get((name, e.outlink), ()):
+                        for m in e.msgs:
+                            history.finished(m, self.now)
                 continue
             if len(e.msgs) == 1:
                 self._deliver(nxt, e.msgs[0])

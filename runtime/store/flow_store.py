@@ -180,13 +180,14 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
 
         self._write("commit", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms, refused=refused)
 
-    def record_started(self, epoch: int, node: str, key: str, entry, *, deadline_s: float | None = None,
+    def record_started(self, epoch: int, node: str, key: str, at: float, *, deadline_s: float | None = None,
                        replicas: int = 0, replica_wait_ms: int = 1000) -> None:
         """Write one state entry of ``node`` now, fenced by ``epoch`` (scripts.STARTED): a
-        history's "processing" entry, in Redis (on ``replicas`` replicas) before the handler it
-        guards runs. Raises Fenced (nothing written) or RedisUnavailable past ``deadline_s``."""
+        history's "processing" entry or an action's attempt marker (``key`` -> the time ``at``),
+        in Redis (on ``replicas`` replicas) before the handler it guards runs. Raises Fenced
+        (nothing written) or RedisUnavailable past ``deadline_s``."""
         def write(pipe):
-            self._scripts["started"](keys=[self.keys.epoch, self.keys.state(node)], args=[epoch, key, compact(entry)],
+            self._scripts["started"](keys=[self.keys.epoch, self.keys.state(node)], args=[epoch, key, compact(at)],
                                      client=pipe)
 
         def refused(replies):

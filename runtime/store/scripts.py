@@ -420,13 +420,14 @@ def read_batch_rows(reply: list) -> list[tuple[str, bytes | None, int | None]]:
     return read_batch_result(reply)[0]
 
 
-# STARTED: a history node's "processing" entry, written before the handler it guards runs
-# (completion: external), fenced like a COMMIT, and outside any step: the step that runs the
-# message writes the entry again, completed, with the same time. The state version is not
-# moved: the writer's own flow holds the entry already, and no other copy of this state is
-# kept warm (a history with external completion logs no changes).
+# STARTED: a marker that a guarded handler is about to run, written before it runs, fenced
+# like a COMMIT and outside any step: a history's "started:<key>" (completion: external) or an
+# action's "attempt:<n>" / "resubmit:<token>", each -> the time. The step that ran the handler
+# removes it, so one left behind means its master died inside the handler (the next master
+# loads that message In Doubt). The state version is not moved: the writer's own flow knows
+# the marker, and no other copy of this state is kept warm (neither node logs its changes).
 # KEYS[1] epoch key, KEYS[2] the node's state hash. ARGV[1] writer's epoch, ARGV[2] the
-# entry's key, ARGV[3] its value. Returns {-1, epoch in force} when the writer is stale
+# marker's key, ARGV[3] its value. Returns {-1, epoch in force} when the writer is stale
 # (nothing written), else {1}.
 STARTED = """
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
