@@ -104,15 +104,20 @@ def test_redis_failover_drill_loses_nothing_with_wait_replicas(drill, tmp_path):
     assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])
 
 
-def test_kill_in_handler_leaves_every_order_booked_once(tmp_path):
+def guarded_drill(name: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """A drill of the guarded flow, 240 messages at its own rate: its one JSON result, and the run."""
+    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", name, "--seed", "3", "--messages", "240",
+                        "--json"], capture_output=True, text=True, timeout=280)
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, (r.stdout[-2000:], r.stderr[-3000:])
+    return lines[0], r
+
+
+def test_kill_in_handler_leaves_every_order_booked_once():
     """The guarded flow (examples/cluster-guarded.yaml): the master is killed inside a handler call;
     the message comes back In Doubt on the promoted worker, whose resolver reads the ledger. Every
     order is booked once, and no call is repeated except one the resolver sent to run again."""
-    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", "kill-in-handler", "--seed", "3",
-                        "--messages", "240", "--json"], capture_output=True, text=True, timeout=280)
-    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 1, (r.stdout[-2000:], r.stderr[-3000:])
-    result = lines[0]
+    result, r = guarded_drill("kill-in-handler")
     assert result["lost"] == 0 and result["duplicated"] == 0, result
     ledger = result["ledger"]
     assert ledger["double_booked"] == 0 and ledger["unbooked"] == 0 and ledger["repeated_calls"] == 0, result
@@ -121,15 +126,11 @@ def test_kill_in_handler_leaves_every_order_booked_once(tmp_path):
     assert result["passed"] and r.returncode == 0, (result, r.stderr[-3000:])
 
 
-def test_resubmit_in_failover_runs_each_failed_message_exactly_once_more(tmp_path):
+def test_resubmit_in_failover_runs_each_failed_message_exactly_once_more():
     """The guarded flow with every 7th order refused (audited FAILED): the master is killed and every
     FAILED entry resubmitted while the worker takes over; each has one outcome, `done`, its order
     booked once, and the checker sees every message leave once."""
-    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "drill", "resubmit-in-failover", "--seed", "3",
-                        "--messages", "240", "--json"], capture_output=True, text=True, timeout=280)
-    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 1, (r.stdout[-2000:], r.stderr[-3000:])
-    result = lines[0]
+    result, r = guarded_drill("resubmit-in-failover")
     assert result["lost"] == 0 and result["duplicated"] == 0, result
     resubmit, ledger = result["resubmit"], result["ledger"]
     assert resubmit["resubmitted"] >= 5 and resubmit["still_failed"] == 0, result

@@ -8,6 +8,8 @@ import pytest
 import redis
 
 from tests.conftest import wait_until
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.testing.servers import free_port, redis_answers
 
 
@@ -42,3 +44,12 @@ def primary_and_replica(own_redis):
     wait_until(lambda: primary.info("replication")["connected_slaves"] == 1
                and on_replica.info("replication")["master_link_status"] == "up", 20, what="the replica to sync")
     return port, rport, replica
+
+
+@pytest.fixture
+def store(redis_url, flow_name):
+    """A flow's store on the session's Redis, as peer-a at epoch 1 (the audit's tests)."""
+    s = FlowStore(redis.Redis.from_url(redis_url), FlowKeys(flow_name), "peer-a", id_ttl=600)
+    s.raise_epoch(1)
+    yield s
+    s.close()

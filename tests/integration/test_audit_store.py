@@ -11,7 +11,6 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import redis
 
 from twinflow.cluster.flow_audit import RESUBMITS
 from twinflow.cluster.master_session import MasterSession
@@ -19,7 +18,6 @@ from twinflow.cluster.uplink_rows import decode_rows, record_bad
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.nodes.action import TransientError
 from twinflow.runtime.store.audit import AuditError, AuditFilter, AuditStore
-from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.runtime.store.notices import read_notices
 from twinflow.runtime.resubmit import envelope
@@ -56,14 +54,6 @@ GRAPH = parse_graph(FLOW)
 @pytest.fixture(autouse=True)
 def service():
     CALLS.clear(), BROKEN.clear(), BUSY.clear()
-
-
-@pytest.fixture
-def store(redis_url, flow_name):
-    s = FlowStore(redis.Redis.from_url(redis_url), FlowKeys(flow_name), "peer-a", id_ttl=600)
-    s.raise_epoch(1)
-    yield s
-    s.close()
 
 
 class Master:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-import redis
 
 from tests.integration.test_audit_store import BROKEN, CALLS, FLOW, Master, publish
 from twinflow.cli import main
@@ -22,8 +21,6 @@ from twinflow.cluster.ingest_bodies import read_bodies
 from twinflow.runtime.flowgraph import load_graph
 from twinflow.runtime.resubmit import envelope
 from twinflow.runtime.store.audit import AuditStore
-from twinflow.runtime.store.flow_keys import FlowKeys
-from twinflow.runtime.store.flow_store import FlowStore
 
 ROOT = Path(__file__).parents[2]
 
@@ -38,14 +35,6 @@ def flow_file(tmp_path, flow_name) -> str:
     path = tmp_path / "flow.yaml"
     path.write_text(FLOW.replace("flow: f\n", f"flow: {flow_name}\n"))
     return str(path)
-
-
-@pytest.fixture
-def store(redis_url, flow_name):
-    s = FlowStore(redis.Redis.from_url(redis_url), FlowKeys(flow_name), "peer-a", id_ttl=600)
-    s.raise_epoch(1)
-    yield s
-    s.close()
 
 
 def failed_three(store) -> tuple[list[str], Master]:
