@@ -116,6 +116,7 @@ class Checker:
         self.resent = resent if resent is not None else {}
         self.duplicate_exit = duplicate_exit(world.graph)
         self.allowed: Counter = Counter()            # leaves excused by ID expiry, per ID
+        self.resubmit_allowed: Counter = Counter()   # leaves excused by an operator's resubmit, per ID
         self.counts: Counter = Counter()
         self._commits_seen = -1
         self._records_seen = -1
@@ -202,7 +203,7 @@ class Checker:
 
     def _expired_again(self, member: str, now: float) -> bool:
         """A second leave that a re-published message may make once its ID expired."""
-        extra = self.left[member] - 1
+        extra = self.left[member] - 1 - self.resubmit_allowed[member]
         # Only id_ttl after the first COMMIT that put it in the ID cache can it be new again.
         since = self.world.cached_at.get(self.id_prefix + member)
         if (since is not None and now - since >= self.id_ttl and self.published[member] > extra
@@ -215,13 +216,11 @@ class Checker:
     def _resubmitted_again(self, member: str) -> bool:
         """A second leave of a message an operator resubmitted: one more per resubmit."""
         guarded = self.world.guarded
-        if guarded is None:
+        if guarded is None or self.resubmit_allowed[member] >= guarded.resubmits_of()[member]:
             return False
-        extra = self.left[member] - 1 - self.allowed[member]
-        if extra <= guarded.resubmits_of()[member]:
-            self.counts["left_again_resubmitted"] += 1
-            return True
-        return False
+        self.resubmit_allowed[member] += 1
+        self.counts["left_again_resubmitted"] += 1
+        return True
 
     def failed_ids(self) -> set:
         return {self.hostiles.get(p) for p in self.failed} - {None}

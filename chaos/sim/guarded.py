@@ -4,7 +4,8 @@ plus what only it has.
 
 - **Kills inside a handler.** Right after a master's "processing" entry
   reached Redis (the STARTED script), and before the handler books the
-  order, the writer may be killed (``Dims.handler_kill``): its successor
+  order, the writer may be killed (``Dims.handler_kill``, at most
+  ``MAX_HANDLER_KILLS`` a run, and only while the faults last): its successor
   finds the message In Doubt and the resolver decides. A kill after the
   handler booked and before the step's COMMIT is the schedule's "kill the
   writer" while a COMMIT is in flight.
@@ -45,6 +46,11 @@ if TYPE_CHECKING:
     from .world import SimPeer, World
 
 
+# Kills inside handler calls per run, on top of the schedule's faults (MAX_FAULTS): every
+# promotion's catch-up runs handlers too, so unbounded kills could keep any master from finishing one.
+MAX_HANDLER_KILLS = 8
+
+
 class GuardedLedger:
     """One run's ledger folder, its faults and its final check."""
 
@@ -66,6 +72,8 @@ class GuardedLedger:
         """A "processing" entry of ``sim``'s reached Redis: maybe kill ``sim`` before its handler runs."""
         from .world import Killed
 
+        if not self.world.faults_on or self.kills >= MAX_HANDLER_KILLS:
+            return  # no fault once the faults have ended, or the run could never settle
         if self.rng.random() >= self.world.dims.handler_kill or not sim.alive or sim.peer_id in self.world.stopping:
             return  # a peer in a graceful stop exits by it: the stop is what a rolling restart tests
         self.kills += 1

@@ -338,6 +338,7 @@ def _report(world: World, result: RunResult, problems: list[str]) -> None:
 
 def _step(world: World, schedule: Schedule, checker: Checker, result: RunResult, i: int, faults: bool) -> bool:
     world.begin_step()
+    world.faults_on = faults
     t = world.clock.now() - START_TIME
     checker.step_began = world.clock.now()
     try:

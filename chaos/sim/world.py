@@ -137,6 +137,7 @@ class World:
         self.zombies: list = []         # shard task attempts declared lost that have not run yet
         self.guarded = None             # the guarded kind's ledger (guarded.GuardedLedger), set by the run
         self.stopping: set[str] = set()  # peers inside a graceful stop (no fault is injected into one)
+        self.faults_on = True           # false once the run's faults have ended (the run settles)
         self.stops: list[str] = []      # batches that failed with an error other than Redis being away
         self.erased_failures: set[str] = set()  # uplink positions whose failure record a failover erased
         self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)
