@@ -284,7 +284,7 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
                 return result
             i += 1
         hostile_ids = {h for h in schedule.hostiles.values() if h is not None}
-        report = checker.tally.report(schedule.all_sent(), checker.allowed, may_leave=hostile_ids)
+        report = checker.tally.report(schedule.all_sent(), checker.allowed + checker.resubmit_allowed, may_leave=hostile_ids)
         result.sent, result.left, result.lost = report.sent, report.delivered, report.lost
         result.duplicated = report.duplicated
         lost, unexpected = report.lost_ids, report.unexpected_ids
@@ -357,7 +357,7 @@ def _step(world: World, schedule: Schedule, checker: Checker, result: RunResult,
     if problems:
         _report(world, result, [f"step {i}: {p}" for p in problems])
         if result.problems:
-            result.duplicated = checker.tally.report((), checker.allowed).duplicated
+            result.duplicated = checker.tally.report((), checker.allowed + checker.resubmit_allowed).duplicated
             return False
     return True
 
