@@ -86,9 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--listen", default="127.0.0.1:0", help="gRPC bind address (default 127.0.0.1:0)")
     r.add_argument("--advertise", help="gRPC address other peers dial (default: the bound one)")
     r.add_argument("--state-dir", default=".twinflow", help="where Spark checkpoints live")
-    r.add_argument("--start-from", choices=START_FROM,
+    r.add_argument("--start-from", choices=START_FROM, default=os.environ.get("TWINFLOW_START_FROM") or None,
                    help="a new state dir on a flow that has processed entries: read after the flow's "
-                        "processed mark, or re-read the whole uplink (nothing processed is delivered again)")
+                        "processed mark, or re-read the whole uplink (nothing processed is delivered again); "
+                        "env TWINFLOW_START_FROM")
     r.add_argument("--worker-pace-ms", type=int, default=250,
                    help="as worker, plan an uplink batch at most this often (default 250; 0: as fast as the "
                         "master); fewer, larger worker batches leave the cores to the master")

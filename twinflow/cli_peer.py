@@ -39,6 +39,12 @@ def cmd_run(args) -> int:
     from twinflow.runtime.store.redis_auth import RedisSettingsError
     from twinflow.secrets import SecretError
 
+    from twinflow.cli import START_FROM
+
+    if args.start_from is not None and args.start_from not in START_FROM:  # argparse checks the flag, not its variable
+        print(f"twinflow run: TWINFLOW_START_FROM={args.start_from!r}: must be one of {', '.join(START_FROM)}",
+              file=sys.stderr)
+        return 2
     graph = _load_flow(args.flow)
     cfg = PeerConfig(
         peer_id=args.peer_id,

@@ -297,11 +297,11 @@ def peer_environment(plan: LabPlan, host: str) -> str:
         **PEER_SPARK_CONF, "spark.executorEnv.TWINFLOW_REDIS_PASSWORD": f"file:{s / 'redis.pw'}"}
     values = {
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "FLOW": str(plan.flow_path),
-        "REDIS": plan.redis_url, "TWINFLOW_REDIS_PASSWORD": f"file:{s / 'redis.pw'}",
-        "ZK": plan.zk_hosts, "TWINFLOW_ZK_AUTH": f"file:{s / 'zk.auth'}",
+        "TWINFLOW_REDIS": plan.redis_url, "TWINFLOW_REDIS_PASSWORD": f"file:{s / 'redis.pw'}",
+        "TWINFLOW_ZK": plan.zk_hosts, "TWINFLOW_ZK_AUTH": f"file:{s / 'zk.auth'}",
         "LISTEN": f"0.0.0.0:{PEER_PORT}", "ADVERTISE": f"{host}.lab:{PEER_PORT}",
         "STATE_DIR": str(plan.host_dir(host) / "state"), "TLS_DIR": str(s), "TOKEN_DIR": str(s),
-        "METRICS": "127.0.0.1:9464", "SPARK_MASTER": plan.spark_master,
+        "METRICS": "127.0.0.1:9464", "TWINFLOW_SPARK_MASTER": plan.spark_master, "TWINFLOW_START_FROM": "processed",
         # The driver binds, and tells executors, its host's address (the hostname resolves to it too).
         "SPARK_LOCAL_IP": plan.address(host), "PYSPARK_PYTHON": sys.executable,
         "EXTRA_ARGS": " ".join(f"--spark-conf {k}={v}" for k, v in spark_conf.items()),

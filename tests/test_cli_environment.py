@@ -1,0 +1,39 @@
+"""One set of variables: what a peer's environment file sets is what every twinflow command reads
+(deploy/systemd/peer.env.example), so an operator who loads it reaches the same servers."""
+
+from __future__ import annotations
+
+from tests.test_systemd_unit import DEPLOY
+from twinflow.cli import build_parser
+from twinflow.testing.systemd_unit import read_environment_file
+
+
+def test_the_peer_environment_names_its_servers_with_the_variables_the_commands_read():
+    env = read_environment_file(DEPLOY / "peer.env.example")
+    for name in ("TWINFLOW_REDIS", "TWINFLOW_ZK", "TWINFLOW_SPARK_MASTER", "TWINFLOW_START_FROM",
+                 "TWINFLOW_REDIS_PASSWORD", "TWINFLOW_ZK_AUTH"):
+        assert name in env, name
+    assert not {"REDIS", "ZK", "SPARK_MASTER"} & set(env)  # names no command reads
+    unit = (DEPLOY / "twinflow-peer@.service").read_text()
+    assert "--redis" not in unit and "--zk" not in unit and "--start-from" not in unit
+
+
+def parse_run(monkeypatch, start_from: str | None):
+    if start_from is None:
+        monkeypatch.delenv("TWINFLOW_START_FROM", raising=False)
+    else:
+        monkeypatch.setenv("TWINFLOW_START_FROM", start_from)
+    return build_parser().parse_args(["run", "flow.yaml", "--peer-id", "a"])  # defaults read when it is built
+
+
+def test_run_takes_where_a_new_state_dir_starts_from_the_environment(monkeypatch):
+    assert parse_run(monkeypatch, "processed").start_from == "processed"
+    assert parse_run(monkeypatch, None).start_from is None
+
+
+def test_a_start_from_variable_that_is_no_choice_is_refused_before_anything_starts(monkeypatch, capsys):
+    from twinflow.cli_peer import cmd_run
+
+    args = parse_run(monkeypatch, "middle")
+    assert cmd_run(args) == 2
+    assert "TWINFLOW_START_FROM='middle': must be one of processed, beginning" in capsys.readouterr().err
