@@ -18,7 +18,7 @@ def test_the_shipped_unit_runs_twinflow_run_with_every_setting_of_the_example_en
     assert argv[:2] == ["/usr/bin/env", "twinflow"]
     args = build_parser().parse_args(argv[2:])  # what the CLI would take, flag for flag
     assert (args.command, args.peer_id, args.flow) == ("run", "peer-a", "/etc/twinflow/flow.yaml")
-    assert (args.listen, args.advertise) == ("0.0.0.0:7070", "peer-a.example:7070")
+    assert (args.listen, args.advertise) == ("0.0.0.0:7070", "host-a.example:7070")
     assert args.tls_cert == "/etc/twinflow/tls/peer-a.pem" and args.tls_mutual
     assert sorted(t.split("=")[0] for t in args.token) == ["admin", "escalation", "ingest"]
     assert unit.stop_argv("peer-a", env, main_pid=77) == ["/bin/kill", "-TERM", "77"]

@@ -147,6 +147,8 @@ port {port}
 bind {bind}
 daemonize no
 dir {dir}
+sentinel resolve-hostnames yes
+sentinel announce-hostnames yes
 sentinel monitor {service} {primary_host} {primary} {quorum}
 sentinel down-after-milliseconds {service} {down_after_ms}
 sentinel failover-timeout {service} {failover_timeout_ms}
