@@ -130,6 +130,9 @@ def test_a_scrape_shows_what_each_node_did(pair, flow_name):
     assert value(got, "twinflow_batch_duration_seconds_sum", role="master", **who_a) > 0
     # No Spark reader records how far the peers read: every entry counts as not read yet.
     assert value(got, "twinflow_uplink_lag", **who_a) == 3
+    # In uplink time: from the oldest entry (none read yet) to the newest, by their IDs' milliseconds.
+    first, newest = (int(rows[i][0].split("-")[0]) for i in (0, -1))
+    assert value(got, "twinflow_uplink_lag_seconds", **who_a) == pytest.approx((newest - first) / 1000)
 
     # The master's escalation reaches b (a real gRPC stream): acked there, its claims released.
     wait_until(lambda: metric(A, "twinflow_escalation_claims_total", target="b", result="acked", **who_a) == 3,
