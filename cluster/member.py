@@ -293,7 +293,8 @@ class FlowMember:
             out["task_pid"] = self.intake.task_pid
             out["state_loads"] = self.intake.state_loads
         try:
-            out["uplink_lag"] = self.store.uplink_lag(self.cfg.peer_id) if self.store else 0
+            behind = self.store.uplink_behind(self.cfg.peer_id) if self.store else (0, 0.0)
+            out["uplink_lag"], out["uplink_lag_s"] = behind
         except Exception:  # status must answer even when Redis does not
-            out["uplink_lag"] = -1
+            out["uplink_lag"], out["uplink_lag_s"] = -1, -1.0
         return out

@@ -17,10 +17,11 @@ metric.
 The endpoint is plain, unauthenticated HTTP: metrics carry no secrets, but
 bind it to loopback or a monitoring network.
 
-Under failure: a scrape never waits long for Redis. The only Redis call is
-the uplink lag (one attempt, bounded by the socket time-out); when it fails
-the lag is left out of that scrape and ``twinflow_redis_up`` says why. A
-metric that cannot be read is left out; the scrape still answers.
+Under failure: a scrape never waits long for Redis. The only Redis calls are
+the uplink lag's two (one attempt each, bounded by the socket time-out; the
+lag in seconds comes from the same replies); when they fail both lags are left
+out of that scrape and ``twinflow_redis_up`` says why. A metric that cannot be
+read is left out; the scrape still answers.
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ class PeerCollector(Collector):
         if int(s.get("uplink_lag", -1)) >= 0:  # -1: Redis did not answer this time
             family(GaugeMetricFamily, "twinflow_uplink_lag", "Uplink entries this peer has not read yet"
                    ).add_metric(who, s["uplink_lag"])
+            family(GaugeMetricFamily, "twinflow_uplink_lag_seconds", "The newest uplink entry's time minus "
+                   "that of the last one this peer read (0: read up)").add_metric(who, float(s.get("uplink_lag_s", 0)))
         for name, key, doc in (
             ("twinflow_baked", "baked", "Messages the worker's claim sort withholds now"),
             ("twinflow_pending", "pending", "Node state the master's flow holds now (open groups, timers)"),

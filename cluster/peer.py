@@ -244,6 +244,7 @@ class Peer:
             for ruleset, count in (r.get("rule_pending") or {}).items():
                 rule_pending[ruleset] = rule_pending.get(ruleset, 0) + count
         out["rule_pending"] = rule_pending
+        out["uplink_lag_s"] = max(float(r.get("uplink_lag_s") or 0) for r in rows)  # the furthest behind
         out["streaming"] = int(all(r["streaming"] for r in rows))
         out["role"] = " ".join(f"s{k}:{r['role']}" for k, r in enumerate(rows))
         out["epoch"] = max(r["epoch"] for r in rows)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what twinflow needs on a fresh Debian 12 machine, idempotently:
-# Debian's redis-server, zookeeper, nftables and iproute2 (only when absent), a virtual
-# environment at .venv/ and the package with its test extras (only when
+# Debian's redis-server, zookeeper, nftables, iproute2 and prometheus (for its promtool), each
+# only when absent, a virtual environment at .venv/ and the package with its test extras (only when
 # pyproject.toml changed since the last install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,12 +12,18 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 # The kernel-fault drill (zk-drop-master): nftables rules in a network namespace of its own.
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need_apt+=(nftables)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need_apt+=(iproute2)
+# The alerting rules' checks (tests/test_alert_rules.py): promtool, which Debian ships in prometheus.
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "bootstrap: installing ${need_apt[*]} with apt" >&2
     sudo_cmd=""
     [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    if [[ " ${need_apt[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+        # Only promtool is wanted: the Prometheus server the package enables is stopped and disabled.
+        $sudo_cmd systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
 fi
 command -v java >/dev/null 2>&1 || { echo "bootstrap: Java 17 is required (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: one real Redis and one real ZooKeeper per test session.
+"""Shared fixtures: one real Redis and one real ZooKeeper per test session, and promtool.
 
 Each test gets its own key prefix (a flow name) so tests never see each
 other's state. When a test fails, the servers' log tails are printed.
@@ -6,7 +6,12 @@ other's state. When a test fails, the servers' log tails are printed.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
+import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +42,35 @@ def redis_url(services) -> str:
 @pytest.fixture(scope="session")
 def zk_hosts(services) -> str:
     return services.zk_hosts
+
+
+# What scripts/bootstrap.sh runs when promtool is absent: Debian's prometheus package carries it.
+PROMTOOL_APT = "apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus"
+
+
+@pytest.fixture(scope="session")
+def promtool(tmp_path_factory) -> str:
+    """The path of promtool (the alerting rules' and the metrics page's checks).
+
+    Absent on a machine where ``make test`` has not bootstrapped: installed as
+    scripts/bootstrap.sh does when the tests run as root with apt, one install at a time
+    across the test workers. Skipped only when it is absent and cannot be installed."""
+    found = shutil.which("promtool")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("promtool is absent and cannot be installed here (needs root and apt): "
+                    "run scripts/bootstrap.sh, or apt-get install prometheus")
+    lock = tmp_path_factory.getbasetemp().parent / "promtool-install.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another test worker may be installing it
+        if not shutil.which("promtool"):
+            r = subprocess.run(PROMTOOL_APT, shell=True, capture_output=True, text=True, timeout=600,
+                               env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            assert r.returncode == 0, f"{PROMTOOL_APT} failed: {r.stderr[-2000:]}"
+    found = shutil.which("promtool")
+    assert found and Path(found).is_file(), "the prometheus package was installed without promtool"
+    return found
 
 
 @pytest.fixture

@@ -123,7 +123,8 @@ def cmd_status(args) -> int:
         rows = []
         for shard in stores:  # a sharded flow: a row per peer and shard
             for row in shard.read_statuses(deadline_s=3.0):
-                row["uplink_lag"] = shard.uplink_lag(row["peer_id"])  # live lag, not the one cached
+                # The live lag, not the one cached in the status hash.
+                row["uplink_lag"], row["uplink_lag_s"] = shard.uplink_behind(row["peer_id"])
                 rows.append(row)
         seen.parent.mkdir(parents=True, exist_ok=True)
         seen.write_text(json.dumps(sorted({r["grpc_address"] for r in rows if r.get("grpc_address")})))

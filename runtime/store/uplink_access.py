@@ -123,9 +123,39 @@ class UplinkAccess:
 
         One attempt, no retry: status must answer (or fail) at once when Redis is down.
         """
+        return self.uplink_behind(peer_id)[0]
+
+    def uplink_behind(self, peer_id: str) -> tuple[int, float]:
+        """How far ``peer_id`` is behind on the uplink: (entries it has not read yet, seconds).
+
+        The seconds are the newest entry's time minus the time of the last entry the peer read
+        (an entry ID is Redis's time in milliseconds; before the first read, the oldest entry's),
+        0 when it has read every entry. The same two calls as the count alone: ``XINFO STREAM``
+        and the peer's progress hash. One attempt, no retry, as :meth:`uplink_lag`.
+        """
         try:
-            added = int(self.r.xinfo_stream(self.keys.uplink).get("entries-added", 0))
+            info = self.r.xinfo_stream(self.keys.uplink)
         except redis.ResponseError:  # no stream yet
-            added = 0
-        got = self.r.hget(self.keys.read(peer_id), "read_n")
-        return max(0, added - int(got or 0))
+            info = {}
+        read_n, read_id = self.r.hmget(self.keys.read(peer_id), ["read_n", "read_id"])
+        behind = max(0, int(info.get("entries-added", 0)) - int(read_n or 0))
+        if not behind:
+            return 0, 0.0
+        first = info.get("first-entry")
+        since = entry_ms(read_id) if read_id else entry_ms(first[0]) if first else None
+        newest = entry_ms(info.get("last-generated-id"))
+        if since is None or newest is None:
+            return behind, 0.0
+        return behind, max(0, newest - since) / 1000.0
+
+
+def entry_ms(entry_id: bytes | str | None) -> int | None:
+    """The millisecond time of a stream entry ID, or None when ``entry_id`` is not one.
+
+    >>> entry_ms(b"1764323400000-3"), entry_ms("12-0"), entry_ms("x"), entry_ms(None)
+    (1764323400000, 12, None, None)
+    """
+    if isinstance(entry_id, bytes):
+        entry_id = entry_id.decode()
+    ms = (entry_id or "").partition("-")[0]
+    return int(ms) if ms.isdigit() else None

@@ -77,11 +77,14 @@ def test_status_reads_every_live_node(redis_url, tmp_path):
     store.write_status({"peer_id": "n1", "role": "master", "epoch": 4, "baked": 0, "claimed": 0,
                         "rolled_back": 2, "delivered": 10, "failed": 1, "unclaimed": 0, "grpc_address": "h:1",
                         "rule_pending": {"orders": 3, "payments": 0, "nohit": 0}})
-    store.publish([b"{}"] * 3)
+    positions = store.publish([b"{}"] * 3)
     r = twinflow("status", str(flow), "--redis", redis_url, "--json")
     assert r.returncode == 0, r.stderr
     (peer,) = json.loads(r.stdout)["peers"]
     assert peer["role"] == "master" and peer["epoch"] == "4" and peer["uplink_lag"] == 3
+    # The live lag in the uplink's time: nothing read yet, so from the oldest entry to the newest.
+    first, newest = (int(positions[i].split("-")[0]) for i in (0, -1))
+    assert peer["uplink_lag_s"] == (newest - first) / 1000
     assert peer["rule_pending"] == {"orders": 3, "payments": 0, "nohit": 0}  # RULE_PEND, a mapping again
     table = twinflow("status", str(flow), "--redis", redis_url)
     assert table.stdout.splitlines()[0].split()[:4] == ["peer_id", "role", "epoch", "uplink_lag"]

@@ -105,6 +105,21 @@ def test_uplink_lag_counts_unread_entries(store):
     assert store.uplink_lag("node-a") == 2
 
 
+def test_uplink_behind_gives_the_lag_in_uplink_time(store):
+    assert store.uplink_behind("node-a") == (0, 0.0)  # no uplink yet
+    for ms in (1000, 2500, 4500):
+        store.r.xadd(store.keys.uplink, {"data": b"{}"}, id=f"{ms}-0")
+    # Nothing read yet: from the oldest entry to the newest.
+    assert store.uplink_behind("node-a") == (3, 3.5)
+    store.r.hset(store.keys.read("node-a"), mapping={"read_n": 1, "read_id": "1000-0"})
+    assert store.uplink_behind("node-a") == (2, 3.5)
+    store.r.hset(store.keys.read("node-a"), mapping={"read_n": 2, "read_id": "2500-0"})
+    assert store.uplink_behind("node-a") == (1, 2.0)
+    assert store.uplink_lag("node-a") == 1
+    store.r.hset(store.keys.read("node-a"), mapping={"read_n": 3, "read_id": "4500-0"})
+    assert store.uplink_behind("node-a") == (0, 0.0)
+
+
 def test_delivery_waits_for_redis_and_loses_nothing(tmp_path):
     """Redis down when the write starts: the store waits and retries, then delivers once."""
     port = free_port()

@@ -14,6 +14,7 @@ import re
 import socket
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -62,13 +63,20 @@ def metric(address: str, name: str, **labels) -> float:
 @pytest.fixture
 def pair(redis_url, zk_hosts, flow_name, tmp_path):
     """Peers a (master) and b (worker) of a claim-pair flow, each serving metrics on a free port."""
+    with started_pair(redis_url, zk_hosts, flow_name, tmp_path) as peers:
+        yield peers
+
+
+@contextmanager
+def started_pair(redis_url: str, zk_hosts: str, flow_name: str, state_dir: Path):
+    """Starts the two peers of :func:`pair`: (peer a, peer b, their clock); stops them after."""
     graph = parse_graph(FLOW.format(name=flow_name))
     clock = FakeClock(1000.0)
     members, peers = {}, []
     try:
         for peer_id in ("a", "b"):
             cfg = PeerConfig(peer_id=peer_id, redis_url=redis_url, zk_hosts=zk_hosts,
-                             state_dir=str(tmp_path / peer_id), metrics_listen="127.0.0.1:0")
+                             state_dir=str(state_dir / peer_id), metrics_listen="127.0.0.1:0")
             peer = Peer.for_flow(graph, cfg, clock=clock, parts=NoSpark())
             peers.append(peer)
             peer.start()
@@ -130,6 +138,9 @@ def test_a_scrape_shows_what_each_node_did(pair, flow_name):
     assert value(got, "twinflow_batch_duration_seconds_sum", role="master", **who_a) > 0
     # No Spark reader records how far the peers read: every entry counts as not read yet.
     assert value(got, "twinflow_uplink_lag", **who_a) == 3
+    # In uplink time: from the oldest entry (none read yet) to the newest, by their IDs' milliseconds.
+    first, newest = (int(rows[i][0].split("-")[0]) for i in (0, -1))
+    assert value(got, "twinflow_uplink_lag_seconds", **who_a) == pytest.approx((newest - first) / 1000)
 
     # The master's escalation reaches b (a real gRPC stream): acked there, its claims released.
     wait_until(lambda: metric(A, "twinflow_escalation_claims_total", target="b", result="acked", **who_a) == 3,
