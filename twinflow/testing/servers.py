@@ -43,6 +43,8 @@ clientPort={port}
 clientPortAddress={address}
 admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr,mntr
+autopurge.snapRetainCount=3
+autopurge.purgeInterval=1
 """
 
 
