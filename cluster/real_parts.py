@@ -14,6 +14,7 @@ import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from .flow_shape import check_shape
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.store.flow_store import FlowStore
 from .connect import connect_zookeeper
@@ -89,6 +90,10 @@ class RealParts:
     def store(self, member: "FlowMember") -> FlowStore:
         cfg = member.cfg
         store = open_store(cfg.redis_url, cfg.connect_deadline_s, member.keys, cfg.peer_id, member.spec)
+        # Before anything reads the flow: a twinflow or a flow file that cannot carry on its state
+        # in Redis is refused here (flow_shape.py). The simulator's flows never change, so its
+        # parts skip it and its schedules stay as they were.
+        check_shape(member.graph, store)
         if member.clock is self.flow_clock and self.flow_clock.offset_s is None:
             # Redis answers now: the clock's first sample, before any time-out is set or fired,
             # so that none is on this machine's clock (a failure is retried at the first now()).

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from twinflow import __version__
-from twinflow.cli_common import LAB_DIR, SERVICES_STATE, operator_security_flags
+from twinflow.cli_common import LAB_DIR, SERVICES_STATE, START_FROM, operator_security_flags
 from twinflow.cli_failures import cmd_failures
 from twinflow.cli_lab import cmd_lab
 from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
@@ -23,7 +23,6 @@ from twinflow.cli_tools import (cmd_bench, cmd_certs, cmd_demo, cmd_drill, cmd_p
                                 cmd_simulate)
 
 
-START_FROM = ("processed", "beginning")  # where a peer with a new state dir may start (PeerConfig.start_from)
 
 
 class _OldName(argparse.Action):

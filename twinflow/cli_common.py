@@ -24,6 +24,8 @@ from typing import NoReturn
 SERVICES_STATE = Path(".twinflow") / "services.json"
 LAB_DIR = Path(".twinflow") / "lab"
 
+START_FROM = ("processed", "beginning")  # where a peer with a new state dir may start (PeerConfig.start_from)
+
 EXIT_BAD_FLOW = 2
 EXIT_UNAVAILABLE = 3
 EXIT_REFUSED = 4

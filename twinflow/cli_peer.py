@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, _address, _grpc_failure, _grpc_security,
+from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, START_FROM, _address, _grpc_failure, _grpc_security,
                                  _load_flow, _operator_settings, _spark_conf, _table)
 
 STATUS_COLUMNS = ["peer_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
@@ -38,8 +38,6 @@ def cmd_run(args) -> int:
     from twinflow.cluster.zk_auth import ZkAccessDenied
     from twinflow.runtime.store.redis_auth import RedisSettingsError
     from twinflow.secrets import SecretError
-
-    from twinflow.cli import START_FROM
 
     if args.start_from is not None and args.start_from not in START_FROM:  # argparse checks the flag, not its variable
         print(f"twinflow run: TWINFLOW_START_FROM={args.start_from!r}: must be one of {', '.join(START_FROM)}",

@@ -80,6 +80,12 @@ class FlowKeys:
         return self.prefix + "sync:" + call
 
     @property
+    def shape(self) -> str:
+        """The state format and the nodes (with their kinds) of the twinflow that last started a peer
+        on the flow (``cluster/flow_shape.py``)."""
+        return self.prefix + "shape"
+
+    @property
     def suspended(self) -> str:
         """The flow's suspensions: action node -> JSON (id, reason, since, until), written by the
         COMMIT of the step that suspended it, removed by the one that resumed it."""
