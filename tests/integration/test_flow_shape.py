@@ -93,3 +93,18 @@ def test_a_state_format_newer_than_this_twinflow_reads_is_refused(shaped):
     with pytest.raises(StartRefused, match=rf"written by a newer twinflow \(state format {STATE_FORMAT + 1}\); this "
                                            rf"peer reads up to format {STATE_FORMAT}"):
         check_shape(graph(FLOW), store)
+
+
+def test_twinflow_run_refuses_such_a_start_with_exit_4_before_anything_starts(shaped, tmp_path, redis_url):
+    import subprocess
+    import sys
+
+    store, graph = shaped
+    store.r.hset(store.keys.shape, "format", STATE_FORMAT + 1)
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(FLOW.format(name=store.keys.flow, timeout=10))
+    r = subprocess.run([sys.executable, "-m", "twinflow.cli", "run", str(flow), "--peer-id", "a", "--redis", redis_url,
+                        "--zk", "127.0.0.1:1", "--state-dir", str(tmp_path / "state")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 4, r.stderr[-2000:]
+    assert "written by a newer twinflow" in r.stderr and "Traceback" not in r.stderr
