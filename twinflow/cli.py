@@ -21,6 +21,7 @@ from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
 from twinflow.cli_resume import cmd_resume
 from twinflow.cli_tools import (cmd_bench, cmd_certs, cmd_demo, cmd_drill, cmd_proxy, cmd_replay, cmd_services,
                                 cmd_simulate)
+from twinflow.cli_validate import cmd_validate
 
 
 START_FROM = ("processed", "beginning")  # where a peer with a new state dir may start (PeerConfig.start_from)
@@ -101,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics over HTTP here (e.g. 127.0.0.1:9464; default: none)")
     _security_flags(r, serving=True)
     r.set_defaults(fn=cmd_run)
+
+    va = sub.add_parser("validate", help="check flow files without running them: every refusal at once, each with "
+                                          "file, line, field and reason (exit 0: none)")
+    va.add_argument("flows", nargs="+", metavar="FLOW", help="flow files (YAML)")
+    va.add_argument("--replay", action="store_true",
+                    help="check for twinflow replay only: skip the checks twinflow run makes before it starts "
+                         "(an uplink section, nodes that keep their state in Redis)")
+    va.add_argument("--json", action="store_true", help="print one JSON object (ok, files, errors) instead of lines")
+    va.set_defaults(fn=cmd_validate)
 
     for name, fn, helptext in (("status", cmd_status, "each peer's role, epoch, lag and counts"),
                                ("handover", cmd_handover, "move the master role to another peer")):
