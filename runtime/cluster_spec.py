@@ -18,6 +18,7 @@ and ``twinflow replay`` ignores them; ``twinflow run`` needs ``uplink``::
     failure: {max_entries: 100000}
     audit: {retention: 7d, max_entries: 100000}   # failed messages kept for an operator (audit_spec.py)
     notices: {outlinks: [deliver.failure]}        # failures a publisher is told of, besides an action's error
+    streams: {max_entries: 1000000, retention: 7d}  # bounds of every stream the flow writes (stream_spec.py)
     security:                      # gRPC between nodes and clients (docs/operations/security.md)
       tls: {cert: certs/node.pem, key: certs/node-key.pem, ca: certs/ca.pem, mutual: true}
       tokens: {ingest: "env:TF_INGEST", escalation: "file:/etc/twinflow/escalation", admin: "file:/etc/twinflow/admin"}
@@ -44,6 +45,7 @@ from .message import MessageSpec
 from .nodes.sort import read_outlink_names, read_rulesets
 from .nodes.sort.claim_rules import ClaimRules
 from .params import Params, Refusals
+from .stream_spec import StreamsSpec, read_streams
 
 __all__ = ["ClusterSpec", "ClaimPair", "SecuritySpec", "parse_cluster"]
 
@@ -119,6 +121,7 @@ class ClusterSpec:
     security: SecuritySpec = SecuritySpec()
     audit: AuditSpec = AuditSpec()      # the failed messages' audit: retention and size
     notices: NoticeSpec = NoticeSpec()  # the outlinks that give publishers notices
+    streams: StreamsSpec = StreamsSpec()  # how long each stream the flow writes keeps its entries
 
     @property
     def max_pending(self) -> int:
@@ -190,17 +193,19 @@ XA0_REFUSED = ("xa_mode 0 is refused on the cluster: both peers read one uplink,
                "removing it would remove it from the master's input too")
 
 
-CLUSTER_SECTIONS = ("cluster", "failure", "security", "audit", "notices")
+CLUSTER_SECTIONS = ("cluster", "failure", "security", "audit", "notices", "streams")
 
 
 def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None,
                   outlinks: Mapping[str, tuple[str, ...] | None] | None = None,
                   links: dict[str, dict[str, str]] | None = None,
-                  refusals: Refusals | None = None) -> ClusterSpec | None:
+                  refusals: Refusals | None = None,
+                  written: Mapping[str, str] | None = None) -> ClusterSpec | None:
     """The cluster sections of a flow file, or None when it has no ``uplink`` (replay only).
     ``outlinks`` (each node's; None: a node refused, not checked against) and ``links`` (the
-    graph's) check the ``notices`` section. Each section is read on its own: ``refusals``
-    raises the first refusal, or collects one per section (then the result is None)."""
+    graph's) check the ``notices`` section, ``written`` (``stream_spec.written_streams``; None:
+    unknown) the ``streams`` section. Each section is read on its own: ``refusals`` raises the
+    first refusal, or collects one per section (then the result is None)."""
     r = refusals or Refusals()
     for section in CLUSTER_SECTIONS:
         if top.has(section) and not top.has("uplink"):
@@ -218,7 +223,8 @@ def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None,
                  lambda: {"failure_max_entries": top.section("failure", default={}).only("max_entries")
                           .integer("max_entries", 100_000, minimum=100)},
                  lambda: {"security": read_security(top)}, lambda: {"audit": read_audit(top)},
-                 lambda: {"notices": read_notices(top, outlinks or {}, links or {})}):
+                 lambda: {"notices": read_notices(top, outlinks or {}, links or {})},
+                 lambda: {"streams": read_streams(top, written)}):
         with r.unit():
             fields.update(read())
     return None if len(r.found) > before else ClusterSpec(**fields)

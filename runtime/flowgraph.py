@@ -40,6 +40,7 @@ from .message import MessageSpec
 from .nodes import KINDS, builder
 from .nodes.base import Node
 from .params import NAME, Doc, FlowFileError, Params, Refusals
+from .stream_spec import written_streams
 
 
 @dataclass
@@ -59,7 +60,8 @@ class FlowGraph:
         return parse_graph(self.text, self.source)
 
 
-TOP_FIELDS = ("flow", "input", "message", "nodes", "uplink", "cluster", "failure", "security", "audit", "notices")
+TOP_FIELDS = ("flow", "input", "message", "nodes", "uplink", "cluster", "failure", "security", "audit", "notices",
+              "streams")
 
 
 def parse_graph(text: str, file: str = "<string>") -> FlowGraph:
@@ -131,7 +133,8 @@ def _parse(text: str, file: str, r: Refusals) -> FlowGraph | None:
         _refuse_cycles(links, top)
     outlinks = {n: node.outlinks for n, node in nodes.items()}
     outlinks.update({n: None for n in refused})  # unknown: a refused node's outlinks are not checked against
-    cluster = parse_cluster(top, message, pair, outlinks, links, r)
+    written = None if refused else written_streams(nodes, links)
+    cluster = parse_cluster(top, message, pair, outlinks, links, r, written)
     return FlowGraph(name, entry, id_path, nodes, links, file, cluster.message if cluster else message, cluster, text)
 
 

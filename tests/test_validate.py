@@ -36,6 +36,7 @@ nodes:
 cluster: {session_timeout: 2.0}
 audit: {retention: 7d}
 notices: {outlinks: [match.failure]}
+streams: {max_entries: 1000000, overrides: {sink: {retention: 30d}}}
 """
 
 # One fault per part the loader reads on its own: (old, new, line, field). Each on a line of its own.
@@ -47,6 +48,7 @@ FAULTS = [
     ("cluster: {session_timeout: 2.0}", "cluster: {session_timeout: 100}", 21, "cluster.session_timeout"),
     ("audit: {retention: 7d}", "audit: {retention: soon}", 22, "audit.retention"),
     ("[match.failure]", "[match.failure, match.lost]", 23, "notices.outlinks[1]"),
+    ("retention: 30d}", "retention: 1s}", 24, "streams.overrides.sink.retention"),
 ]
 
 
