@@ -21,6 +21,7 @@ from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
 from twinflow.cli_resume import cmd_resume
 from twinflow.cli_tools import (cmd_bench, cmd_certs, cmd_demo, cmd_drill, cmd_proxy, cmd_replay, cmd_services,
                                 cmd_simulate)
+from twinflow.cli_tail import cmd_tail
 from twinflow.cli_validate import cmd_validate
 
 
@@ -64,6 +65,13 @@ def _security_flags(parser, serving: bool) -> None:
     g.add_argument("--token", action="append", metavar="SCOPE=REF",
                    help="a token for ingest, escalation or admin, named as file:PATH or env:NAME (never "
                         "the token itself); repeatable")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,6 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--json", action="store_true")
     operator_security_flags(fl)
     fl.set_defaults(fn=cmd_failures)
+
+    tl = sub.add_parser("tail", help="follow one of a flow's streams, one JSON line per entry "
+                                     "(docs/operations/consuming.md)")
+    tl.add_argument("stream", metavar="STREAM", help="a stream the flow writes (sink, out:NODE:OUTLINK, failure, "
+                                                     "notices), an outlink's as NODE.OUTLINK, or the uplink")
+    tl.add_argument("flow", help="flow file (YAML)")
+    tl.add_argument("--redis", help="Redis URL")
+    tl.add_argument("--group", metavar="G", help="read as a consumer of this consumer group (it must exist), "
+                                                "acknowledging each entry once printed")
+    tl.add_argument("--consumer", metavar="C", help="with --group: the consumer's name")
+    tl.add_argument("--from-start", action="store_true",
+                    help="first every entry the stream holds (with --group: the entries given to this consumer "
+                         "and never acknowledged); default: only new ones")
+    tl.add_argument("--count", type=_positive, metavar="N", help="stop after N entries (default: follow until "
+                                                                 "Ctrl-C or SIGTERM)")
+    tl.add_argument("--shard", type=int, metavar="K", help="a sharded flow's shard whose stream to follow")
+    tl.set_defaults(fn=cmd_tail)
 
     rp = sub.add_parser("replay", help="run a flow over recorded events on a virtual clock")
     rp.add_argument("flow", help="flow file (YAML)")
