@@ -62,12 +62,12 @@ from ..runtime.flowgraph import FlowGraph
 from ..runtime.json_text import compact
 from ..runtime.message import Message, Resubmitted
 from ..runtime.positions import position_order
-from ..runtime.nodes.action import ActionNode
 from ..runtime.nodes.base import Emit
 from ..runtime.store.store_errors import Fenced, RedisUnavailable
 from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.store.step import SharedFields, Step
+from ..runtime.stream_spec import outlink_stream
 from ..logs import event
 from .flow_audit import RESUBMITS, StepAudit
 
@@ -75,14 +75,9 @@ from .flow_audit import RESUBMITS, StepAudit
 def outlink_streams(graph: FlowGraph, keys: FlowKeys) -> dict[tuple[str, str], str]:
     """The Redis stream of every (node, outlink) through which messages leave the flow: an
     action's ``done`` goes to its sink, any other to ``tf:{F}:out:<node>:<outlink>``."""
-    streams = {}
-    for name, node in graph.nodes.items():
-        for outlink in node.outlinks:
-            if outlink in graph.links.get(name, {}):
-                continue
-            sink = node.sink if isinstance(node, ActionNode) and outlink == "done" else None
-            streams[(name, outlink)] = keys.prefix + sink if sink else keys.out(name, outlink)
-    return streams
+    return {(name, outlink): keys.prefix + outlink_stream(name, node, outlink)
+            for name, node in graph.nodes.items() for outlink in node.outlinks
+            if outlink not in graph.links.get(name, {})}
 
 
 def logged_nodes(graph: FlowGraph) -> tuple[str, ...]:

@@ -63,6 +63,7 @@ from .master_side import MasterSide
 from .member_state import MemberState
 from .member_timers import MemberTimers
 from .audit_upkeep import AuditUpkeep
+from .stream_upkeep import StreamUpkeep
 from .on_cluster import cluster_flow, flow_keys
 from .parts import MemberParts
 from .peer_config import PeerConfig
@@ -118,6 +119,7 @@ class FlowMember:
         self.promotion = Promotion(self)
         self.timers = MemberTimers(self)
         self.audit = AuditUpkeep(self)
+        self.streams = StreamUpkeep(self)
 
     # -- life cycle (driven by the peer, peer.py) ----------------------------
     def open_store(self) -> None:

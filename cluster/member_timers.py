@@ -154,6 +154,7 @@ class MemberTimers:
         must never be left out."""
         m = self.m
         m.audit.trim()  # the failed messages' audit too (audit_upkeep.py); never raises
+        m.streams.trim()  # and the streams the flow writes, to their bounds (stream_upkeep.py); never raises
         try:
             live = set(m.leadership.members()) | {m.cfg.peer_id}
         except MembersUnknown as exc:

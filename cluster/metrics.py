@@ -186,6 +186,17 @@ class PeerCollector(Collector):
                    "nor discarded), as this peer's last trim as master read it").add_metric(who, audit["failed"])
             family(CounterMetricFamily, "twinflow_notices_removed", "Error notices the notice stream's cap "
                    "removed: the flow's count in Redis").add_metric(who, audit["notices_removed"])
+        trims = n.streams.counts()  # as the master's last trim round read them (stream_upkeep.py)
+        if trims is not None:
+            removed = family(CounterMetricFamily, "twinflow_stream_trimmed", "Entries the retention removed from "
+                             "each stream the flow writes: the flow's count in Redis, as this peer's last trim as "
+                             "master read it", ["stream"])
+            unread = family(CounterMetricFamily, "twinflow_stream_trimmed_unread", "Of those, the entries no "
+                            "consumer group of the stream had read yet: the flow's count in Redis, as this "
+                            "peer's last trim as master read it", ["stream"])
+            for stream, (count, not_read) in sorted(trims.items()):
+                removed.add_metric(who + [stream], count)
+                unread.add_metric(who + [stream], not_read)
         lead = n.leadership
         if lead is not None:
             family(GaugeMetricFamily, "twinflow_zookeeper_connected", "1 while the ZooKeeper connection is up"

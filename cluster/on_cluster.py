@@ -19,20 +19,29 @@ class StartRefused(RuntimeError):
     """The peer will not start: reading from here, or on this Redis, could break a promise."""
 
 
-def cluster_flow(graph: FlowGraph):
-    """The flow's cluster sections; StartRefused when the flow cannot run on the cluster."""
+def cluster_refusals(graph: FlowGraph) -> list[tuple[str, str]]:
+    """Each thing that keeps the flow from running on the cluster, as (field, reason):
+    ``twinflow validate`` reports them all, :func:`cluster_flow` refuses the first."""
     if graph.cluster is None:
-        raise StartRefused(f"{graph.source}: flow {graph.name!r} has no uplink section, so it runs in "
-                           f"replay only (docs/reference/flow-file.md)")
+        return [("uplink", f"flow {graph.name!r} has no uplink section, so it runs in replay only "
+                           f"(docs/reference/flow-file.md)")]
+    found = []
     local = not_on_cluster(graph)
     if local:
-        raise StartRefused(f"{graph.source}: these nodes keep their state in one process only so far and "
-                           f"run in replay only: {', '.join(local)}")
+        found.append(("nodes", f"these nodes keep their state in one process only so far and run in replay "
+                               f"only: {', '.join(local)}"))
     for name, node in graph.nodes.items():
         if getattr(node, "external", False) and "new" not in graph.links.get(name, {}):
-            raise StartRefused(f"{graph.source}: nodes.{name}: completion: external needs a node linked to its "
-                               f"'new' outlink (the handler it guards): on the cluster nothing else reports that "
-                               f"a message finished, so every one would come back In Doubt")
+            found.append((f"nodes.{name}", "completion: external needs a node linked to its 'new' outlink (the "
+                                           "handler it guards): on the cluster nothing else reports that a "
+                                           "message finished, so every one would come back In Doubt"))
+    return found
+
+
+def cluster_flow(graph: FlowGraph):
+    """The flow's cluster sections; StartRefused when the flow cannot run on the cluster."""
+    for field, reason in cluster_refusals(graph):
+        raise StartRefused(f"{graph.source}: {field}: {reason}")
     return graph.cluster
 
 

@@ -98,7 +98,7 @@ def read_audit(top: Params) -> AuditSpec:
     return AuditSpec(retention=retention, max_entries=max_entries)
 
 
-def read_notices(top: Params, outlinks: Mapping[str, tuple[str, ...]],
+def read_notices(top: Params, outlinks: Mapping[str, tuple[str, ...] | None],
                  links: Mapping[str, Mapping[str, str]]) -> NoticeSpec:
     """The ``notices`` section; ``outlinks`` are each node's outlinks and ``links`` the linked ones
     (what the graph has), so that a name that cannot leave the flow is refused here."""
@@ -111,6 +111,8 @@ def read_notices(top: Params, outlinks: Mapping[str, tuple[str, ...]],
             raise sec.doc.error(where, f"must be <node>.<outlink> (got {item!r})")
         if node not in outlinks:
             raise sec.doc.error(where, f"names node {node!r}, which is not a node of this flow's graph")
+        if outlinks[node] is None:  # a node refused on its own (twinflow validate): not checked against
+            continue
         if outlink not in outlinks[node]:
             raise sec.doc.error(where, f"node {node!r} has no outlink {outlink!r} "
                                        f"(it has: {', '.join(outlinks[node])})")

@@ -18,6 +18,7 @@ and ``twinflow replay`` ignores them; ``twinflow run`` needs ``uplink``::
     failure: {max_entries: 100000}
     audit: {retention: 7d, max_entries: 100000}   # failed messages kept for an operator (audit_spec.py)
     notices: {outlinks: [deliver.failure]}        # failures a publisher is told of, besides an action's error
+    streams: {max_entries: 1000000, retention: 7d}  # bounds of every stream the flow writes (stream_spec.py)
     security:                      # gRPC between nodes and clients (docs/operations/security.md)
       tls: {cert: certs/node.pem, key: certs/node-key.pem, ca: certs/ca.pem, mutual: true}
       tokens: {ingest: "env:TF_INGEST", escalation: "file:/etc/twinflow/escalation", admin: "file:/etc/twinflow/admin"}
@@ -36,13 +37,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Mapping
 
 from .audit_spec import AuditSpec, NoticeSpec, read_audit, read_notices
 from .keys import KEY_TYPES
 from .message import MessageSpec
 from .nodes.sort import read_outlink_names, read_rulesets
 from .nodes.sort.claim_rules import ClaimRules
-from .params import Params
+from .params import Params, Refusals
+from .stream_spec import StreamsSpec, read_streams
 
 __all__ = ["ClusterSpec", "ClaimPair", "SecuritySpec", "parse_cluster"]
 
@@ -118,6 +121,7 @@ class ClusterSpec:
     security: SecuritySpec = SecuritySpec()
     audit: AuditSpec = AuditSpec()      # the failed messages' audit: retention and size
     notices: NoticeSpec = NoticeSpec()  # the outlinks that give publishers notices
+    streams: StreamsSpec = StreamsSpec()  # how long each stream the flow writes keeps its entries
 
     @property
     def max_pending(self) -> int:
@@ -189,34 +193,52 @@ XA0_REFUSED = ("xa_mode 0 is refused on the cluster: both peers read one uplink,
                "removing it would remove it from the master's input too")
 
 
+CLUSTER_SECTIONS = ("cluster", "failure", "security", "audit", "notices", "streams")
+
+
 def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None,
-                  outlinks: dict[str, tuple[str, ...]] | None = None,
-                  links: dict[str, dict[str, str]] | None = None) -> ClusterSpec | None:
+                  outlinks: Mapping[str, tuple[str, ...] | None] | None = None,
+                  links: dict[str, dict[str, str]] | None = None,
+                  refusals: Refusals | None = None,
+                  written: Mapping[str, str] | None = None) -> ClusterSpec | None:
     """The cluster sections of a flow file, or None when it has no ``uplink`` (replay only).
-    ``outlinks`` (each node's) and ``links`` (the graph's) check the ``notices`` section."""
-    for section in ("cluster", "failure", "security", "audit", "notices"):
+    ``outlinks`` (each node's; None: a node refused, not checked against) and ``links`` (the
+    graph's) check the ``notices`` section, ``written`` (``stream_spec.written_streams``; None:
+    unknown) the ``streams`` section. Each section is read on its own: ``refusals`` raises the
+    first refusal, or collects one per section (then the result is None)."""
+    r = refusals or Refusals()
+    for section in CLUSTER_SECTIONS:
         if top.has(section) and not top.has("uplink"):
-            raise top.error(section, "only with an uplink section (the flow runs on the cluster)")
+            r.add(top.error(section, "only with an uplink section (the flow runs on the cluster)"))
     if not top.has("uplink"):
         if pair is not None:
-            raise top.error("uplink", f"is required: node {pair.sort!r} pairs with {pair.action!r}, "
-                                      f"which only means something on the cluster")
+            r.add(top.error("uplink", f"is required: node {pair.sort!r} pairs with {pair.action!r}, "
+                                      f"which only means something on the cluster"))
         return None
-    up = top.section("uplink").only("stream", "batch_size", "max_batch_size", "batch_bytes", "retention",
-                                    "shards", "shard_key")
     if pair is not None:
         message = replace(message, key_path=None, key_type=pair.rules.key_type, rules=pair.rules)
-    cl = top.section("cluster", default={}).only(
-        "session_timeout", "escalation_batch", "write_lease", "wait_replicas", "replica_wait_ms", "redis_checks",
-        "step_messages")
-    session_timeout = cl.get("session_timeout", (int, float), 2.0, check=lambda v: 1 <= v <= 60,
-                             why="must be seconds in [1, 60]") * 1.0
+    before = len(r.found)
+    fields: dict = {"message": message, "pair": pair}
+    for read in (lambda: _read_uplink(top, message), lambda: _read_cluster(top),
+                 lambda: {"failure_max_entries": top.section("failure", default={}).only("max_entries")
+                          .integer("max_entries", 100_000, minimum=100)},
+                 lambda: {"security": read_security(top)}, lambda: {"audit": read_audit(top)},
+                 lambda: {"notices": read_notices(top, outlinks or {}, links or {})},
+                 lambda: {"streams": read_streams(top, written)}):
+        with r.unit():
+            fields.update(read())
+    return None if len(r.found) > before else ClusterSpec(**fields)
+
+
+def _read_uplink(top: Params, message: MessageSpec) -> dict:
+    """The ``uplink`` section: the stream, the batches' bounds, the retention, the shards."""
+    up = top.section("uplink").only("stream", "batch_size", "max_batch_size", "batch_bytes", "retention",
+                                    "shards", "shard_key")
     batch_bytes = up.get("batch_bytes", int, 64 << 20, check=lambda v: 1 << 20 <= v <= 256 << 20,
                          why="must be 1048576..268435456 (1-256 MiB)")
     if batch_bytes < message.max_bytes:
         raise up.error("batch_bytes", f"must be at least message.max_bytes ({message.max_bytes}): "
                                       f"a message of the largest allowed size must fit in a batch")
-    failure = top.section("failure", default={}).only("max_entries")
     batch_size = up.get("batch_size", int, 2000, check=lambda v: 1 <= v <= 100_000, why="must be 1..100000")
     max_batch_size = up.get("max_batch_size", int, max(batch_size, 20_000),
                             check=lambda v: batch_size <= v <= 1_000_000,
@@ -226,7 +248,7 @@ def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None,
     if shards > 1 and shard_key is None:
         raise up.error("shard_key", f"is required with shards: {shards} (a template such as '{{customer}}'; "
                                     f"messages that meet in a join, history or sequence must share a shard)")
-    return ClusterSpec(
+    return dict(
         shards=shards,
         shard_key=shard_key.template if shard_key else None,
         uplink_stream=up.name("stream"),
@@ -234,12 +256,21 @@ def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None,
         max_batch_size=max_batch_size,
         retention=up.get("retention", (int, float), 3600, check=lambda v: 0 <= v <= 365 * 86400,
                          why="must be seconds in [0, 31536000]") * 1.0,
-        message=message,
-        pair=pair,
+        batch_bytes=batch_bytes,
+    )
+
+
+def _read_cluster(top: Params) -> dict:
+    """The ``cluster`` section: the ZooKeeper session, the write lease, escalation, replicas, steps."""
+    cl = top.section("cluster", default={}).only(
+        "session_timeout", "escalation_batch", "write_lease", "wait_replicas", "replica_wait_ms", "redis_checks",
+        "step_messages")
+    session_timeout = cl.get("session_timeout", (int, float), 2.0, check=lambda v: 1 <= v <= 60,
+                             why="must be seconds in [1, 60]") * 1.0
+    return dict(
         session_timeout=session_timeout,
         escalation_batch=cl.get("escalation_batch", int, 500, check=lambda v: 1 <= v <= 10_000,
                                 why="must be 1..10000"),
-        batch_bytes=batch_bytes,
         write_lease=cl.get("write_lease", (int, float), session_timeout / 2,
                            check=lambda v: 0.2 <= v < session_timeout,
                            why=f"must be seconds in [0.2, session_timeout = {session_timeout})") * 1.0,
@@ -249,10 +280,6 @@ def parse_cluster(top: Params, message: MessageSpec, pair: ClaimPair | None,
         step_messages=cl.get("step_messages", int, MAX_STEP_MESSAGES,
                              check=lambda v: 1 <= v <= MAX_STEP_MESSAGES,
                              why=f"must be 1..{MAX_STEP_MESSAGES} (messages per master step)"),
-        failure_max_entries=failure.integer("max_entries", 100_000, minimum=100),
-        security=read_security(top),
-        audit=read_audit(top),
-        notices=read_notices(top, outlinks or {}, links or {}),
     )
 
 

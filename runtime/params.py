@@ -21,7 +21,8 @@ import copy
 import functools
 import importlib
 import re
-from typing import Any, Callable, Iterable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
 
 import yaml
 
@@ -38,6 +39,34 @@ class FlowFileError(ValueError):
         self.file, self.line, self.field, self.reason = file, line, field, reason
         where = f"{file}:{line}" if line else file
         super().__init__(f"{where}: {field}: {reason}")
+
+
+class Refusals:
+    """Where the flow file's readers put what they refuse: raised at once (the default, what
+    ``twinflow run`` and ``replay`` do), or, with ``collect``, kept so that one pass over the file
+    reports every refusal (``twinflow validate``). A reader marks each part it reads on its own
+    (a node, a section) as a ``unit``: a refusal ends that unit only, and what depends on it is
+    left unchecked rather than refused twice.
+    """
+
+    def __init__(self, collect: bool = False):
+        self.collect = collect
+        self.found: list[FlowFileError] = []
+
+    def add(self, exc: FlowFileError) -> None:
+        """Raise ``exc``, or keep it (once) when collecting."""
+        if not self.collect:
+            raise exc
+        if all(str(e) != str(exc) for e in self.found):
+            self.found.append(exc)
+
+    @contextmanager
+    def unit(self) -> Iterator[None]:
+        """A part read on its own: its first refusal ends it (and is raised, or kept)."""
+        try:
+            yield
+        except FlowFileError as exc:
+            self.add(exc)
 
 
 class Doc:
@@ -108,10 +137,14 @@ class Params:
 
     def only(self, *known: str) -> "Params":
         """Refuse any field not in ``known`` (a typo must not pass for a default)."""
-        for k in self.value:
-            if k not in known:
-                raise self.error(k, f"unknown field (known: {', '.join(sorted(known))})")
+        for exc in self.unknown(*known):
+            raise exc
         return self
+
+    def unknown(self, *known: str) -> list[FlowFileError]:
+        """A refusal for each field not in ``known``, in the file's order (what ``only`` raises first)."""
+        return [self.error(k, f"unknown field (known: {', '.join(sorted(known))})") for k in self.value
+                if k not in known]
 
     def has(self, name: str) -> bool:
         return name in self.value

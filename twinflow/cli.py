@@ -21,6 +21,8 @@ from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
 from twinflow.cli_resume import cmd_resume
 from twinflow.cli_tools import (cmd_bench, cmd_certs, cmd_demo, cmd_drill, cmd_proxy, cmd_replay, cmd_services,
                                 cmd_simulate)
+from twinflow.cli_tail import cmd_tail
+from twinflow.cli_validate import cmd_validate
 
 
 
@@ -64,6 +66,13 @@ def _security_flags(parser, serving: bool) -> None:
                         "the token itself); repeatable")
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="twinflow", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"twinflow {__version__}")
@@ -101,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics over HTTP here (e.g. 127.0.0.1:9464; default: none)")
     _security_flags(r, serving=True)
     r.set_defaults(fn=cmd_run)
+
+    va = sub.add_parser("validate", help="check flow files without running them: every refusal at once, each with "
+                                          "file, line, field and reason (exit 0: none)")
+    va.add_argument("flows", nargs="+", metavar="FLOW", help="flow files (YAML)")
+    va.add_argument("--replay", action="store_true",
+                    help="check for twinflow replay only: skip the checks twinflow run makes before it starts "
+                         "(an uplink section, nodes that keep their state in Redis)")
+    va.add_argument("--json", action="store_true", help="print one JSON object (ok, files, errors) instead of lines")
+    va.set_defaults(fn=cmd_validate)
 
     for name, fn, helptext in (("status", cmd_status, "each peer's role, epoch, lag and counts"),
                                ("handover", cmd_handover, "move the master role to another peer")):
@@ -154,6 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--json", action="store_true")
     operator_security_flags(fl)
     fl.set_defaults(fn=cmd_failures)
+
+    tl = sub.add_parser("tail", help="follow one of a flow's streams, one JSON line per entry "
+                                     "(docs/operations/consuming.md)")
+    tl.add_argument("stream", metavar="STREAM", help="a stream the flow writes (sink, out:NODE:OUTLINK, failure, "
+                                                     "notices), an outlink's as NODE.OUTLINK, or the uplink")
+    tl.add_argument("flow", help="flow file (YAML)")
+    tl.add_argument("--redis", help="Redis URL")
+    tl.add_argument("--group", metavar="G", help="read as a consumer of this consumer group (it must exist), "
+                                                "acknowledging each entry once printed")
+    tl.add_argument("--consumer", metavar="C", help="with --group: the consumer's name")
+    tl.add_argument("--from-start", action="store_true",
+                    help="first every entry the stream holds (with --group: the entries given to this consumer "
+                         "and never acknowledged); default: only new ones")
+    tl.add_argument("--count", type=_positive, metavar="N", help="stop after N entries (default: follow until "
+                                                                 "Ctrl-C or SIGTERM)")
+    tl.add_argument("--shard", type=int, metavar="K", help="a sharded flow's shard whose stream to follow")
+    tl.set_defaults(fn=cmd_tail)
 
     rp = sub.add_parser("replay", help="run a flow over recorded events on a virtual clock")
     rp.add_argument("flow", help="flow file (YAML)")

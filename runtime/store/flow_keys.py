@@ -140,6 +140,21 @@ class FlowKeys:
         """How many notices the stream's cap has removed."""
         return self.prefix + "notices:removed"
 
+    # -- the retention of the streams the flow writes (runtime/store/stream_retention.py) --
+    def stream(self, name: str) -> str:
+        """A stream the flow writes, by its name (``sink``, ``out:<node>:<outlink>``, ``failure``, ``notices``)."""
+        return self.prefix + name
+
+    @property
+    def streams_trimmed(self) -> str:
+        """Stream name -> the entries its retention removed so far."""
+        return self.prefix + "streams:trimmed"
+
+    @property
+    def streams_unread(self) -> str:
+        """Stream name -> of those, the entries after the smallest last-delivered-id of its consumer groups."""
+        return self.prefix + "streams:unread"
+
     def publisher(self, message_id: str) -> str:
         """The publisher that gave message ``message_id`` over gRPC (kept as long as the ID cache)."""
         return self.prefix + "pub:" + message_id

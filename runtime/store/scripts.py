@@ -20,7 +20,7 @@ them (promises 2 and 3, docs/concepts/promises.md):
   uplink (new state directory, down longer than ``id_ttl``) cannot double-feed.
 """
 
-from . import audit_scripts
+from . import audit_scripts, stream_retention
 
 # Lua: true when stream entry ID a ("<ms>-<seq>") sorts at or before b.
 _AT_OR_BEFORE = """
@@ -444,7 +444,7 @@ return {1}
 
 ALL = {"raise_epoch": RAISE_EPOCH, "commit": COMMIT, "started": STARTED, "record_failure": RECORD_FAILURE,
        "record_handled": RECORD_HANDLED, "read_batch": READ_BATCH, "trim_uplink": TRIM_UPLINK,
-       **audit_scripts.ALL}
+       **audit_scripts.ALL, **stream_retention.SCRIPTS}
 
 
 def register(client) -> dict:

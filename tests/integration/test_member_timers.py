@@ -105,3 +105,46 @@ def test_the_masters_trim_round_trims_the_audit_and_the_metrics_count_what_went_
         assert samples[("twinflow_notices_removed_total", "a")] == 0
     finally:
         a.parts.peer.stop()
+
+
+def test_the_masters_trim_round_bounds_the_flows_streams_and_counts_what_no_group_read(redis_url, flow_name,
+                                                                                      tmp_path, caplog):
+    from twinflow.cluster.metrics import PeerCollector
+
+    graph = parse_graph(FLOW.format(name=flow_name) + "streams: {max_entries: 4, retention: 60, "
+                                                      "overrides: {match.expired: {max_entries: null}}}\n")
+    clock = FakeClock(1000.0)
+    a = node(graph, "a", redis_url, clock, tmp_path, trim_interval_s=0.0)  # every round trims
+    try:
+        r = a.store.r
+        sink, expired = a.keys.stream("sink"), a.keys.stream("out:match:expired")
+        for s in range(6):  # written 10 .. 5 s before the flow's time: within the retention of 60 s
+            r.xadd(sink, {"data": "{}"}, id=f"{990 + s}000-0")
+        r.xgroup_create(sink, "billing", id="0")
+        r.xreadgroup("billing", "c", {sink: ">"}, count=1)  # billing read the first
+        r.xadd(expired, {"data": "{}"}, id="5000-0")    # 995 s old: past the retention
+        r.xadd(expired, {"data": "{}"}, id="999000-0")  # 1 s old
+        assert a.streams.counts() is None  # a worker never trims
+        a.parts.leader.is_master = True
+        a.on_promoted(1)
+        a.wake.set()
+        wait_until(lambda: a.streams.counts() is not None, 10.0, what="the master's trim round")
+        counts = a.streams.counts()
+        # Six entries over a count of four: the first (read by billing) and the second (not).
+        assert counts["sink"] == (2, 1) and r.xlen(sink) == 4
+        assert counts["out:match:expired"] == (1, 0) and r.xlen(expired) == 1  # no group: nothing unread
+        assert counts["failure"] == counts["notices"] == (0, 0)
+        unread = [rec for rec in caplog.records if getattr(rec, "event", "") == "stream_trimmed_unread"]
+        assert [(rec.stream, rec.removed, rec.count) for rec in unread] == [("sink", 2, 1)]
+
+        clock.advance(100.0)  # now every sink entry is past the retention, none read by billing
+        a.wake.set()
+        wait_until(lambda: a.streams.counts()["sink"] == (6, 5), 10.0, what="the round after the clock moved")
+        assert r.xlen(sink) == 0
+        samples = {(s.name, s.labels["stream"]): s.value for family in PeerCollector(lambda: [a]).collect()
+                   for s in family.samples if "stream" in s.labels}
+        assert samples[("twinflow_stream_trimmed_unread_total", "sink")] == 5
+        assert samples[("twinflow_stream_trimmed_total", "sink")] == 6
+        assert samples[("twinflow_stream_trimmed_unread_total", "out:match:expired")] == 0
+    finally:
+        a.parts.peer.stop()
