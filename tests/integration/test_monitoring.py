@@ -17,9 +17,9 @@ from tests.integration.test_metrics import metric, started_pair
 from tests.monitoring import alert_rules, dashboard_queries, metric_names
 
 # What the rules select that a peer of this pair does not serve: Prometheus's own series of a
-# target, the clock offset (once a flow clock on Redis's time sampled it; the pair runs on a fake
-# clock), and the count of the sink and outlink streams' retention.
-NOT_FROM_THE_PAIR = {"twinflow_clock_offset_seconds", "twinflow_stream_trimmed_unread_total"}
+# target, and the clock offset (once a flow clock on Redis's time sampled it; the pair runs on a
+# fake clock).
+NOT_FROM_THE_PAIR = {"twinflow_clock_offset_seconds"}
 
 
 @pytest.fixture(scope="module")
