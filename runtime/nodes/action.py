@@ -151,16 +151,22 @@ class ActionNode(Node):
         history like an attempt from the state (see the module doc)."""
         if self.attempt_started is None or self._blocked():
             return self.on_message(msg, now)
-        marker = RESUBMIT_PREFIX + token
-        if token in self._doubted_resubmits:
-            self._doubted_resubmits.discard(token)
+        decided = self._marked(RESUBMIT_PREFIX + token, token, self._doubted_resubmits, msg, now)
+        return decided if decided is not None else self._run(msg, 0, now, next(self._order))
+
+    def _marked(self, marker: str, key, doubted: set, msg: Msg, now: float) -> list[Emit] | None:
+        """Before a guarded attempt: a doubted one (``key`` in ``doubted``: its marker was loaded)
+        asks the resolver first, whose answer may end it here (returned); otherwise the marker is
+        written to Redis (the step that runs the attempt removes it) and None lets it run."""
+        if key in doubted:
+            doubted.discard(key)
             self._unstart.add(marker)
             decided = self._decide(msg, now)
             if decided is not None:
                 return decided
         self.attempt_started(marker, now)
         self._unstart.add(marker)
-        return self._run(msg, 0, now, next(self._order))
+        return None
 
     def _decide(self, msg: Msg, now: float) -> list[Emit] | None:
         """A doubted attempt: the resolver's answer as emissions, or None to run it again."""
@@ -238,16 +244,8 @@ class ActionNode(Node):
     def _guarded(self, msg: Msg, retries: int, now: float, order: int) -> list[Emit]:
         """An attempt made from the state behind a guarding history: its marker in Redis first; an
         attempt a dead master may have made is decided by the history's resolver first."""
-        marker = ATTEMPT_PREFIX + str(order)
-        if order in self._doubted:
-            self._doubted.discard(order)
-            self._unstart.add(marker)
-            decided = self._decide(msg, now)
-            if decided is not None:
-                return decided
-        self.attempt_started(marker, now)
-        self._unstart.add(marker)  # the step that ran the attempt removes it
-        return self._attempt(msg, retries, now, order)
+        decided = self._marked(ATTEMPT_PREFIX + str(order), order, self._doubted, msg, now)
+        return decided if decided is not None else self._attempt(msg, retries, now, order)
 
     def _wait_behind(self, order: int, msg: Msg) -> None:
         self._behind[order] = msg
