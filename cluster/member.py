@@ -48,6 +48,7 @@ import os
 import threading
 import time
 
+from .. import __version__
 from ..logs import event
 from ..runtime.clock import Clock, SystemClock
 from ..runtime.flowgraph import FlowGraph
@@ -184,6 +185,10 @@ class FlowMember:
         self.stopping.set()
         self.wake.set()
         if self.store is not None:
+            try:
+                self.store.drop_status()  # the timer writes none once stopping is set
+            except Exception:  # Redis down: the status lapses by its TTL
+                pass
             self.store.close()
 
     def settle(self) -> None:
@@ -288,6 +293,7 @@ class FlowMember:
         out["streaming"] = int(state.streaming)
         out["streaming_since"] = state.streaming_since
         out["pid"] = os.getpid()
+        out["version"] = __version__  # a rolling upgrade shows which peers run which twinflow
         offset = getattr(self.clock, "offset_s", None)  # a flow clock on Redis's time knows it (flow_clock.py)
         if offset is not None:
             out["clock_offset_s"] = round(offset, 3)

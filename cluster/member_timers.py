@@ -84,7 +84,9 @@ class MemberTimers:
                 self._next_status = mono + status_every
                 m.guard_epoch(0, deadline_s=0)
                 m.reader.set_suspended(m.store.suspensions(deadline_s=0))  # every peer stops reading
-                m.store.write_status(m.status(), ttl_s=max(5, int(4 * cfg.status_interval_s)))
+                status = m.status()
+                if not m.stopping.is_set():  # a stopping member has dropped its status: write none after
+                    m.store.write_status(status, ttl_s=max(5, int(4 * cfg.status_interval_s)))
             if m.warm is not None and m.state.role == WORKER:
                 # Last: it may read the history whole (priming), and a Redis error ends the round.
                 m.warm.follow(deadline_s=0)

@@ -18,6 +18,7 @@ from twinflow.cli_common import LAB_DIR, SERVICES_STATE, START_FROM, operator_se
 from twinflow.cli_failures import cmd_failures
 from twinflow.cli_lab import cmd_lab
 from twinflow.cli_peer import cmd_handover, cmd_run, cmd_status
+from twinflow.cli_publish import cmd_publish
 from twinflow.cli_resume import cmd_resume
 from twinflow.cli_tools import (cmd_bench, cmd_certs, cmd_demo, cmd_drill, cmd_proxy, cmd_replay, cmd_services,
                                 cmd_simulate)
@@ -131,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a peer's gRPC address, asked when Redis does not answer "
                                 "(default: the peers the last status found)")
             s.add_argument("--node", dest="peer", action=_OldName, new="--peer", append=True)
+            s.add_argument("--wait-streaming", metavar="PEER_ID",
+                           help="first wait until this peer streams (a restarted one: its new process), "
+                                "then print; exit 1 after --wait-timeout")
+            s.add_argument("--wait-timeout", type=float, default=300.0, metavar="S",
+                           help="how long --wait-streaming waits (default 300)")
         else:
             s.add_argument("--timeout", type=float, default=5.0)
         operator_security_flags(s)
@@ -172,6 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--json", action="store_true")
     operator_security_flags(fl)
     fl.set_defaults(fn=cmd_failures)
+
+    pb = sub.add_parser("publish", help="send JSON messages (one per line, from stdin or --file) into a flow's "
+                                        "uplink through a peer's Ingest service; prints each one's position")
+    pb.add_argument("flow", help="flow file (YAML)")
+    pb.add_argument("--peer", action="append", required=True, metavar="HOST:PORT",
+                    help="a peer's gRPC address (repeatable: the first that answers takes the messages)")
+    pb.add_argument("--file", action="append", metavar="PATH", help="read the messages from PATH (repeatable) "
+                                                                    "instead of stdin")
+    pb.add_argument("--deadline", type=float, default=30.0, metavar="S",
+                    help="give up after S seconds, retries included (default 30)")
+    operator_security_flags(pb, scopes=("ingest",))
+    pb.set_defaults(fn=cmd_publish)
 
     tl = sub.add_parser("tail", help="follow one of a flow's streams, one JSON line per entry "
                                      "(docs/operations/consuming.md)")

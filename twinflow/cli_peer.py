@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, START_FROM, _address, _grpc_failure, _grpc_security,
@@ -116,6 +117,10 @@ def cmd_status(args) -> int:
 
     _operator_settings(args)  # half a certificate pair is refused even when Redis answers
     graph, stores = _flow_stores(args)
+    if args.wait_streaming and not _wait_streaming(stores, args.wait_streaming, args.wait_timeout):
+        print(f"twinflow: peer {args.wait_streaming} of flow {graph.name} did not stream within "
+              f"{args.wait_timeout:g} s", file=sys.stderr)
+        return 1
     seen = Path(str(PEERS_SEEN).format(flow=graph.name))
     try:
         rows = []
@@ -144,6 +149,28 @@ def cmd_status(args) -> int:
     columns = STATUS_COLUMNS if len(stores) == 1 else ["flow", *STATUS_COLUMNS]
     print(_table(columns, [[_cell(r.get(c, "")) for c in columns] for r in rows]))
     return 0
+
+
+def _wait_streaming(stores, peer_id: str, timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Whether peer ``peer_id`` streams in every shard before ``timeout_s`` passes. A peer drops
+    its status when it stops, so a restarted peer counts once its new process streams; Redis
+    not answering counts as not yet."""
+    import redis
+
+    from twinflow.runtime.store.store_errors import RedisUnavailable
+
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            rows = [{r["peer_id"]: r for r in shard.read_statuses(deadline_s=3.0)}.get(peer_id, {})
+                    for shard in stores]
+            if all(row.get("streaming") == "1" for row in rows):
+                return True
+        except (redis.RedisError, RedisUnavailable):
+            pass
+        if time.monotonic() >= end:
+            return False
+        time.sleep(poll_s)
 
 
 def _cell(value) -> str:

@@ -403,6 +403,12 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
 
         self._call("write_status", write, deadline_s=0)
 
+    def drop_status(self) -> None:
+        """One attempt to remove this peer's status (a peer stopping): `twinflow status` stops
+        showing it at once, and a wait for it to stream again sees only its next process's.
+        Raises when Redis does not answer (the status then lapses by its TTL)."""
+        self._call("drop_status", lambda: self.r.delete(self.keys.peer(self.peer_id)), deadline_s=0)
+
     def read_statuses(self, deadline_s: float | None = None) -> list[dict]:
         """The live status of every peer of the flow (stale peers drop out by TTL)."""
 

@@ -125,6 +125,9 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     # 2. SIGTERM of the new master at 70%: it hands back, then exits cleanly.
     wait_until(lambda: len(pub.ids) >= MESSAGES * 0.7, 30, what="70% published")
     assert cluster.peers[second].terminate(deadline_s=30) == 0
+    # A stopped peer drops its status: `twinflow status` stops listing it at once (not after the
+    # status's TTL), and `status --wait-streaming` would wait for its next process.
+    assert second not in cluster.statuses()
     wait_until(lambda: (m := cluster.master_epoch()) is not None and m[0] == first, 10, what="first as master again")
 
     pub.join(timeout=60)

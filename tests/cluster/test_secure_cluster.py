@@ -117,8 +117,17 @@ def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
     cluster.peers[master].kill()
-    with Client(address[worker], flow_name, ingest) as client:
-        client.publish(docs[1000:], deadline_s=60)  # the survivor takes the rest
+    # The survivor takes the rest, sent by `twinflow publish` as a service's script would, with a
+    # client certificate of its own and the ingest token (the dead peer first: it moves on).
+    flow = d / "operator.yaml"  # the flow file without the peers' security section
+    flow.write_text(cluster.flow_path.read_text().split("\nsecurity:")[0] + "\n")
+    published = subprocess.run(
+        [sys.executable, "-m", "twinflow.cli", "publish", str(flow), "--peer", address[master], "--peer",
+         address[worker], "--deadline", "60", "--tls-cert", str(d / "operator.pem"), "--tls-key",
+         str(d / "operator-key.pem"), "--tls-ca", str(d / "ca.pem"), "--token", f"ingest=file:{d / 'ingest.token'}"],
+        input="".join(json.dumps(doc) + "\n" for doc in docs[1000:]), capture_output=True, text=True, timeout=90)
+    assert published.returncode == 0, published.stderr[-2000:]
+    assert len(published.stdout.split()) == 1000 and "1000 messages written" in published.stderr
     report = cluster.wait_delivered(timeout_s=90)
     assert report.exactly_once, report
     cluster.wait_status(worker, timeout_s=10, role="master")  # its status hash is rewritten every 0.33-0.5 s

@@ -361,7 +361,12 @@ class Lab(FlowReadings):
         ``deadline_s``; returns its exit status (-9: it had to be killed; None: not a process
         this object started, whose status it cannot know)."""
         p = self.process(host, "twinflow-run")
-        argv = peer_stop_command(self.plan, host, p.pid)
+        return self._stop_unit(p, peer_stop_command(self.plan, host, p.pid), deadline_s)
+
+    def _stop_unit(self, p: LabProcess, argv: list[str], deadline_s: float) -> int | None:
+        """Stop ``p`` as systemd stops a unit: its ``ExecStop`` ``argv``, then SIGKILL of its group
+        after ``deadline_s``; its exit status (see :meth:`stop_peer`)."""
+        host = p.host
         # As systemd, whatever ExecStop says: a peer already gone has nothing left to stop.
         subprocess.run(netns_exec(self.state.host(host).ns, argv), timeout=10, executable=shutil.which("ip"),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -91,10 +91,11 @@ class HostNet:
     ns: str
     address: str
     veth: str
+    domain: str = DOMAIN
 
     @property
     def fqdn(self) -> str:
-        return f"{self.name}.{DOMAIN}"
+        return f"{self.name}.{self.domain}"
 
 
 @dataclass
@@ -122,6 +123,7 @@ class LabState:
     netns_dirs: list[str] = field(default_factory=list)     # made by this lab
     processes: list[LabProcess] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    domain: str = DOMAIN    # every host is <name>.<domain> in the hosts' /etc/hosts
 
     def __post_init__(self) -> None:
         if not _PREFIX_RE.match(self.prefix):
@@ -137,7 +139,7 @@ class LabState:
         net = ipaddress.ip_network(self.subnet)
         if not 2 <= octet <= 254:
             raise ValueError(f"host {name}: address .{octet} is not a host address the lab gives (2-254)")
-        host = HostNet(name, f"{self.prefix}{name}", str(net.network_address + octet), f"v-{name}")
+        host = HostNet(name, f"{self.prefix}{name}", str(net.network_address + octet), f"v-{name}", self.domain)
         self.hosts.append(host)
         return host
 
@@ -226,7 +228,7 @@ def create(state: LabState, state_path: str | os.PathLike, hostname: str | None 
 
 
 def hosts_file(state: LabState, host: HostNet, hostname: str) -> str:
-    """The /etc/hosts a host sees: localhost, every lab host by ``<name>.lab``, and this
+    """The /etc/hosts a host sees: localhost, every lab host by ``<name>.<domain>`` (``.lab``), and this
     machine's hostname as the host's own address, after its ``.lab`` name: the first name of an
     address is its canonical name, which Spark's driver advertises to executors on other hosts,
     where the machine's hostname is their own address."""

@@ -23,6 +23,8 @@ naming it; nothing is run with a half-expanded command.
 ['/usr/bin/env', 'twinflow', 'run', '/etc/f.yaml', '--peer-id', 'peer-a', '--listen', '0.0.0.0:7070', '-v', '--x']
 >>> unit.stop_argv("peer-a", {}, main_pid=4242)
 ['/bin/kill', '-TERM', '4242']
+>>> ServiceUnit.parse(chr(10).join(["[Service]", "User=twinflow", "ExecStart=/bin/true"])).user
+'twinflow'
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class ServiceUnit:
     environment_files: list[str] = field(default_factory=list)
     kill_signal: str = "SIGTERM"
     timeout_stop_s: float = 90.0
+    user: str | None = None       # User=, Group=: whom the service runs as (None: root)
+    group: str | None = None
 
     @classmethod
     def read(cls, path: str | Path) -> "ServiceUnit":
@@ -81,12 +85,13 @@ class ServiceUnit:
                 if value[:1] in "-@+!:":
                     raise UnitError(f"{key}={value}: command prefixes are not supported by the lab")
                 found[key] = value
-            elif key in ("KillSignal", "TimeoutStopSec"):
+            elif key in ("KillSignal", "TimeoutStopSec", "User", "Group"):
                 found[key] = value
         if "ExecStart" not in found:
             raise UnitError("the unit has no ExecStart= in its [Service] section")
         return cls(found["ExecStart"], found.get("ExecStop"), environment, files,
-                   found.get("KillSignal", "SIGTERM"), float(found.get("TimeoutStopSec", "90").rstrip("s")))
+                   found.get("KillSignal", "SIGTERM"), float(found.get("TimeoutStopSec", "90").rstrip("s")),
+                   found.get("User"), found.get("Group"))
 
     def env_file_paths(self, instance: str) -> list[str]:
         return [_specifiers(p, instance) for p in self.environment_files]
