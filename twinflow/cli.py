@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a peer's gRPC address, asked when Redis does not answer "
                                 "(default: the peers the last status found)")
             s.add_argument("--node", dest="peer", action=_OldName, new="--peer", append=True)
+            s.add_argument("--grpc", action="store_true",
+                           help="ask each --peer over gRPC and not Redis: checks that the peers take this "
+                                "command's certificate, CA and admin token (exit 3 when one does not answer)")
         else:
             s.add_argument("--timeout", type=float, default=5.0)
         operator_security_flags(s)
