@@ -98,6 +98,11 @@ class PeerCollector(Collector):
             flow = self.frames[0] if self.frames else members[0].name
             for reason, count in sorted(dict(check.refused).items()):
                 refused.add_metric([flow, members[0].cfg.peer_id, members[0].cfg.peer_id, reason], count)
+            not_first = family(CounterMetricFamily, "twinflow_grpc_accepted_not_first",
+                               "gRPC calls accepted with a token other than the first of its scope's "
+                               "list (a caller still sending a token being rotated out)", ["scope"])
+            for scope, count in sorted(dict(check.accepted_not_first).items()):
+                not_first.add_metric([flow, members[0].cfg.peer_id, members[0].cfg.peer_id, scope], count)
         yield from f.values()
 
     def _collect_node(self, n: "FlowMember", family) -> None:

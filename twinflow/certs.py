@@ -4,7 +4,11 @@ For trying TLS and tokens on a few machines, not for production (use your
 organisation's CA there; docs/operations/security.md shows the OpenSSL steps):
 
 - ``ca.pem`` / ``ca-key.pem``: a CA made on first use and reused after, so
-  certificates made later for more peers are trusted by the earlier ones;
+  certificates made later for more peers are trusted by the earlier ones.
+  Each CA has a name of its own and its certificates name its key, so that
+  a bundle of two (``cat old/ca.pem new/ca.pem``, for a rotation) finds the
+  right one for each certificate; a ``ca.pem`` that is such a bundle is
+  reused by the certificate in it that matches ``ca-key.pem``;
 - ``<peer>.pem`` / ``<peer>-key.pem``: a certificate signed by that CA for
   the names and addresses given (each a DNS name or an IP address), good for
   both serving (serverAuth) and escalating with mutual TLS (clientAuth);
@@ -12,8 +16,10 @@ organisation's CA there; docs/operations/security.md shows the OpenSSL steps):
   URL-safe base64, made only when absent.
 
 Keys and tokens are written with mode 0600. Under failure: a directory that
-cannot be written raises ``OSError``; nothing is half written over an
-existing file (each file is written to a temporary name and renamed).
+cannot be written raises ``OSError``; a ``ca.pem`` with no certificate for
+``ca-key.pem`` raises :class:`CertsError` before anything is written; nothing
+is half written over an existing file (each file is written to a temporary
+name and renamed).
 
 >>> import tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -22,6 +28,11 @@ existing file (each file is written to a temporary name and renamed).
 ['admin.token', 'ca-key.pem', 'ca.pem', 'escalation.token', 'ingest.token', 'node-a-key.pem', 'node-a.pem']
 >>> sorted(p.name for p in make_certs(d, "node-b", ["127.0.0.1"]))  # the same CA and tokens
 ['node-b-key.pem', 'node-b.pem']
+>>> other = pathlib.Path(tempfile.mkdtemp())  # a new CA, for a rotation
+>>> _ = make_certs(other, "node-a", ["127.0.0.1"])
+>>> _ = (d / "ca.pem").write_bytes((d / "ca.pem").read_bytes() + (other / "ca.pem").read_bytes())
+>>> [p.name for p in make_certs(d, "node-c", ["127.0.0.1"])]  # the bundle's CA that has the key signs
+['node-c-key.pem', 'node-c.pem']
 """
 
 from __future__ import annotations
@@ -41,6 +52,10 @@ TOKEN_SCOPES = ("ingest", "escalation", "admin")
 VALID_DAYS = 365
 
 
+class CertsError(ValueError):
+    """The directory's CA files cannot be used together; the message names them."""
+
+
 def make_certs(directory: Path | str, node: str, names: list[str], days: int = VALID_DAYS) -> list[Path]:
     """Make what is missing in ``directory`` for the peer ``node`` (see module doc); return the files made."""
     d = Path(directory)
@@ -49,11 +64,13 @@ def make_certs(directory: Path | str, node: str, names: list[str], days: int = V
     ca_cert_path, ca_key_path = d / "ca.pem", d / "ca-key.pem"
     if ca_cert_path.exists() and ca_key_path.exists():
         ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
-        ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
+        ca_cert = _ca_of(ca_key, ca_cert_path)
     else:
         ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_cert = _certificate(_name("twinflow development CA"), ca_key.public_key(), _name("twinflow development CA"),
-                               ca_key, days, ca=True)
+        # A name of its own: a TLS library looks a certificate's issuer up by name first, and with two
+        # CAs of one name in a bundle it may try only one of them.
+        ca_name = _name(f"twinflow development CA {secrets.token_hex(4)}")
+        ca_cert = _certificate(ca_name, ca_key.public_key(), ca_name, ca_key, days, ca=True)
         made += [_write(ca_key_path, _key_pem(ca_key), private=True), _write(ca_cert_path, _cert_pem(ca_cert))]
     key = ec.generate_private_key(ec.SECP256R1())
     cert = _certificate(_name(node), key.public_key(), ca_cert.subject, ca_key, days, names=names or [node])
@@ -63,6 +80,18 @@ def make_certs(directory: Path | str, node: str, names: list[str], days: int = V
         if not path.exists():
             made.append(_write(path, (secrets.token_urlsafe(32) + "\n").encode(), private=True))
     return made
+
+
+def _ca_of(ca_key, ca_cert_path: Path) -> x509.Certificate:
+    """The certificate in ``ca_cert_path`` (one, or a bundle of several) for ``ca_key``."""
+    public = ca_key.public_key().public_bytes(serialization.Encoding.DER,
+                                              serialization.PublicFormat.SubjectPublicKeyInfo)
+    for cert in x509.load_pem_x509_certificates(ca_cert_path.read_bytes()):
+        if cert.public_key().public_bytes(serialization.Encoding.DER,
+                                          serialization.PublicFormat.SubjectPublicKeyInfo) == public:
+            return cert
+    raise CertsError(f"{ca_cert_path} holds no certificate for the key in {ca_cert_path.with_name('ca-key.pem')}: "
+                     f"make a new CA in another directory")
 
 
 def _name(common_name: str) -> x509.Name:
@@ -76,7 +105,11 @@ def _certificate(subject, public_key, issuer, signing_key, days: int, ca: bool =
                .serial_number(x509.random_serial_number())
                .not_valid_before(now - datetime.timedelta(minutes=5))  # a peer's clock a little behind
                .not_valid_after(now + datetime.timedelta(days=days))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+               # Names the signing key, so that the issuer is found by key as well as by name.
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signing_key.public_key()),
+                              critical=False))
     if ca:
         builder = builder.add_extension(x509.KeyUsage(
             digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,

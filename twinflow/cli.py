@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "then print; exit 1 after --wait-timeout")
             s.add_argument("--wait-timeout", type=float, default=300.0, metavar="S",
                            help="how long --wait-streaming waits (default 300)")
+            s.add_argument("--grpc", action="store_true",
+                           help="ask each --peer over gRPC and not Redis: checks that the peers take this "
+                                "command's certificate, CA and admin token (exit 3 when one does not answer)")
         else:
             s.add_argument("--timeout", type=float, default=5.0)
         operator_security_flags(s)

@@ -116,6 +116,8 @@ def cmd_status(args) -> int:
     from twinflow.secrets import redact_text, redact_url
 
     _operator_settings(args)  # half a certificate pair is refused even when Redis answers
+    if args.grpc:
+        return _status_over_grpc(args)
     graph, stores = _flow_stores(args)
     if args.wait_streaming and not _wait_streaming(stores, args.wait_streaming, args.wait_timeout):
         print(f"twinflow: peer {args.wait_streaming} of flow {graph.name} did not stream within "
@@ -178,6 +180,21 @@ def _cell(value) -> str:
     if isinstance(value, dict):  # RULE_PEND; or the suspensions, node -> record: their nodes
         return " ".join(k if isinstance(v, dict) else f"{k}={v}" for k, v in value.items()) or "-"
     return value
+
+
+def _status_over_grpc(args) -> int:
+    """``status --grpc``: each ``--peer`` asked over gRPC alone, so that a certificate or token the
+    peers refuse shows (a rotation's check); EXIT_UNAVAILABLE unless every one answered."""
+    if not args.peer:
+        print("twinflow: status --grpc needs --peer HOST:PORT (each peer to ask)", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    graph = _load_flow(args.flow)
+    rows = _statuses_over_grpc(args.peer, _grpc_security(args, graph))
+    if args.json:
+        print(json.dumps({"flow": graph.name, "peers": rows, "nodes": rows}))
+    elif rows:
+        print(_table(STATUS_COLUMNS, [[_cell(r.get(c, "")) for c in STATUS_COLUMNS] for r in rows]))
+    return 0 if len(rows) == len(args.peer) else EXIT_UNAVAILABLE
 
 
 def _statuses_over_grpc(addresses: list[str], security) -> list[dict]:

@@ -304,12 +304,16 @@ def cmd_bench(args) -> int:
 
 # -- demo --------------------------------------------------------------------
 def cmd_certs(args) -> int:
-    from twinflow.certs import make_certs
+    from twinflow.certs import CertsError, make_certs
 
     if not args.peer:  # not argparse's required=: --node (the same flag) may give it
         print("twinflow certs: the following arguments are required: --peer", file=sys.stderr)
         return 2
-    made = make_certs(args.dir, args.peer, args.name or [args.peer])
+    try:
+        made = make_certs(args.dir, args.peer, args.name or [args.peer])
+    except CertsError as exc:
+        print(f"twinflow certs: {exc}", file=sys.stderr)
+        return 2
     for path in made:
         print(path)
     print(f"twinflow: {len(made)} files made in {args.dir}; name them in the flow file's security section "

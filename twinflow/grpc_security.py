@@ -15,12 +15,26 @@ for client certificates between peers) and the tokens, read from secret
 references (``file:PATH`` or ``env:NAME``, :mod:`twinflow.secrets`) so that
 no token is ever on a command line.
 
+Rotation: a token reference may hold several tokens, one a line. A server
+accepts any of them for that scope; a caller sends the first. So old and new
+are both accepted while every peer and client moves to the new one, and the
+old one is refused once its line is gone (docs/operations/deploy.md, "Rotating
+certificates and tokens"). Likewise a CA file may hold several CA certificates
+(old and new concatenated): a certificate signed by any of them is trusted.
+The tokens are read when a :class:`GrpcSecurity` is made (a peer's start, an
+operator command's run), the TLS files when a server or channel is (a peer's
+start, and its escalation stream's reconnects): a peer's server checks calls
+against a changed file from its next start, not before.
+
 Under failure:
 
 - A token that is missing or wrong is refused with ``UNAUTHENTICATED``; a
   valid token of another scope (an ingest client calling Handover) with
   ``PERMISSION_DENIED``. Tokens are compared in constant time and never
-  logged. Each refusal is counted (:attr:`TokenCheck.refused`).
+  logged. Each refusal is counted (:attr:`TokenCheck.refused`), and so is
+  each call accepted with a token other than the first of its scope
+  (:attr:`TokenCheck.accepted_not_first`: a caller still sending the token
+  being rotated out).
 - :meth:`GrpcSecurity.check_bind` refuses to serve a non-loopback address
   unless TLS and every scope's token are set, or the operator said
   ``insecure`` (then :func:`warn_insecure` logs a warning at start and
@@ -36,6 +50,9 @@ Traceback (most recent call last):
 twinflow.grpc_security.SecurityConfigError: refusing to serve gRPC on 0.0.0.0:7070 without TLS: \
 anyone who reaches the port could read and forge escalations; set a certificate and key \
 (flow file security.tls or --tls-cert/--tls-key), or pass --insecure
+>>> rotating = GrpcSecurity(tokens={"admin": "new"}, accepted_tokens={"admin": ("new", "old")})
+>>> rotating.accepted("admin"), rotating.accepted("ingest")
+(('new', 'old'), ())
 >>> scope_of("/twinflow.wire.Admin/Handover")
 'admin'
 """
@@ -48,11 +65,11 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import grpc
 
-from .secrets import read_secret
+from .secrets import read_tokens
 
 log = logging.getLogger("twinflow.security")
 
@@ -122,23 +139,40 @@ class GrpcSecurity:
     """TLS files and per-scope tokens for a peer (serving and escalating) or a client."""
 
     tls: TlsFiles | None = None
-    tokens: Mapping[str, str] = field(default_factory=dict)  # scope -> token (the values)
+    tokens: Mapping[str, str] = field(default_factory=dict)  # scope -> the token this side sends
     insecure: bool = False        # the operator allowed a non-loopback bind without TLS and tokens
+    # scope -> every token a server accepts, the one sent first (a rotation's overlap); a scope
+    # not here accepts its token alone.
+    accepted_tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for scope, accepted in self.accepted_tokens.items():
+            # The first is what this side sends, so the one a caller that has switched sends too.
+            if not accepted or accepted[0] != self.tokens.get(scope):
+                raise SecurityConfigError(f"the tokens accepted for {scope} must start with the one sent")
 
     @classmethod
     def from_refs(cls, tls: TlsFiles | None = None, token_refs: Mapping[str, str] | None = None,
                   insecure: bool = False) -> "GrpcSecurity":
-        """Read each scope's token from its secret reference (``file:PATH`` or ``env:NAME``)."""
-        tokens = {}
+        """Read each scope's tokens from its secret reference (``file:PATH`` or ``env:NAME``, one
+        token a line): the first is sent, every one accepted."""
+        tokens, accepted = {}, {}
         for scope, ref in (token_refs or {}).items():
             if scope not in SCOPES:
                 raise SecurityConfigError(f"unknown token scope {scope!r}; the scopes are {', '.join(SCOPES)}")
-            tokens[scope] = read_secret(ref)
-        return cls(tls=tls, tokens=tokens, insecure=insecure)
+            accepted[scope] = read_tokens(ref)
+            tokens[scope] = accepted[scope][0]
+        return cls(tls=tls, tokens=tokens, insecure=insecure, accepted_tokens=accepted)
 
     @property
     def uses_tokens(self) -> bool:
         return bool(self.tokens)
+
+    def accepted(self, scope: str) -> tuple[str, ...]:
+        """The tokens a server takes for ``scope``, the one sent first; none for a scope without one."""
+        if scope not in self.tokens:
+            return ()
+        return self.accepted_tokens.get(scope) or (self.tokens[scope],)
 
     def check_bind(self, address: str) -> None:
         """Raise :class:`SecurityConfigError` when serving ``address`` like this is not allowed."""
@@ -162,7 +196,7 @@ class GrpcSecurity:
             warn_insecure(address, stop)
 
     def server_interceptor(self) -> "TokenCheck | None":
-        return TokenCheck(self.tokens) if self.tokens else None
+        return TokenCheck({scope: self.accepted(scope) for scope in self.tokens}) if self.tokens else None
 
     def add_port(self, server: grpc.Server, address: str) -> int:
         """Bind ``address`` on ``server``, with TLS when this has a certificate."""
@@ -247,12 +281,18 @@ def warn_insecure(address: str, stop: threading.Event, every_s: float = INSECURE
 
 
 class TokenCheck(grpc.ServerInterceptor):
-    """Refuses a call whose bearer token does not match its service's scope (see module doc)."""
+    """Refuses a call whose bearer token is not one of its service's scope (see module doc).
 
-    def __init__(self, tokens: Mapping[str, str]):
-        self._tokens = {scope: token.encode() for scope, token in tokens.items()}
+    ``tokens`` maps a scope to its token, or to its tokens during a rotation (the first is the
+    one callers that have switched send; a call with another one is counted in
+    :attr:`accepted_not_first`)."""
+
+    def __init__(self, tokens: Mapping[str, str | Sequence[str]]):
+        self._tokens = {scope: tuple(t.encode() for t in ((value,) if isinstance(value, str) else value))
+                        for scope, value in tokens.items()}
         self._lock = threading.Lock()
         self.refused = {"unauthenticated": 0, "permission_denied": 0}
+        self.accepted_not_first = {scope: 0 for scope in self._tokens}
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -260,10 +300,14 @@ class TokenCheck(grpc.ServerInterceptor):
         if handler is None or scope is None:
             return handler
         presented = _bearer(handler_call_details.invocation_metadata)
-        expected = self._tokens.get(scope)
-        if presented is not None and expected is not None and hmac.compare_digest(presented, expected):
+        rank = _rank(presented, self._tokens.get(scope, ())) if presented is not None else None
+        if rank == 0:
             return handler
-        if presented is not None and any(hmac.compare_digest(presented, t) for t in self._tokens.values()):
+        if rank is not None:
+            with self._lock:
+                self.accepted_not_first[scope] += 1
+            return handler
+        if presented is not None and any(_rank(presented, tokens) is not None for tokens in self._tokens.values()):
             return self._refuse(handler, "permission_denied", grpc.StatusCode.PERMISSION_DENIED,
                                 f"this token may not call {scope} services")
         why = "no bearer token" if presented is None else "the bearer token is not valid"
@@ -284,6 +328,16 @@ class TokenCheck(grpc.ServerInterceptor):
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(abort)
         return grpc.stream_stream_rpc_method_handler(abort)
+
+
+def _rank(presented: bytes, tokens: tuple[bytes, ...]) -> int | None:
+    """The index of the first of ``tokens`` that ``presented`` is, or None. Each is compared in
+    constant time and none is skipped, so the time taken does not tell which one matched."""
+    found = None
+    for i, token in enumerate(tokens):
+        if hmac.compare_digest(presented, token) and found is None:
+            found = i
+    return found
 
 
 def _bearer(metadata) -> bytes | None:

@@ -7,6 +7,10 @@ file can be committed and ``ps`` shows nothing worth stealing:
   (a trailing newline from ``echo`` is not part of the secret);
 - ``env:NAME``: the environment variable ``NAME``.
 
+:func:`read_secret` reads one secret (a password). :func:`read_tokens` reads a
+list, one a line, for bearer tokens: during a rotation a file holds the new
+token and the old one, and a server accepts each while a caller sends the first.
+
 Under failure: a reference of another form, a missing or empty file, or an
 unset or empty variable raises :class:`SecretError` naming the reference,
 never the value. :func:`redact_url` takes the password out of a URL before
@@ -16,6 +20,9 @@ it reaches a log line, a status table or an error message.
 >>> os.environ["TF_DOCTEST_TOKEN"] = "s3cret"
 >>> read_secret("env:TF_DOCTEST_TOKEN")
 's3cret'
+>>> os.environ["TF_DOCTEST_TOKENS"] = "  new-token\\n\\n  old-token  \\n"
+>>> read_tokens("env:TF_DOCTEST_TOKENS")
+('new-token', 'old-token')
 >>> read_secret("s3cret")
 Traceback (most recent call last):
 ...
@@ -41,18 +48,29 @@ class SecretError(ValueError):
 
 def read_secret(ref: str) -> str:
     """The secret ``ref`` names (``file:PATH`` or ``env:NAME``), non-empty."""
+    return _read(ref).strip()
+
+
+def read_tokens(ref: str) -> tuple[str, ...]:
+    """The tokens ``ref`` names (``file:PATH`` or ``env:NAME``), one a line, in their order: at least
+    one. Blank lines and the whitespace around each token are left out."""
+    return tuple(line.strip() for line in _read(ref).splitlines() if line.strip())
+
+
+def _read(ref: str) -> str:
+    """What ``ref`` names, with something in it besides whitespace."""
     kind, _, where = ref.partition(":")
     if kind == "file" and where:
         try:
-            value = Path(where).read_text().strip()
+            value = Path(where).read_text()
         except OSError as exc:
             raise SecretError(f"secret file {where}: {exc.strerror or exc}") from None
-        if not value:
+        if not value.strip():
             raise SecretError(f"secret file {where} is empty")
         return value
     if kind == "env" and where:
-        value = os.environ.get(where, "").strip()
-        if not value:
+        value = os.environ.get(where, "")
+        if not value.strip():
             raise SecretError(f"environment variable {where} (a secret) is not set or empty")
         return value
     # Show only the start of what was given: enough to find it, too little to use it.

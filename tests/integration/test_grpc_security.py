@@ -317,3 +317,172 @@ def test_twinflow_certs_makes_what_a_mutual_tls_pair_needs(tmp_path):
                 grpc.StatusCode.UNAVAILABLE
     finally:
         server.stop(None).wait()
+
+
+# -- rotation: several tokens per scope, a bundle of CAs ---------------------------------------
+
+def admin_status(address: str, token: str | None, security: GrpcSecurity | None = None):
+    """Status with ``token`` as the bearer (None: none), over ``security``'s TLS if given."""
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    with (security or GrpcSecurity()).channel(address, "admin") as ch:
+        return pb_grpc.AdminStub(ch).Status(pb.StatusRequest(), timeout=5, metadata=metadata)
+
+
+def not_first_metric(server) -> dict:
+    """twinflow_grpc_accepted_not_first_total per scope, as a peer's scrape serves it for ``server``."""
+    from types import SimpleNamespace
+
+    from twinflow.cluster.metrics import PeerCollector
+
+    # A member with nothing to read: its own metrics are left out (and logged), the server's stay.
+    member = SimpleNamespace(name="f", cfg=SimpleNamespace(peer_id="a"))
+    return {s.labels["scope"]: s.value for family in PeerCollector(lambda: [member], server=lambda: server).collect()
+            for s in family.samples if s.name == "twinflow_grpc_accepted_not_first_total"}
+
+
+def test_a_token_file_of_several_lines_is_accepted_whole_and_its_first_line_is_sent(tmp_path):
+    """A rotation's overlap: the admin file holds [old, new], so the server takes both and refuses a
+    third; a caller sends its file's first line; with only [new] after a restart, old is refused."""
+    for scope in ("ingest", "escalation"):
+        (tmp_path / f"{scope}.token").write_text(f"{scope}-token\n")
+    admin = tmp_path / "admin.token"
+    admin.write_text("old-token\n\n  new-token  \n")
+    refs = {s: f"file:{tmp_path / f'{s}.token'}" for s in ("ingest", "escalation", "admin")}
+    server, address = serve(GrpcSecurity.from_refs(token_refs=refs))
+    try:
+        check = server.token_check
+        assert admin_status(address, "old-token").role == "worker"
+        assert admin_status(address, "new-token").role == "worker"
+        assert status_code(lambda: admin_status(address, "third-token")) == grpc.StatusCode.UNAUTHENTICATED
+        assert status_code(lambda: admin_status(address, "ingest-token")) == grpc.StatusCode.PERMISSION_DENIED
+        assert check.refused == {"unauthenticated": 1, "permission_denied": 1}
+        assert check.accepted_not_first == {"ingest": 0, "escalation": 0, "admin": 1}  # new-token, once
+        # A caller whose file has new first sends new (counted as not first here); one with old first, old.
+        caller_file = tmp_path / "caller.token"
+        caller_file.write_text("new-token\nold-token\n")
+        caller = GrpcSecurity.from_refs(token_refs={"admin": f"file:{caller_file}"})
+        assert caller.tokens == {"admin": "new-token"} and caller.accepted("admin") == ("new-token", "old-token")
+        assert admin_status(address, None, caller).role == "worker"
+        assert check.accepted_not_first["admin"] == 2
+        assert admin_status(address, None, GrpcSecurity.from_refs(token_refs={"admin": f"file:{admin}"})).role
+        assert check.accepted_not_first["admin"] == 2
+        assert not_first_metric(server) == {"ingest": 0, "escalation": 0, "admin": 2}
+    finally:
+        server.stop(None).wait()
+
+    admin.write_text("new-token\n")  # the old line gone; the peer reads it at its next start
+    server, address = serve(GrpcSecurity.from_refs(token_refs=refs))
+    try:
+        assert admin_status(address, "new-token").role == "worker"
+        with pytest.raises(grpc.RpcError) as refused:
+            admin_status(address, "old-token")
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert refused.value.details() == ("the bearer token is not valid for admin "
+                                           "(send 'authorization: Bearer <token>')")
+        assert server.token_check.refused == {"unauthenticated": 1, "permission_denied": 0}
+        assert server.token_check.accepted_not_first["admin"] == 0
+    finally:
+        server.stop(None).wait()
+
+
+def test_status_over_grpc_checks_the_operators_token(tmp_path, monkeypatch, capsys):
+    """`twinflow status --grpc --peer`: the rotation's check, answered with the new token and
+    refused (exit 3, UNAUTHENTICATED) with the old one once the peer accepts only the new."""
+    from twinflow.cli import build_parser
+    from twinflow.cli_common import OPERATOR_ENV
+
+    for name in (*OPERATOR_ENV.values(), "GRPC_VERBOSITY"):
+        monkeypatch.setenv(name, "")  # put back as it was after the test, even when unset
+        monkeypatch.delenv(name)
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("flow: f\nuplink: {stream: u}\nmessage: {id: id}\ninput: d\nnodes:\n"
+                    "  d: {type: action, sink: {stream: s}}\n  sort: {type: sort, pairs_with: d, key: k, "
+                    "bake_time: 2}\n")
+    (tmp_path / "old.token").write_text("old-token\n")
+    (tmp_path / "new.token").write_text("new-token\nold-token\n")  # the operator's file mid-rotation
+    server, address = serve(GrpcSecurity(tokens={"admin": "new-token"}))
+    try:
+        def status(token_file: str) -> int:
+            args = build_parser().parse_args(["status", str(flow), "--grpc", "--peer", address,
+                                              "--token", f"admin=file:{tmp_path / token_file}"])
+            return args.fn(args)
+
+        assert status("new.token") == 0
+        assert "worker" in capsys.readouterr().out
+        assert status("old.token") == 3
+        err = capsys.readouterr().err
+        assert f"peer at {address} did not answer: UNAUTHENTICATED: the bearer token is not valid" in err
+        assert "old-token" not in err
+    finally:
+        server.stop(None).wait()
+
+
+@pytest.fixture(scope="module")
+def two_cas(tmp_path_factory):
+    """Two CAs made by `twinflow certs` (old/ and new/), each with a peer's certificate for 127.0.0.1
+    and a client's; and both.pem, old's CA then new's."""
+    from twinflow.certs import make_certs
+
+    d = tmp_path_factory.mktemp("rotation")
+    for ca in ("old", "new"):
+        make_certs(d / ca, "peer", ["127.0.0.1"])
+        make_certs(d / ca, "client", ["client.example"])
+    (d / "both.pem").write_bytes((d / "old" / "ca.pem").read_bytes() + (d / "new" / "ca.pem").read_bytes())
+    return d
+
+
+def test_a_ca_bundle_trusts_either_ca_and_the_new_ca_alone_refuses_the_old(two_cas):
+    d = two_cas
+
+    def peer(ca_dir: str, ca: str) -> TlsFiles:  # serves (and is a client) with ca_dir's certificate
+        return TlsFiles(cert=str(d / ca_dir / "peer.pem"), key=str(d / ca_dir / "peer-key.pem"), ca=ca, mutual=True)
+
+    def client(ca_dir: str, ca: str) -> GrpcSecurity:
+        return GrpcSecurity(tls=TlsFiles(cert=str(d / ca_dir / "client.pem"), key=str(d / ca_dir / "client-key.pem"),
+                                         ca=ca))
+
+    both, new_ca = str(d / "both.pem"), str(d / "new" / "ca.pem")
+    # The overlap: every side trusts both CAs, whichever signed the server's and the client's.
+    for server_cert in ("old", "new"):
+        server, address = serve(GrpcSecurity(tls=peer(server_cert, both)))
+        try:
+            for client_cert in ("old", "new"):
+                assert admin_status(address, None, client(client_cert, both)).role == "worker", \
+                    (server_cert, client_cert)
+        finally:
+            server.stop(None).wait()
+    # The end: the new CA alone. A client signed by the old CA is refused in the handshake...
+    server, address = serve(GrpcSecurity(tls=peer("new", new_ca)))
+    try:
+        assert admin_status(address, None, client("new", new_ca)).role == "worker"
+        assert status_code(lambda: admin_status(address, None, client("old", both))) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(None).wait()
+    # ... and so is a server whose certificate the old CA signed, by a client that trusts only the new.
+    server, address = serve(GrpcSecurity(tls=peer("old", both)))
+    try:
+        assert status_code(lambda: admin_status(address, None, client("new", new_ca))) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(None).wait()
+
+
+def test_twinflow_certs_signs_with_the_bundles_ca_that_has_the_key(two_cas, tmp_path):
+    """A CA directory whose ca.pem became a bundle still signs with its own CA; a ca.pem without
+    the key's certificate is refused before anything is written."""
+    import shutil
+
+    from cryptography import x509
+
+    from twinflow.certs import CertsError, make_certs
+
+    d = tmp_path / "ca"
+    shutil.copytree(two_cas / "new", d)
+    (d / "ca.pem").write_bytes((two_cas / "both.pem").read_bytes())
+    make_certs(d, "peer-c", ["127.0.0.1"])
+    issued = x509.load_pem_x509_certificate((d / "peer-c.pem").read_bytes())
+    new_ca = x509.load_pem_x509_certificate((two_cas / "new" / "ca.pem").read_bytes())
+    issued.verify_directly_issued_by(new_ca)
+    (d / "ca.pem").write_bytes((two_cas / "old" / "ca.pem").read_bytes())
+    with pytest.raises(CertsError, match="holds no certificate for the key"):
+        make_certs(d, "peer-d", ["127.0.0.1"])
+    assert not (d / "peer-d.pem").exists()
