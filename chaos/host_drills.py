@@ -238,6 +238,8 @@ class HostDrillRunner:
     of those alone, from a lab where both peers stream and one is master. A run that cannot
     reach its check takes its lab down: the next run makes a fresh one."""
 
+    drills: dict[str, HostDrillSpec] = HOST_DRILLS
+
     def __init__(self, messages: int = 10_000, rate: float | None = None,
                  directory: str | Path = ".twinflow/drill-lab", prefix: str = "tfdr-", settle_s: float = 90.0,
                  say: Callable[[str], None] = lambda text: None):
@@ -255,7 +257,7 @@ class HostDrillRunner:
     def _lab_for(self, name: str) -> Lab:
         if self.drill != name:
             self.close()
-            spec = HOST_DRILLS[name]
+            spec = self.drills[name]
             # An unsharded flow's batches in the peer (Spark's local mode), as the deployment guide
             # advises; a sharded flow's on the Spark cluster's executors.
             lab = Lab(self.directory, prefix=self.prefix, flow="drill", shards=spec.shards,
@@ -266,8 +268,8 @@ class HostDrillRunner:
 
     def run(self, name: str, seed: int) -> dict:
         """Run drill ``name`` once and check it (see module)."""
-        if name not in HOST_DRILLS:
-            raise KeyError(f"unknown host drill {name!r} (known: {', '.join(HOST_DRILLS)})")
+        if name not in self.drills:
+            raise KeyError(f"unknown host drill {name!r} (known: {', '.join(self.drills)})")
         try:
             result = self._run(self._lab_for(name), name, seed)
         except BaseException:
@@ -290,7 +292,7 @@ class HostDrillRunner:
         return kept
 
     def _run(self, lab: Lab, name: str, seed: int) -> dict:
-        spec, messages = HOST_DRILLS[name], self.messages
+        spec, messages = self.drills[name], self.messages
         rate = self.rate or spec.rate
         if not wait_for(lab.ready, 120, 0.2):
             raise LabError("the lab has no master with both peers streaming:\n" + lab.logs(lines=30))
