@@ -44,8 +44,8 @@ def cmd_backup(args) -> int:
         return EXIT_UNAVAILABLE
     for s in header["shards"]:
         print(f"{s['flow']}: {s['keys']:,} keys copied at {iso(s['redis_time_ms'])} (Redis time) in a "
-              f"{s['pause_ms']:.0f} ms pause of its writes; epoch {s['epoch']}, processed up to {s['processed']}, "
-              f"uplink up to {s['uplink_last']}")
+              f"{s['pause_ms']:.0f} ms pause of its writes; epoch {s['epoch']}, processed up to "
+              f"{s['processed'] or 'none'}, uplink up to {s['uplink_last'] or 'none'}")
     print(f"wrote {args.out}: {header['keys']:,} keys, {header['bytes']:,} bytes, sha256 {header['sha256']}")
     return 0
 
@@ -91,7 +91,7 @@ def cmd_restore(args) -> int:
     for d in done:
         print(f"{d['flow']}: restored {d['keys']:,} keys of the backup taken at {d['backup_time']} (Redis time; "
               f"{d['deleted']:,} keys there before deleted); fencing epoch {d['epoch']}; processed up to "
-              f"{d['processed']}, uplink up to {d['uplink_last']}")
+              f"{d['processed'] or 'none'}, uplink up to {d['uplink_last'] or 'none'}")
     print(f"next: start every peer on a new state directory with --start-from processed (TWINFLOW_START_FROM="
           f"processed), then resend every message acknowledged since {min(d['backup_time'] for d in done)} "
           f"(or earlier: the ID cache drops what the flow processed already)")
