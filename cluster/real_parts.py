@@ -15,6 +15,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .flow_shape import check_shape
+from .start_position import check_restore
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.store.flow_store import FlowStore
 from .connect import connect_zookeeper
@@ -94,6 +95,7 @@ class RealParts:
         # in Redis is refused here (flow_shape.py). The simulator's flows never change, so its
         # parts skip it and its schedules stay as they were.
         check_shape(member.graph, store)
+        check_restore(member, store)  # not on a restore under way, nor on a state directory older than one
         if member.clock is self.flow_clock and self.flow_clock.offset_s is None:
             # Redis answers now: the clock's first sample, before any time-out is set or fired,
             # so that none is on this machine's clock (a failure is retried at the first now()).

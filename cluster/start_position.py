@@ -5,7 +5,11 @@ Under failure: a start that could break a promise is refused
 Redis that may evict or forget (unless ``cluster.redis_checks: warn``), a
 checkpoint whose next entries were trimmed while the peer was away, a new
 state directory on a flow that already processed entries without
-``--start-from``.
+``--start-from``; and, after a restore from a backup (``twinflow restore``,
+``flow_restore.py``), a start while the restore is under way or unfinished
+(``tf:{F}:restoring``: the state is half the backup's), and a state directory
+that began before the restore (its checkpoint has read the uplink as it was,
+past entries the restored uplink holds unprocessed, which it would skip).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ..secrets import redact_url
 from .on_cluster import StartRefused
 
 if TYPE_CHECKING:
+    from ..runtime.store.flow_store import FlowStore
     from .member import FlowMember
 
 log = logging.getLogger("twinflow.peer")
@@ -93,3 +98,36 @@ def start_position(m: "FlowMember") -> dict:
     chosen.write_text(json.dumps(start))
     log.info("%s starts reading %s after %s", m.cfg.peer_id, m.keys.uplink, start["id"])
     return start
+
+
+def check_restore(m: "FlowMember", store: "FlowStore") -> None:
+    """Refuse a start on a restore under way or unfinished, or on a state directory that began
+    before the flow's last restore (see the module doc). A directory that has not begun (no
+    start position chosen, no commits) records the restore it begins on, in ``restore.json``
+    beside the checkpoint."""
+    restoring, restored = store.restore_marks()
+    if restoring is not None:
+        raise StartRefused(
+            f"flow {m.name!r}: a restore into this Redis is under way or did not finish (from "
+            f"{restoring.get('file')!r}, begun at {restoring.get('at')}): a peer cannot start on half a state. "
+            f"Let it end, or run twinflow restore again with --replace (docs/operations/deploy.md, backing up "
+            f"and restoring a flow)")
+    checkpoint = checkpoint_dir(m)
+    home = checkpoint.parent
+    commits = checkpoint / "commits"
+    began = (home / "start.json").exists() or (commits.is_dir() and any(commits.iterdir()))
+    seen = home / "restore.json"
+    restore_id = restored.get("id") if restored else None
+    if not began:
+        if restore_id:
+            home.mkdir(parents=True, exist_ok=True)
+            seen.write_text(json.dumps({"restore": restore_id}))
+        return
+    began_on = json.loads(seen.read_text()).get("restore") if seen.exists() else None
+    if restored is None or restore_id == began_on:
+        return
+    raise StartRefused(
+        f"flow {m.name!r} was restored from a backup (taken at {restored.get('backup_time', '?')}, restored at "
+        f"{restored.get('at', '?')}) after this peer's state directory {home} began: its checkpoint has read "
+        f"uplink entries the restored flow does not hold. Move the directory aside and start the peer on a new "
+        f"one with --start-from processed (docs/operations/deploy.md, backing up and restoring a flow)")

@@ -37,3 +37,15 @@ def test_a_start_from_variable_that_is_no_choice_is_refused_before_anything_star
     args = parse_run(monkeypatch, "middle")
     assert cmd_run(args) == 2
     assert "TWINFLOW_START_FROM='middle': must be one of processed, beginning" in capsys.readouterr().err
+
+
+def test_the_environment_file_loads_in_sh_as_the_guide_loads_it(tmp_path):
+    # `set -a; . /etc/twinflow/peer-a.env; set +a` (docs/operations/deploy.md): every value whole, no error.
+    import subprocess
+
+    example = DEPLOY / "peer.env.example"
+    env = read_environment_file(example)
+    script = f"set -a; . {example}; set +a; " + "; ".join(f'printf "%s\\n" "${name}"' for name in env)
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=10, cwd=tmp_path)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert dict(zip(env, out.stdout.splitlines())) == env

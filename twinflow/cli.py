@@ -14,6 +14,7 @@ import signal
 import sys
 
 from twinflow import __version__
+from twinflow.cli_backup import cmd_backup, cmd_restore
 from twinflow.cli_common import LAB_DIR, SERVICES_STATE, START_FROM, operator_security_flags
 from twinflow.cli_failures import cmd_failures
 from twinflow.cli_lab import cmd_lab
@@ -210,6 +211,32 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "Ctrl-C or SIGTERM)")
     tl.add_argument("--shard", type=int, metavar="K", help="a sharded flow's shard whose stream to follow")
     tl.set_defaults(fn=cmd_tail)
+
+    bk = sub.add_parser("backup", help="copy every Redis key of a flow at one instant, while it runs, to a file "
+                                       "(docs/operations/deploy.md)")
+    bk.add_argument("flow", help="flow file (YAML)")
+    bk.add_argument("out", metavar="OUT", help="the file to write (atomically: the old one stays until the new "
+                                               "one is whole)")
+    bk.add_argument("--redis", help="Redis URL")
+    bk.add_argument("--max-pause-ms", type=_positive, metavar="MS",
+                    help="the longest the flow's writes may wait for the copy; a copy that would take longer is "
+                         "abandoned, nothing written (default: half the flow's cluster.write_lease)")
+    bk.set_defaults(fn=cmd_backup)
+
+    rt = sub.add_parser("restore", help="put a backup's keys into Redis with a new fencing epoch; the flow's "
+                                        "peers must be stopped (docs/operations/deploy.md)")
+    rt.add_argument("flow", help="flow file (YAML)")
+    rt.add_argument("file", metavar="IN", help="a file twinflow backup wrote")
+    rt.add_argument("--redis", help="Redis URL")
+    rt.add_argument("--zk", help="ZooKeeper connect string (the flow's epoch is taken there)")
+    rt.add_argument("--replace", action="store_true",
+                    help="delete the keys of the flow Redis holds, and put the backup's in their place")
+    rt.add_argument("--wait-stopped", type=float, default=10.0, metavar="S",
+                    help="how long to wait for the member znode and status of a peer stopped just now to go "
+                         "(default 10)")
+    rt.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+                    help="seconds to wait for ZooKeeper (default 10)")
+    rt.set_defaults(fn=cmd_restore)
 
     rp = sub.add_parser("replay", help="run a flow over recorded events on a virtual clock")
     rp.add_argument("flow", help="flow file (YAML)")

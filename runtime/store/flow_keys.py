@@ -86,6 +86,18 @@ class FlowKeys:
         return self.prefix + "shape"
 
     @property
+    def restoring(self) -> str:
+        """The mark of a restore under way (``twinflow restore``): written before its first key,
+        removed after its last; while it is there no peer starts on the flow."""
+        return self.prefix + "restoring"
+
+    @property
+    def restored(self) -> str:
+        """What the last finished restore was (its ID, the backup's time, the epoch it took): a
+        peer's state directory older than it is refused (``cluster/start_position.py``)."""
+        return self.prefix + "restored"
+
+    @property
     def suspended(self) -> str:
         """The flow's suspensions: action node -> JSON (id, reason, since, until), written by the
         COMMIT of the step that suspended it, removed by the one that resumed it."""

@@ -388,6 +388,21 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
 
         self._call("surface_unclaimed", write)
 
+    # -- restores (twinflow restore, cluster/flow_restore.py) ---------------
+    def restore_marks(self, deadline_s: float | None = None) -> tuple[dict | None, dict | None]:
+        """The mark of a restore under way or unfinished (``tf:{F}:restoring``, JSON) and the
+        record of the last finished one (``tf:{F}:restored``), each None when absent; one round trip."""
+        def read():
+            pipe = self.r.pipeline(transaction=False)
+            pipe.get(self.keys.restoring)
+            pipe.hgetall(self.keys.restored)
+            return pipe.execute()
+
+        raw_mark, raw_done = self._call("read the restore marks", read, deadline_s)
+        mark = loads(raw_mark) if raw_mark else None
+        done = {k.decode(): v.decode() for k, v in raw_done.items()} if raw_done else None
+        return mark, done
+
     # -- peer status ------------------------------------------------------
     def write_status(self, status: dict, ttl_s: int = 10) -> None:
         """One attempt, no retry (the next status replaces it): raises when Redis does not answer.

@@ -310,7 +310,9 @@ def peer_environment(plan: LabPlan, host: str) -> str:
     if set(example) != set(values):
         raise UnitError(f"deploy/systemd/peer.env.example and the lab disagree on the settings: "
                        f"{sorted(set(example) ^ set(values))}")
-    return "".join(f"{k}={v}\n" for k, v in values.items())
+    # A value with spaces in double quotes, as the example writes it: systemd (and
+    # read_environment_file) take them off, and an operator's `. host.env` in sh reads it whole.
+    return "".join(f'{k}="{v}"\n' if " " in v else f"{k}={v}\n" for k, v in values.items())
 
 
 def operator_command(plan: LabPlan, args: list[str]) -> Launch:
