@@ -217,6 +217,7 @@ class HostDrillSpec:
     shards: int = 1
     kills_master: bool = True          # its RTO is held to the target
     setup: Callable[[HostDrill], None] | None = None
+    figures: Callable[[HostDrill, dict], None] | None = None  # measures the run's outputs (may fail it)
 
 
 HOST_DRILLS: dict[str, HostDrillSpec] = {
@@ -303,6 +304,7 @@ class HostDrillRunner:
         master = lab.master() or lab.shard_masters()[0]  # of a sharded flow, shard 0's
         d = HostDrill(lab, master, next(p for p in PEERS if p != master), seed, lambda: _count(acked), messages,
                       rate, say=self.say)
+        d.figures["first"] = first
         if spec.setup is not None:
             spec.setup(d)
         publisher = lab.publisher(messages, rate, acked, first)
@@ -325,6 +327,8 @@ class HostDrillRunner:
             result["passed"] = result["passed"] and gap <= MAX_GAP_TARGET_S
         if name == "clock-skew":
             d.figures.update(timeout_errors(lab, out, d.faults[-1]))
+        if spec.figures is not None:
+            spec.figures(d, out)
         result.update(drill=name, hosts=True, seed=seed, messages=messages, rate=rate, **d.figures)
         result["timeline"] = timeline(out, d.windows)
         result["rerun"] = f"twinflow drill {name} --hosts --seed {seed} --messages {messages} --rate {rate:g}"
@@ -355,11 +359,11 @@ def max_gap_s(writes: list, since: float) -> float:
     return max((b - a for a, b in zip(edge, edge[1:])), default=0.0)
 
 
-def timeout_errors(lab: Lab, outputs: dict, failover_at: float) -> dict:
+def timeout_errors(lab: Lab, outputs: dict, failover_at: float, timeout_ms: int = JOIN_TIMEOUT_MS) -> dict:
     """How late (ms; negative: early) each time-out written after ``failover_at`` came, against
     its due time: the order's uplink entry time (Redis's clock) plus the join's time-out."""
     arrived = lab.uplink_times()
-    errors = sorted(e.written_ms - (arrived[e.id] + JOIN_TIMEOUT_MS) for e in outputs.get("match.expired", [])
+    errors = sorted(e.written_ms - (arrived[e.id] + timeout_ms) for e in outputs.get("match.expired", [])
                     if e.written_ms / 1000 > failover_at and e.id in arrived)
     if not errors:
         return {"timeouts_after_failover": 0}

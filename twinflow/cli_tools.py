@@ -150,16 +150,19 @@ def cmd_host_drill(args) -> int:
         print(f"twinflow: twinflow drill --hosts needs root: it makes a lab of network namespaces "
               f"(this process runs as uid {os.geteuid()})", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    from twinflow.chaos.guide_drills import GUIDE_DRILLS, GuideDrillRunner
     from twinflow.chaos.host_drills import HOST_DRILLS, HostDrillRunner
 
-    names = list(HOST_DRILLS) if args.name == "all" else [args.name]
-    if names[0] not in HOST_DRILLS:
-        print(f"twinflow: unknown drill between hosts {args.name!r} (known: all, {', '.join(HOST_DRILLS)})",
-              file=sys.stderr)
+    # `all`: the drills on the full lab; `guide-all`: the deployment guide's, on a lab it builds.
+    names = {"all": list(HOST_DRILLS), "guide-all": list(GUIDE_DRILLS)}.get(args.name, [args.name])
+    if names[0] not in HOST_DRILLS and names[0] not in GUIDE_DRILLS:
+        print(f"twinflow: unknown drill between hosts {args.name!r} (known: all, {', '.join(HOST_DRILLS)}; "
+              f"guide-all, {', '.join(GUIDE_DRILLS)})", file=sys.stderr)
         return EXIT_BAD_FLOW
 
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
-    runner = HostDrillRunner(args.messages, args.rate, say=say)
+    runner_of = GuideDrillRunner if names[0] in GUIDE_DRILLS else HostDrillRunner
+    runner = runner_of(args.messages, args.rate, say=say)
     try:
         # Drill by drill (each drill's runs on one lab), not round by round.
         rerun = lambda name, seed: f"twinflow drill {name} --hosts --seed {seed} --messages {args.messages}"  # noqa: E731

@@ -10,7 +10,9 @@ it (the rendered page does not show it)::
 - ``run HOSTS``: a shell block run as root on each host, inside the host's network namespace;
 - ``file HOSTS PATH`` / ``append HOSTS PATH``: the block's text written to (appended to) ``PATH``
   on each host;
-- ``serve HOSTS``: each line a server the host runs in the foreground.
+- ``serve HOSTS``: each line a server the host runs in the foreground;
+- ``copy FROM TO...``: each line a file copied from host ``FROM`` to the others, its owner and
+  mode kept (what an operator does with ``scp``).
 
 ``as-peer`` marks a block written for ``peer-a`` on ``host-a.example``: on another peer's host
 the lab reads it with that peer's names (as the guide tells the reader to). ``one-at-a-time``
@@ -55,7 +57,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "operations" / "deploy.md"
-KINDS = ("install", "run", "file", "append", "serve")
+KINDS = ("install", "run", "file", "append", "serve", "copy")
 FLAGS = ("as-peer", "one-at-a-time")
 DOMAIN = "example"
 # What each of the guide's machines keeps for itself: the lab gives each host its own copy.
@@ -79,6 +81,7 @@ class GuideBlock:
     text: str
     section: str
     line: int                      # the guide's line of the annotation
+    subsection: str = ""           # the ``###`` heading it is under, if any
     path: str | None = None        # file / append: where the text goes
     flags: set[str] = field(default_factory=set)
 
@@ -133,11 +136,13 @@ def read_guide(path: str | Path = GUIDE) -> list[GuideBlock]:
 def parse_guide(text: str) -> list[GuideBlock]:
     """Every annotated block of the guide's ``text``, in order (see module)."""
     lines = text.splitlines()
-    blocks, section, i = [], "", 0
+    blocks, section, subsection, i = [], "", "", 0
     while i < len(lines):
         line = lines[i]
         if line.startswith("## "):
-            section = line[3:].strip()
+            section, subsection = line[3:].strip(), ""
+        elif line.startswith("### "):
+            subsection = line[4:].strip()
         m = _ANNOTATION.match(line)
         i += 1
         if not m:
@@ -171,6 +176,6 @@ def parse_guide(text: str) -> list[GuideBlock]:
             block_text = source.read_text()
         else:
             block_text = "\n".join(body) + "\n"
-        blocks.append(GuideBlock(kind, hosts, block_text, section, where, path, flags))
+        blocks.append(GuideBlock(kind, hosts, block_text, section, where, subsection, path, flags))
         i = end + 1
     return blocks

@@ -182,14 +182,6 @@ class GuideLab(Lab):
         return dict(line.split("=", 1) for line in lines if "=" in line)
 
     # -- running a block ----------------------------------------------------------------------
-    def run_section(self, section: str, hosts: list[str] | None = None,
-                    say: Callable[[str], None] = lambda text: None) -> list[str]:
-        """Run the blocks of the guide's ``section`` (on ``hosts`` only, when given); their outputs."""
-        blocks = [b for b in self.blocks() if b.section == section]
-        if not blocks:
-            raise GuideError(f"the guide has no lab block in a section {section!r}")
-        return [out for b in blocks for out in self.run_block(b, hosts, say)]
-
     def run_block(self, block: GuideBlock, hosts: list[str] | None = None,
                   say: Callable[[str], None] = lambda text: None) -> list[str]:
         """Run ``block`` on each of its hosts (those of ``hosts`` only, when given); the output of
@@ -208,6 +200,10 @@ class GuideLab(Lab):
                 with open(target, "a" if block.kind == "append" else "w") as f:
                     f.write(text)
                 out = ""
+            elif block.kind == "copy":  # from the block's first host to each other
+                if name == block.hosts[0]:
+                    continue
+                out = self._copy(self.host(block.hosts[0]), host, _lines(text))
             elif block.kind == "serve":  # every host's first, then the wait (an ensemble needs its quorum)
                 started = [self._start(self._server_launch(name, line)) for line in _lines(text)]
                 servers += started
@@ -260,6 +256,40 @@ class GuideLab(Lab):
             raise LabError(f"deploy.md line {block.line} ({block.section}) failed on {host.name} with exit "
                            f"{done.returncode}:\n{script}\n--- output ---\n{(done.stdout + done.stderr)[-4000:]}")
         return done.stdout
+
+    def _copy(self, source: GuideHost, target: GuideHost, paths: list[str]) -> str:
+        """Each of ``paths`` from ``source`` to ``target``, its owner and mode kept."""
+        for path in paths:
+            a, b = source.path(path), target.path(path)
+            b.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(a, b)
+            st = a.stat()
+            os.chown(b, st.st_uid, st.st_gid)
+        return f"copied {len(paths)} files from {source.name} to {target.name}"
+
+    def blocks_of(self, section: str, subsection: str | None = None) -> list[GuideBlock]:
+        """The blocks of ``section`` (and ``subsection``, when given), in the guide's order."""
+        found = [b for b in self.blocks() if b.section == section and subsection in (None, b.subsection)]
+        if not found:
+            raise GuideError(f"the guide has no lab block under {section!r}" + (f" / {subsection!r}" if subsection else ""))
+        return found
+
+    def run_blocks(self, section: str, subsection: str | None = None, hosts: list[str] | None = None,
+                   say: Callable[[str], None] = lambda text: None) -> list[str]:
+        """Run the blocks of ``section`` (``subsection``) in order; their outputs."""
+        return [out for b in self.blocks_of(section, subsection) for out in self.run_block(b, hosts, say)]
+
+    def forget_flow(self) -> int:
+        """Delete every key of the lab's flow from its Redis primary (the state an operator
+        lost); how many there were."""
+        client = self.redis()
+        try:
+            keys = list(client.scan_iter(match=f"tf:{{{self.plan.flow}}}*", count=1000))
+            for i in range(0, len(keys), 500):
+                client.delete(*keys[i:i + 500])
+            return len(keys)
+        finally:
+            client.close()
 
     def _copy_secrets(self) -> None:
         """What the guide says to copy from host-c: the CA, each peer's certificate and key, the

@@ -1,0 +1,223 @@
+"""The deployment guide's drills (``twinflow drill NAME --hosts``): the guide run as written on
+three hosts (:class:`~twinflow.testing.guide_lab.GuideLab`), then one of its day-2 sections
+run, again as written, while the client host publishes; judged by the one checker as the
+other drills between hosts are (lost, duplicated, stale writes, RTO).
+
+- ``guide``: the master's machine dies (every process of it: its peer, a Redis, a Sentinel, a
+  ZooKeeper server); the other peer goes on; the machine comes back (its servers, then its
+  peer through the unit) and rejoins as worker.
+- ``rolling-upgrade``: "Upgrading twinflow" on each peer's machine in turn, with a wheel of a
+  newer version than the one installed; every peer reports the new version at the end.
+- ``flow-change``: "Changing a running flow" with a longer join time-out on each machine in
+  turn (lone orders published after it expire after the new time-out); then a flow file
+  without the join, while the join holds open groups: the restarted peer refuses it, exit 4,
+  with the node and what it holds, and the other peer goes on; the old file is put back.
+- ``rotation``: "Rotating certificates and tokens", the tokens' three steps: each peer
+  accepts the old and the new, then everyone sends the new, then the old is refused (checked
+  with ``twinflow status --grpc``) while a second publisher sends with the new one.
+- ``backup-restore``: "Backing up and restoring a flow": a backup taken mid-stream; once every
+  message is out, the peers are stopped, the flow's keys are lost (deleted), the backup is
+  restored, the peers start on new state directories, and the producer sends everything again:
+  every message is in the restored flow's outputs exactly once.
+
+One lab serves every guide drill of a series (it takes a few minutes to install and start);
+each run publishes message IDs of its own. Needs root. Under failure the lab is taken down and
+the exception says which block or wait failed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..testing.checker import check, check_outputs
+from ..testing.guide_lab import GuideLab, PEER_HOSTS, build_wheel
+from ..testing.lab import LabError
+from ..testing.messages import order_or_payment
+from ..runtime.waiting import wait_for
+from .host_drills import HostDrill, HostDrillRunner, HostDrillSpec, this_run, timeout_errors
+
+ROLE_DEADLINE_S = 60.0  # a Redis primary's machine lost: Sentinel's failover, then the election
+NEW_TIMEOUT_S = 15      # flow-change: the join's time-out after the change (10 s before)
+ROTATED = 400           # rotation: messages sent with the new ingest token
+
+
+def _host_of(peer: str) -> str:
+    return PEER_HOSTS[peer]
+
+
+def guide(d: HostDrill) -> None:
+    lab: GuideLab = d.lab
+    d.wait_sent(0.4)
+    host = _host_of(d.master)
+    d.fault(f"{host}.example died: {d.master}, a Redis, a Sentinel and a ZooKeeper server")
+    lab.kill_host(host)
+    d.wait_role(d.worker, "master", ROLE_DEADLINE_S)
+    d.say(f"  {d.worker} is master")
+    d.wait_sent(0.8)
+    lab.come_back(host)
+    d.wait_role(d.master, "worker", ROLE_DEADLINE_S)
+    d.say(f"  {host}.example is back: its servers, and {d.master} as worker")
+
+
+def rolling_upgrade_setup(d: HostDrill) -> None:
+    """A wheel of the next version in the blocks' directory, the only ``twinflow-*.whl`` there."""
+    from twinflow import __version__
+
+    lab: GuideLab = d.lab
+    version = f"{__version__}.post{d.seed}"
+    for old in lab.dist.glob("twinflow-*.whl"):
+        old.unlink()
+    build_wheel(lab.dist, version)
+    d.figures["version"] = version
+
+
+def rolling_upgrade(d: HostDrill) -> None:
+    lab: GuideLab = d.lab
+    d.wait_sent(0.1)
+    for peer in (d.worker, d.master):  # the guide's block, one machine at a time
+        d.window(f"{peer} upgraded (the guide's block on {_host_of(peer)})")
+        out = lab.run_blocks("Upgrading twinflow", hosts=[_host_of(peer)], say=d.say)
+        d.healed()
+        d.say(f"  {peer}: {''.join(out).strip()}")
+    versions = {p: r.get("version") for p, r in lab.peer_statuses().items()}
+    d.figures["versions"] = versions
+    if set(versions.values()) != {d.figures["version"]}:
+        raise LabError(f"after the upgrade the peers report {versions}, not {d.figures['version']}")
+
+
+def flow_change(d: HostDrill) -> None:
+    lab: GuideLab = d.lab
+    old = lab.plan.flow_path.read_text()
+    new = old.replace("timeout: 10 ", f"timeout: {NEW_TIMEOUT_S} ", 1)
+    if new == old:
+        raise LabError("the lab's flow file has no join time-out of 10 s to change")
+    (lab.dist / "flow-new.yaml").write_text(new)
+    d.wait_sent(0.1)
+    for peer in (d.worker, d.master):
+        d.window(f"{peer} restarted on the changed flow file")
+        lab.run_blocks("Changing a running flow", hosts=[_host_of(peer)], say=d.say)
+        d.healed()
+    changed_at = time.time()
+    d.figures["changed_at"] = changed_at
+    d.wait_sent(0.5)
+    # A change that would orphan state: the join dropped while it holds open groups.
+    dropped = _without_join(new)
+    peer = d.worker
+    host = lab.host(_host_of(peer))
+    host.path("/etc/twinflow/flow.yaml").write_text(dropped)
+    lab.systemctl(host.name, ["restart", f"twinflow-peer@{peer}"])
+    p = lab.process(host.name, f"twinflow-peer@{peer}")
+    status = lab.wait_exit(p, 120)
+    log = Path(p.log).read_text(errors="replace")
+    refusal = next((line for line in log.splitlines() if "drops node 'match'" in line), None)
+    d.figures["refused"] = {"exit": status, "message": refusal}
+    if status != 4 or refusal is None:
+        raise LabError(f"{peer} on a flow file without the join: exit {status}, not 4 with the reason:\n{log[-3000:]}")
+    d.say(f"  {peer} refused the flow file without the join (exit 4)")
+    if lab.master() == peer or not lab.master():
+        raise LabError(f"no master left after {peer}'s refusal")
+    host.path("/etc/twinflow/flow.yaml").write_text(new)
+    lab.start_peer(peer)
+    lab.wait_streaming(peer)
+    d.say(f"  {peer} is back on the changed file")
+
+
+def flow_change_figures(d: HostDrill, outputs: dict) -> None:
+    """How long the lone orders published after the change waited: the new time-out."""
+    d.figures.update(timeout_errors(d.lab, outputs, d.figures["changed_at"] + NEW_TIMEOUT_S,
+                                    timeout_ms=NEW_TIMEOUT_S * 1000))
+    late = d.figures.get("timeout_error_ms_min")
+    if late is None or late < -1000:
+        raise LabError(f"lone orders after the change expired before the new time-out: {d.figures}")
+
+
+def _without_join(text: str) -> str:
+    """The flow file with the join ``match`` taken out (its input linked to delivery)."""
+    import yaml
+
+    doc = yaml.safe_load(text)
+    del doc["nodes"]["match"]
+    doc["nodes"]["guard"]["links"]["new"] = "deliver"
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def rotation(d: HostDrill) -> None:
+    lab: GuideLab = d.lab
+    d.wait_sent(0.1)
+    lab.run_blocks("Rotating certificates and tokens", "Tokens", say=d.say)
+    d.say("  the old tokens are refused, the new ones taken")
+    # The clients send the new ingest token now (the guide's client step): a second publisher
+    # with it, judged here (the runner judges the first).
+    first = d.figures["first"] + d.total
+    ids = [order_or_payment(i)["id"] for i in range(first, first + ROTATED)]
+    acked = lab.directory / f"acked-rotated-{first}.txt"
+    acked.unlink(missing_ok=True)
+    publisher = lab.publisher(ROTATED, d.rate, acked, first)
+    if lab.wait_exit(publisher, ROTATED / d.rate + 120) != 0:
+        raise LabError("publishing with the new ingest token failed:\n" + lab.logs([publisher], 20))
+    sent = acked.read_text().split()
+    wait_for(lambda: check_outputs(this_run(lab.outputs(), set(ids)), sent).delivered >= len(sent), 120, 0.5)
+    report = check(this_run(lab.outputs(), set(ids)), sent)
+    d.figures["after_rotation"] = {"sent": len(sent), "lost": report.lost, "duplicated": report.duplicated}
+    if (len(sent), report.lost, report.duplicated) != (ROTATED, 0, 0):
+        raise LabError(f"after the rotation: {d.figures['after_rotation']}")
+
+
+def backup_restore(d: HostDrill) -> None:
+    lab: GuideLab = d.lab
+    d.wait_sent(0.5)
+    lab.run_blocks("Backing up and restoring a flow", "Taking a backup", say=d.say)
+    d.say("  backup taken")
+    d.wait_sent(1.0)
+    sent = d.sent()
+    if not wait_for(lambda: check_outputs(lab.outputs(), _acked(d)).delivered >= sent, 120, 0.5):
+        raise LabError("not every message out of the flow before the restore")
+    before = lab.outputs()
+    d.figures["delivered_before_restore"] = sum(len(v) for v in before.values())
+    for block in lab.blocks_of("Backing up and restoring a flow", "Restoring"):
+        if "twinflow restore" in block.text:  # the flow's keys lost while the peers are stopped
+            lost = lab.forget_flow()
+            d.fault(f"the flow's {lost} keys deleted from Redis, the peers stopped", lasts=True)
+        lab.run_block(block, say=d.say)
+    d.healed()
+    # The producer sends everything again: the restored ID cache takes each message once.
+    again = lab.directory / f"resent-{d.seed}.txt"
+    again.unlink(missing_ok=True)
+    publisher = lab.publisher(d.total, d.rate, again, d.figures["first"])
+    if lab.wait_exit(publisher, d.total / d.rate + 180) != 0:
+        raise LabError("the resend failed:\n" + lab.logs([publisher], 20))
+    d.say(f"  resent {len(again.read_text().split())} messages")
+
+
+def _acked(d: HostDrill) -> list[str]:
+    return (d.lab.directory / f"acked-{d.figures['first']}.txt").read_text().split()
+
+
+GUIDE_DRILLS: dict[str, HostDrillSpec] = {
+    "guide": HostDrillSpec(guide, rate=200.0, kills_master=False),
+    "rolling-upgrade": HostDrillSpec(rolling_upgrade, rate=100.0, kills_master=False, setup=rolling_upgrade_setup),
+    "flow-change": HostDrillSpec(flow_change, rate=100.0, kills_master=False, figures=flow_change_figures),
+    "rotation": HostDrillSpec(rotation, rate=100.0, kills_master=False),
+    "backup-restore": HostDrillSpec(backup_restore, rate=200.0, kills_master=False),
+}
+
+
+class GuideDrillRunner(HostDrillRunner):
+    """The guide's drills on one guide lab for the whole series (see module)."""
+
+    drills = GUIDE_DRILLS
+
+    def __init__(self, messages: int = 3000, rate: float | None = None,
+                 directory: str | Path = "/var/tmp/twinflow-guide-lab", prefix: str = "tfguide-",
+                 settle_s: float = 120.0, say: Callable[[str], None] = lambda text: None):
+        super().__init__(messages, rate, directory, prefix, settle_s, say)
+
+    def _lab_for(self, name: str) -> GuideLab:
+        if self.lab is None:
+            lab = GuideLab(self.directory, prefix=self.prefix)
+            lab.up(self.say)
+            self.lab = lab
+        self.drill = name
+        return self.lab
