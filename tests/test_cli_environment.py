@@ -49,3 +49,34 @@ def test_the_environment_file_loads_in_sh_as_the_guide_loads_it(tmp_path):
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=10, cwd=tmp_path)
     assert (out.returncode, out.stderr) == (0, "")
     assert dict(zip(env, out.stdout.splitlines())) == env
+
+
+def test_status_waits_for_a_peer_to_stream_and_gives_up_at_its_deadline(redis_url, tmp_path, flow_name, capsys):
+    import json
+
+    import redis
+
+    from twinflow.testing.messages import CHAINED
+    from twinflow.cluster.on_cluster import flow_keys
+    from twinflow.runtime.flowgraph import load_graph
+
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(CHAINED.read_text().replace("flow: orders", f"flow: {flow_name}", 1))
+    keys = flow_keys(load_graph(flow))
+
+    def status(timeout_s: str) -> tuple[int, str, str]:
+        args = build_parser().parse_args(["status", str(flow), "--redis", redis_url, "--json",
+                                          "--wait-streaming", "peer-x", "--wait-timeout", timeout_s])
+        code = args.fn(args)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, out, err = status("0.3")  # no such peer yet
+    assert (code, out) == (1, "") and f"peer peer-x of flow {flow_name} did not stream within 0.3 s" in err
+    r = redis.Redis.from_url(redis_url)
+    r.sadd(keys.peers, "peer-x")
+    r.hset(keys.peer("peer-x"), mapping={"peer_id": "peer-x", "role": "worker", "streaming": "0"})
+    assert status("0.3")[0] == 1  # there, not streaming: still waiting
+    r.hset(keys.peer("peer-x"), "streaming", "1")
+    code, out, _ = status("5")
+    assert code == 0 and [row["peer_id"] for row in json.loads(out)["peers"]] == ["peer-x"]
