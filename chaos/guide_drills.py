@@ -12,9 +12,11 @@ other drills between hosts are (lost, duplicated, stale writes, RTO).
   turn (lone orders published after it expire after the new time-out); then a flow file
   without the join, while the join holds open groups: the restarted peer refuses it, exit 4,
   with the node and what it holds, and the other peer goes on; the old file is put back.
-- ``rotation``: "Rotating certificates and tokens", the tokens' three steps: each peer
-  accepts the old and the new, then everyone sends the new, then the old is refused (checked
-  with ``twinflow status --grpc``) while a second publisher sends with the new one.
+- ``rotation``: "Rotating certificates and tokens", the tokens' three steps (each peer accepts
+  the old and the new, then everyone sends the new, then the old is refused), then a new CA's
+  (both CAs trusted, then the new certificates shown, then the old CA refused), each step a
+  rolling restart checked with ``twinflow status --grpc``; then a second publisher sends with
+  the new token, certificate and CA, each message delivered once.
 - ``backup-restore``: "Backing up and restoring a flow": a backup taken mid-stream; once every
   message is out, the peers are stopped, the flow's keys are lost (deleted), the backup is
   restored, the peers start on new state directories, and the producer sends everything again:
@@ -148,6 +150,8 @@ def rotation(d: HostDrill) -> None:
     d.wait_sent(0.1)
     lab.run_blocks("Rotating certificates and tokens", "Tokens", say=d.say)
     d.say("  the old tokens are refused, the new ones taken")
+    lab.run_blocks("Rotating certificates and tokens", "A new CA and its certificates", say=d.say)
+    d.say("  a certificate of the old CA is refused, the new CA's taken")
     # The clients send the new ingest token now (the guide's client step): a second publisher
     # with it, judged here (the runner judges the first).
     first = d.figures["first"] + d.total

@@ -224,15 +224,18 @@ class GuideLab(Lab):
 
     def _run_commands(self, block: GuideBlock, host: GuideHost, text: str) -> str:
         """A shell block, its ``systemctl`` lines done by the lab, the rest run by ``sh -e`` in one
-        go between them (a variable set by one line is seen by the next)."""
+        go between them, each part starting with the environment the one before ended with (a
+        variable a line exports is seen by the lines after a ``systemctl``)."""
         out, chunk = [], []
+        env = {"PATH": ROOT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
         for line in _lines(text) + [None]:
             words = shlex.split(line) if line else []
             if line is not None and words[0] not in ("systemctl", "journalctl"):
                 chunk.append(line)
                 continue
             if chunk:
-                out.append(self._shell(block, host, "\n".join(chunk)))
+                text_out, env = self._shell(block, host, "\n".join(chunk), env)
+                out.append(text_out)
                 chunk = []
             if words and words[0] == "systemctl":
                 self.systemctl(host.name, words[1:])
@@ -245,17 +248,21 @@ class GuideLab(Lab):
         binds = " && ".join(f"mount --bind {shlex.quote(root + d)} {shlex.quote(d)}" for d in ROOTED)
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", binds + ' && exec "$@"', "sh", *argv]
 
-    def _shell(self, block: GuideBlock, host: GuideHost, script: str) -> str:
-        argv = self.on_host(host.name, ["sh", "-e", "-c", script])
+    def _shell(self, block: GuideBlock, host: GuideHost, script: str, env: dict[str, str]) -> tuple[str, dict]:
+        """``script`` run by ``sh -e`` with ``env``; its output and the environment it ended with."""
+        ended = self.directory / "hosts" / host.name / "block.env"
+        ended.parent.mkdir(parents=True, exist_ok=True)
+        ended.unlink(missing_ok=True)
+        argv = self.on_host(host.name, ["sh", "-e", "-c", f"{script}\nenv -0 > {shlex.quote(str(ended))}"])
         if block.kind == "run":  # inside the host; `install` fetches packages through this machine's network
             argv = netns_exec(self.state.host(host.name).ns, argv)
-        env = {"PATH": ROOT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
         done = subprocess.run(argv, cwd=self.dist, env=env, capture_output=True, text=True,
                               timeout=BLOCK_TIMEOUT_S[block.kind], stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise LabError(f"deploy.md line {block.line} ({block.section}) failed on {host.name} with exit "
                            f"{done.returncode}:\n{script}\n--- output ---\n{(done.stdout + done.stderr)[-4000:]}")
-        return done.stdout
+        pairs = [item.split("=", 1) for item in ended.read_text().split("\0") if "=" in item]
+        return done.stdout, {k: v for k, v in pairs if k not in ("PWD", "OLDPWD", "SHLVL", "_")}
 
     def _copy(self, source: GuideHost, target: GuideHost, paths: list[str]) -> str:
         """Each of ``paths`` from ``source`` to ``target``, its owner and mode kept."""
