@@ -354,36 +354,11 @@ class GuideLab(Lab):
         if any(p.name == "sentinel" and p.host == "host-c" for p in servers):
             self._wait("the Sentinels agreeing on the primary and two replicas", self._sentinels_ready, end, servers)
 
-    def spark_state(self) -> dict | None:
-        import http.client
-        import json
-
-        from .lab import _NetnsHttp
-
-        conn = _NetnsHttp(self.client_ns, self.state.host("host-c").address, 8080, 2.0)
-        try:
-            conn.request("GET", "/json/")
-            return json.loads(conn.getresponse().read())
-        except (OSError, ValueError, http.client.HTTPException):
-            return None
-        finally:
-            conn.close()
+    def _spark_address(self) -> str:
+        return self.state.host("host-c").address
 
     def _sentinels_ready(self) -> bool:
-        for name in HOSTS:
-            client = redis_in(self.client_ns, self.state.host(name).address, 26379, decode_responses=True)
-            try:
-                view = client.execute_command("SENTINEL MASTER", SERVICE)
-            except (OSError, redis.RedisError):
-                return False
-            finally:
-                client.close()
-            if isinstance(view, list):
-                view = dict(zip(view[::2], view[1::2]))
-            if view.get("flags") != "master" or int(view.get("num-slaves", 0)) < 2 \
-                    or int(view.get("num-other-sentinels", 0)) < 2:
-                return False
-        return True
+        return all(self._sentinel_agrees(self.state.host(name).address, 26379, SERVICE, replicas=2) for name in HOSTS)
 
     def address_of(self, name: str) -> str:
         """A lab host's address by any of its names (``host-a.example``, ``host-a``, an address)."""

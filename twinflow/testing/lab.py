@@ -253,7 +253,7 @@ class Lab(FlowReadings):
 
     def spark_state(self) -> dict | None:
         """The Spark master's view (its web UI's ``/json/``), None when it does not answer."""
-        conn = _NetnsHttp(self.client_ns, self.plan.address("spark"), SPARK_WEBUI_PORT, 2.0)
+        conn = _NetnsHttp(self.client_ns, self._spark_address(), SPARK_WEBUI_PORT, 2.0)
         try:
             conn.request("GET", "/json/")
             return json.loads(conn.getresponse().read())
@@ -262,25 +262,30 @@ class Lab(FlowReadings):
         finally:
             conn.close()
 
+    def _spark_address(self) -> str:
+        return self.plan.address("spark")
+
     def _spark_workers(self) -> list[dict]:
         return [w for w in (self.spark_state() or {}).get("workers", []) if w.get("state") == "ALIVE"]
 
     def _sentinels_ready(self) -> bool:
         addr = self.plan.address("redis")
-        for port in SENTINEL_PORTS:
-            client = redis_in(self.client_ns, addr, port, decode_responses=True)
-            try:
-                view = client.execute_command("SENTINEL MASTER", SERVICE)
-            except (OSError, redis.RedisError):
-                return False
-            finally:
-                client.close()
-            if isinstance(view, list):
-                view = dict(zip(view[::2], view[1::2]))
-            if view.get("flags") != "master" or int(view.get("num-slaves", 0)) < 1 \
-                    or int(view.get("num-other-sentinels", 0)) < 2:
-                return False
-        return True
+        return all(self._sentinel_agrees(addr, port, SERVICE, replicas=1) for port in SENTINEL_PORTS)
+
+    def _sentinel_agrees(self, address: str, port: int, service: str, replicas: int) -> bool:
+        """The Sentinel at ``address:port`` sees ``service``'s primary up with at least
+        ``replicas`` replicas, and the two other Sentinels."""
+        client = redis_in(self.client_ns, address, port, decode_responses=True)
+        try:
+            view = client.execute_command("SENTINEL MASTER", service)
+        except (OSError, redis.RedisError):
+            return False
+        finally:
+            client.close()
+        if isinstance(view, list):
+            view = dict(zip(view[::2], view[1::2]))
+        return (view.get("flags") == "master" and int(view.get("num-slaves", 0)) >= replicas
+                and int(view.get("num-other-sentinels", 0)) >= 2)
 
     def redis(self) -> redis.Redis:
         """A client on the Redis primary (the one the Sentinels name, full form), its connections
