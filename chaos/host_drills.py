@@ -309,6 +309,7 @@ class HostDrillRunner:
             spec.setup(d)
         publisher = lab.publisher(messages, rate, acked, first)
         spec.run(d)
+        self.published += d.figures.get("more", 0)  # messages the drill published beside the run's
         status = lab.wait_exit(publisher, messages / rate + 180)
         if status != 0:
             raise LabError(f"the client host's publisher ended with {status}:\n" + lab.logs([publisher], 20))
