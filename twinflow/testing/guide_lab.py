@@ -8,22 +8,26 @@ packages, the ``twinflow`` user, a virtual environment per host with the wheel b
 checkout), the certificates, the Redis, Sentinel and ZooKeeper files, the servers, the
 secrets, the unit and environment file, ``systemctl enable --now``, ``twinflow status
 --wait-streaming``, and the first message published and read back from the sink. The day-2
-sections' blocks are run by the drills (:meth:`run_section`).
+sections' blocks are run by the drills (:meth:`run_blocks`).
 
 What the lab does that a machine's owner does by hand: it copies the files the guide says to
-copy between machines (the certificates and tokens, :meth:`_copy_secrets`), answers the
-guide's placeholders (addresses, machine numbers, the passwords, :mod:`.guide_blocks`), roots
-each host's own paths in ``<dir>/hosts/<host>/root`` (the hosts share one disk), and, having
-no init system, runs ``systemctl`` itself: the unit file the guide installed, through
-:class:`.systemd_unit.ServiceUnit`, as the unit's ``User=`` (``setpriv``), with the
-environment file the guide wrote. ``journalctl`` lines are not run.
+copy between machines (:meth:`_copy_secrets`, and the ``copy`` blocks), answers the guide's
+placeholders (addresses, machine numbers, the passwords), keeps each host's own directories
+under ``<dir>/hosts/<host>/root`` and mounts them over the real paths for everything that runs
+on the host (:meth:`on_host`: the hosts share one disk; a machine without those paths gets
+empty mount points, removed by :meth:`down`), and, having no init system, runs ``systemctl``
+itself (:meth:`systemctl`): the unit file the guide installed, through
+:class:`.systemd_unit.ServiceUnit`, as the unit's ``User=`` (``setpriv``), with the environment
+file the guide wrote. ``journalctl`` lines are not run. The commands themselves run as written,
+by ``sh -e``; a variable a block exports is seen by its lines after a ``systemctl`` line.
 
 The ``twinflow`` user the guide adds is made on this machine if it has none, and removed by
 :meth:`down` when the lab made it.
 
 Under failure: a block that exits non-zero raises :class:`~.lab.LabError` with the guide's
 line, the host and the block's output, after the lab is taken down (``up``) or with the lab
-left as it is (a drill's :meth:`run_section`: its ``down`` follows). Every wait has a deadline.
+left as it is (a drill's :meth:`run_blocks`: the drill's ``down`` follows). Every wait has a
+deadline.
 """
 
 from __future__ import annotations
