@@ -19,10 +19,11 @@ from twinflow.cli_common import (EXIT_BAD_FLOW, EXIT_UNAVAILABLE, _load_flow, _n
 # --json prints these (stale writes count into "passed"; the table shows them too).
 DRILL_KEYS = ["drill", "seed", "messages", "lost", "duplicated", "out_of_order", "rto_s", "passed"]
 DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
-# ... and these where a drill has them (the Redis failover drills, the drills between hosts).
+# ... and these where a drill has them (the Redis failover drills, the drills between hosts, the guide's).
 DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "rto_each_s", "max_gap_s", "stop_status",
                     "skew_s", "timeouts_after_failover", "timeout_error_ms_p50", "timeout_error_ms_min",
-                    "timeout_error_ms_max", "kept_logs", "ledger", "resubmit", "lost_ids", "duplicated_ids", "error"]
+                    "timeout_error_ms_max", "version", "versions", "refused", "after_change", "after_rotation",
+                    "delivered_before_restore", "kept_logs", "ledger", "resubmit", "lost_ids", "duplicated_ids", "error"]
 
 
 # -- services ----------------------------------------------------------------
