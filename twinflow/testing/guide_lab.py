@@ -83,11 +83,6 @@ class GuideLab(Lab):
         self.plan.state = state
         self._children: dict[int, subprocess.Popen] = {}
         self._flow = None
-        self.outputs_of: dict[int, str] = {}  # the guide's line -> the last output of its block
-
-    @property
-    def state(self) -> LabState:
-        return self.plan.state
 
     @property
     def dist(self) -> Path:
@@ -215,7 +210,6 @@ class GuideLab(Lab):
             else:
                 out = self._run_commands(block, host, text)
             outputs.append(out)
-            self.outputs_of[block.line] = out
             say(f"  deploy.md line {block.line} ({block.section}, {block.kind}) on {name}: "
                 f"{time.monotonic() - t0:.1f} s")
         if servers:
