@@ -256,9 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--short", action="store_true",
                     help="up: the short form (one Redis, one ZooKeeper, two peers with Spark in local mode, the "
                          "client) instead of the full one (Sentinels, a ZooKeeper ensemble, a Spark cluster)")
+    lb.add_argument("--guide", action="store_true",
+                    help="up: the deployment guide's three machines, set up by running its command blocks "
+                         "(docs/operations/deploy.md; --dir must be searchable by other users)")
     lb.add_argument("--dir", default=str(LAB_DIR), help="the lab's state file, secrets and logs (default .twinflow/lab)")
-    lb.add_argument("--prefix", default="tflab-",
-                    help="up: the start of every namespace name (default tflab-); two labs at once need two")
+    lb.add_argument("--prefix", default=None,
+                    help="up: the start of every namespace name (default tflab-, tfguide- with --guide); two labs "
+                         "at once need two")
     lb.set_defaults(fn=cmd_lab)
 
     x = sub.add_parser("proxy", help="run the Toxiproxy-compatible fault proxy in the foreground")

@@ -1,5 +1,6 @@
 """``twinflow lab up|status|down``: a lab of hosts on this machine, each a network namespace with
-its own address on one private bridge (:mod:`twinflow.testing.lab`).
+its own address on one private bridge (:mod:`twinflow.testing.lab`; with ``--guide``, the
+deployment guide's three machines, :mod:`twinflow.testing.guide_lab`).
 
 Under failure: not root, or no usable ``ip netns``, ends the command with ``EXIT_UNAVAILABLE``
 and what is missing on stderr, before anything is made; a lab that cannot be made is removed
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from twinflow.cli_common import EXIT_UNAVAILABLE, _table
 
@@ -22,13 +24,17 @@ def cmd_lab(args) -> int:
         print(f"twinflow: twinflow lab {args.action} needs root: it makes and enters network namespaces "
               f"(this process runs as uid {os.geteuid()})", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    from twinflow.testing.lab import Lab, LabError
-    from twinflow.testing.lab_network import LabNetError, LabUnavailable
+    from twinflow.testing.guide_lab import GUIDE_PREFIX, GuideLab
+    from twinflow.testing.lab import STATE_FILE, Lab, LabError
+    from twinflow.testing.lab_network import DEFAULT_PREFIX, LabNetError, LabState, LabUnavailable
 
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     if args.action == "up":
         try:
-            lab = Lab(args.dir, short=args.short, prefix=args.prefix).up(say)
+            if args.guide:
+                lab = GuideLab(args.dir, prefix=args.prefix or GUIDE_PREFIX).up(say)
+            else:
+                lab = Lab(args.dir, short=args.short, prefix=args.prefix or DEFAULT_PREFIX).up(say)
         except LabUnavailable as exc:
             print(f"twinflow: {exc}", file=sys.stderr)
             return EXIT_UNAVAILABLE
@@ -41,7 +47,8 @@ def cmd_lab(args) -> int:
         print(f"lab up in {lab.state.info['up_s']} s ({lab.state.info['form']} form); state {lab.state_path}")
         return 0
     try:
-        lab = Lab.load(args.dir)
+        guide = LabState.load(Path(args.dir) / STATE_FILE).info.get("form") == "guide"
+        lab = GuideLab.load(args.dir) if guide else Lab.load(args.dir)
     except FileNotFoundError:
         print(f"no lab recorded in {args.dir} (twinflow lab up makes one)")
         return 0 if args.action == "down" else 1

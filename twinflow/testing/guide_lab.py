@@ -339,9 +339,8 @@ class GuideLab(Lab):
             if p.name == "spark-worker":
                 return any(w.get("host") == f"{p.host}.example" and w.get("state") == "ALIVE"
                            for w in (self.spark_state() or {}).get("workers", []))
-            if p.name.startswith("twinflow-peer@"):
-                row = self.peer_statuses().get(p.name.split("@", 1)[1], {})
-                return row.get("pid") is not None
+            if self.peer_of(p) is not None:
+                return self.peer_statuses().get(self.peer_of(p), {}).get("pid") == str(p.pid)
         except (OSError, redis.RedisError):
             return False
         return False
@@ -440,16 +439,8 @@ class GuideLab(Lab):
         self._wait(f"{peer} streaming", lambda: (lambda r: r.get("streaming") == "1" and r.get("pid") == str(p.pid))(
             self.peer_statuses().get(peer, {})), time.monotonic() + deadline_s, [p])
 
-    def master(self) -> str | None:
-        rows = self.peer_statuses()
-        for peer, host in PEER_HOSTS.items():
-            try:
-                p = self.process(host, f"twinflow-peer@{peer}")
-            except LabError:
-                continue
-            if rows.get(peer, {}).get("role") == "master" and self.alive(p):
-                return peer
-        return None
+    def peer_of(self, p: LabProcess) -> str | None:
+        return p.name.split("@", 1)[1] if p.name.startswith("twinflow-peer@") else None
 
     # -- the client -----------------------------------------------------------------------------
     def publisher(self, count: int, rate: float, acked: str | Path, first: int = 0) -> LabProcess:

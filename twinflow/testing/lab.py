@@ -409,14 +409,20 @@ class Lab(FlowReadings):
         rows = []
         for p in self.state.processes:
             alive = self.alive(p)
-            row = {"host": f"{p.host}.lab", "address": self.state.host(p.host).address, "process": p.name,
+            host = self.state.host(p.host)
+            row = {"host": host.fqdn, "address": host.address, "process": p.name,
                    "port": p.port or "", "pid": p.pid, "alive": alive,
                    "answers": (alive and self.answers(p)) if p.port else None,
                    "role": "", "epoch": ""}
-            if p.host in PEERS and roles.get(p.host, {}).get("pid") == str(p.pid):
-                row["role"], row["epoch"] = roles[p.host].get("role", ""), roles[p.host].get("epoch", "")
+            peer = self.peer_of(p)
+            if peer is not None and roles.get(peer, {}).get("pid") == str(p.pid):
+                row["role"], row["epoch"] = roles[peer].get("role", ""), roles[peer].get("epoch", "")
             rows.append(row)
         return rows
+
+    def peer_of(self, p: LabProcess) -> str | None:
+        """The peer ID ``p`` runs, when it is a peer (here a peer's host is named as the peer)."""
+        return p.host if p.host in PEERS and p.name == "twinflow-run" else None
 
     def logs(self, processes: list[LabProcess] | None = None, lines: int = 25) -> str:
         return "\n".join(f"--- {p.name} on {p.host} ({p.log}) ---\n{log_tail(p.log, lines)}"

@@ -1,7 +1,7 @@
 """What a lab's flow shows, read from its Redis primary as ``twinflow status`` and the checker
 read it: each peer's status (of every shard), who is master, what left the flow, the sink, the
 uplink's entry times. Mixed into :class:`.lab.Lab`, which gives ``redis()`` (a client made in
-the client host's namespace), ``plan``, ``state`` and ``alive()``.
+the client host's namespace), ``plan``, ``state``, ``alive()`` and ``peer_of()``.
 
 Under failure: a Redis that does not answer raises redis-py's error (each call is bounded by
 the client's socket time-outs); nothing here retries.
@@ -63,9 +63,10 @@ class FlowReadings:
     def master(self) -> str | None:
         """The peer whose status says master (of every shard) and whose process runs, or None."""
         rows = self.peer_statuses()
-        for p in self.state.processes:
-            if p.host in PEERS and rows.get(p.host, {}).get("role") == "master" and self.alive(p):
-                return p.host
+        for p in reversed(self.state.processes):
+            peer = self.peer_of(p)
+            if peer is not None and rows.get(peer, {}).get("role") == "master" and self.alive(p):
+                return peer
         return None
 
     def shard_masters(self) -> list[str | None]:
