@@ -1,7 +1,7 @@
 """``twinflow publish FLOW --peer HOST:PORT``: send messages into a flow's uplink through a peer.
 
-The messages are JSON objects, one per line, read from standard input (or from the files
-named with ``--file``); each is sent as its text, in order, through the peers' Ingest service
+The messages are JSON objects, one per line (:mod:`twinflow.runtime.json_lines`), read from
+standard input (or from the files named with ``--file``); each is sent as its text, in order, through the peers' Ingest service
 (:class:`twinflow.client.Client`: the first of ``--peer`` that answers, over the operator's TLS
 options and the ``ingest`` token, flags over their ``TWINFLOW_*`` variables). Each line's
 uplink position is printed once the peer acknowledged it: a printed line is in Redis.
@@ -15,34 +15,9 @@ takes each message ID once.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from twinflow.cli_common import EXIT_BAD_FLOW, EXIT_UNAVAILABLE, _grpc_failure, _grpc_security, _load_flow
-
-
-def read_messages(lines, source: str) -> list[dict]:
-    """The JSON object of each non-blank line; SystemExit(EXIT_BAD_FLOW) naming the first bad one.
-
-    >>> read_messages(['{"id": "a"}', '', '{"id": "b"}'], "stdin")
-    [{'id': 'a'}, {'id': 'b'}]
-    >>> read_messages(['[1]'], "stdin")
-    Traceback (most recent call last):
-    ...
-    SystemExit: twinflow: stdin line 1: a message is a JSON object, got list
-    """
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-        except ValueError as exc:
-            raise SystemExit(f"twinflow: {source} line {n}: not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise SystemExit(f"twinflow: {source} line {n}: a message is a JSON object, got {type(doc).__name__}")
-        out.append(doc)
-    return out
 
 
 def cmd_publish(args) -> int:
@@ -50,17 +25,19 @@ def cmd_publish(args) -> int:
 
     from twinflow.client import Client, PublishError
 
+    from twinflow.runtime.json_lines import JsonLinesError, json_objects
+
     graph = _load_flow(args.flow, cluster=False)
     try:
         if args.file:
             docs = []
             for path in args.file:
                 with open(path) as f:
-                    docs += read_messages(f, path)
+                    docs += json_objects(f, path)
         else:
-            docs = read_messages(sys.stdin, "stdin")
-    except SystemExit as exc:
-        print(exc.code, file=sys.stderr)
+            docs = json_objects(sys.stdin, "stdin")
+    except JsonLinesError as exc:
+        print(f"twinflow: {exc}", file=sys.stderr)
         return EXIT_BAD_FLOW
     except OSError as exc:
         print(f"twinflow: {exc.filename}: {exc.strerror}", file=sys.stderr)

@@ -60,6 +60,7 @@ from typing import Any
 import yaml
 
 from ..runtime.fields import BadInput, FieldPath, MissingField, Template
+from ..runtime.json_lines import JsonLinesError, json_objects
 from .messages import order_or_payment
 
 # A re-sent document's ID is made as message RESEND_BASE + n's would be: never one of the run's own.
@@ -487,17 +488,10 @@ def read_samples(path: str | Path) -> list[dict]:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
         raise SamplesError(f"{path}: cannot be read: {exc.strerror}") from None
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-        except ValueError as exc:
-            raise SamplesError(f"{path}, line {n}: not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise SamplesError(f"{path}, line {n}: not a JSON object")
-        out.append(doc)
+    try:
+        out = json_objects(lines, str(path))
+    except JsonLinesError as exc:
+        raise SamplesError(str(exc)) from None
     if not out:
         raise SamplesError(f"{path}: no samples (one JSON object a line)")
     return out
