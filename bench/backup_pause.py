@@ -22,14 +22,13 @@ import json
 import sys
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import redis
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save  # noqa: E402
+from common import save, scratch_redis  # noqa: E402
 from redis_sizing import CHAINED, run_steps  # noqa: E402
 
 from twinflow.cluster.flow_backup import take_backup  # noqa: E402
@@ -39,7 +38,6 @@ from twinflow.runtime.store.flow_keys import FlowKeys  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowStore  # noqa: E402
 from twinflow.runtime.store.key_copy import restore_keys  # noqa: E402
 from twinflow.testing.messages import order_or_payment  # noqa: E402
-from twinflow.testing.servers import kill_pid, start_answering, start_redis  # noqa: E402
 
 FLOW = "size-a"  # run_steps's keys (FlowKeys(flow)): the chained flow's uplink and sink names
 
@@ -99,12 +97,8 @@ def measure(r: redis.Redis, n: int, others: int, out: Path) -> dict:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50_000
     others = int(sys.argv[2]) if len(sys.argv) > 2 else 500_000
-    with tempfile.TemporaryDirectory(prefix="twinflow-backup-") as d:
-        server = start_answering(lambda p: start_redis(p, "--appendonly", "no", "--save", ""), Path(d), 30)
-        try:
-            result = measure(redis.Redis(port=server.port), n, others, Path(d) / "flow.tfb")
-        finally:
-            kill_pid(server.pid)
+    with scratch_redis("twinflow-backup-") as (port, d):
+        result = measure(redis.Redis(port=port), n, others, d / "flow.tfb")
     print(json.dumps(result))
     save("backup_pause", result)
 

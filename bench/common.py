@@ -1,13 +1,16 @@
-"""Shared pieces of the benchmarks: result files, medians; a process tree's CPU and memory
-(from ``twinflow.testing.proc_stats``, re-exported here)."""
+"""Shared pieces of the benchmarks: result files, medians, a scratch Redis; a process tree's CPU
+and memory (from ``twinflow.testing.proc_stats``, re-exported here)."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from twinflow.testing.proc_stats import TICKS, cpu_ticks, process_ticks, process_tree, tree_rss_mib  # noqa: F401
 
@@ -25,6 +28,20 @@ def save(name: str, record: dict) -> Path:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
     return path
+
+
+@contextmanager
+def scratch_redis(prefix: str) -> Iterator[tuple[int, Path]]:
+    """A redis-server of its own on 127.0.0.1 with nothing persisted, for the block: its port
+    and a directory for files; stopped by PID after the block, also when it raises."""
+    from twinflow.testing.servers import kill_pid, start_answering, start_redis
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as d:
+        server = start_answering(lambda p: start_redis(p, "--appendonly", "no", "--save", ""), Path(d), 30)
+        try:
+            yield server.port, Path(d)
+        finally:
+            kill_pid(server.pid)
 
 
 def alternating_medians(steps: dict, repeats: int) -> dict:

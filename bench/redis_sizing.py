@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import redis
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save  # noqa: E402
+from common import save, scratch_redis  # noqa: E402
 
 from twinflow.cluster.master_flow import MasterFlow  # noqa: E402
 from twinflow.runtime.flowgraph import load_graph  # noqa: E402
@@ -35,7 +34,6 @@ from twinflow.runtime.message import Message  # noqa: E402
 from twinflow.runtime.store.flow_keys import FlowKeys  # noqa: E402
 from twinflow.runtime.store.flow_store import FlowStore  # noqa: E402
 from twinflow.testing.messages import order_or_payment  # noqa: E402
-from twinflow.testing.servers import kill_pid, start_answering, start_redis  # noqa: E402
 
 CHAINED = Path(__file__).parents[1] / "examples" / "cluster-chained.yaml"
 STEP = 500
@@ -105,13 +103,8 @@ def measure(r: redis.Redis, n: int) -> dict:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
-    with tempfile.TemporaryDirectory(prefix="twinflow-sizing-") as d:
-        server = start_answering(lambda p: start_redis(p, "--appendonly", "no", "--save", ""), Path(d), 30)
-        try:
-            r = redis.Redis(port=server.port)
-            result = measure(r, n)
-        finally:
-            kill_pid(server.pid)
+    with scratch_redis("twinflow-sizing-") as (port, _):
+        result = measure(redis.Redis(port=port), n)
     print(json.dumps(result))
     save("redis_sizing", result)
 
