@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what twinflow needs on a fresh Debian 12 machine, idempotently:
-# Debian's redis-server, zookeeper, nftables, iproute2 and prometheus (for its promtool), each
+# Debian's redis-server, zookeeper, nftables, iproute2, prometheus (for its promtool) and chromium
+# with chromium-driver (the console's browser tests), each
 # only when absent, a virtual environment at .venv/ and the package with its test extras (only when
 # pyproject.toml changed since the last install).
 set -euo pipefail
@@ -14,6 +15,9 @@ command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need_apt+=(nftables)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need_apt+=(iproute2)
 # The alerting rules' checks (tests/test_alert_rules.py): promtool, which Debian ships in prometheus.
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# The console's browser tests (tests/cluster/test_console_browser.py): Debian's headless Chromium and
+# its driver, the same version (no browser download at test time).
+[ -x /usr/bin/chromedriver ] || need_apt+=(chromium chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "bootstrap: installing ${need_apt[*]} with apt" >&2
     sudo_cmd=""

@@ -22,10 +22,12 @@ PACKAGES = {
     "twinflow/runtime": "runtime", "twinflow/runtime/nodes": "runtime/nodes",
     "twinflow/runtime/nodes/sort": "runtime/nodes/sort", "twinflow/runtime/store": "runtime/store",
     "twinflow/runtime/spark": "runtime/spark",
-    "twinflow/cluster": "cluster", "twinflow/chaos": "chaos", "twinflow/chaos/sim": "chaos/sim",
+    "twinflow/cluster": "cluster", "twinflow/cluster/console": "cluster/console", "twinflow/chaos": "chaos", "twinflow/chaos/sim": "chaos/sim",
 }
 # The only files beside the modules: the checkpoint file system's Java source and the stubs' type hints.
-DATA = {"twinflow/runtime/spark/NoForkLocalFileSystem.java", "twinflow/wire/twinflow_pb2.pyi"}
+DATA = {"twinflow/runtime/spark/NoForkLocalFileSystem.java", "twinflow/wire/twinflow_pb2.pyi",
+        # The console's page, its script and its style (cluster/console/static/).
+        *(f"twinflow/cluster/console/static/{n}" for n in ("index.html", "console.js", "console.css"))}
 
 
 def tracked_copy(dest: Path) -> Path:
@@ -57,7 +59,7 @@ def test_the_wheel_holds_the_runtime_and_no_data(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     files = [n for n in names if ".dist-info/" not in n]
     # Every file is a module of the expected packages or one of the named data files.
-    assert {n.rsplit("/", 1)[0] for n in files} == set(PACKAGES)
+    assert {n.rsplit("/", 1)[0] for n in files if n not in DATA} == set(PACKAGES)
     assert [n for n in files if not n.endswith(".py") and n not in DATA] == []
     assert [n for n in names if re.search(r"(^|/)results/|RESULTS|\.jsonl$|\.md$|\.png$|(^|/)(tests|docs|bench)/", n)] == []
     # And every module of the repository's packages is in it: the runtime is whole.

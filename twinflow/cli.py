@@ -15,6 +15,7 @@ import sys
 
 from twinflow import __version__
 from twinflow.cli_backup import cmd_backup, cmd_restore
+from twinflow.cli_console import cmd_console
 from twinflow.cli_common import LAB_DIR, SERVICES_STATE, START_FROM, operator_security_flags
 from twinflow.cli_failures import cmd_failures
 from twinflow.cli_lab import cmd_lab
@@ -182,6 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--json", action="store_true")
     operator_security_flags(fl)
     fl.set_defaults(fn=cmd_failures)
+
+    co = sub.add_parser("console", help="serve the operator console of a flow's cluster: a live page of the flow, "
+                                         "its peers, failovers and failed messages (docs/operations/console.md)")
+    co.add_argument("flow", help="flow file (YAML)")
+    co.add_argument("--listen", default="127.0.0.1:8470",
+                    help="HTTP(S) bind address (default 127.0.0.1:8470; another address needs TLS and tokens)")
+    co.add_argument("--redis", help="Redis URL (default: TWINFLOW_REDIS, else the local one)")
+    co.add_argument("--reports", metavar="DIR", help="show the drill results (*.jsonl) found in DIR")
+    co.add_argument("--handover-timeout", type=float, default=10.0, metavar="S",
+                    help="how long a handover asked from the page may take (default 10)")
+    _security_flags(co, serving=True)
+    co.set_defaults(fn=cmd_console)
 
     pb = sub.add_parser("publish", help="send JSON messages (one per line, from stdin or --file) into a flow's "
                                         "uplink through a peer's Ingest service; prints each one's position")

@@ -212,25 +212,17 @@ def _statuses_over_grpc(addresses: list[str], security) -> list[dict]:
 def cmd_handover(args) -> int:
     graph, stores = _flow_stores(args)
     security = _grpc_security(args, graph)  # first: it sets the gRPC core's log level, then imports gRPC
-    import grpc
+    from twinflow.cluster.handover_request import ask_masters
 
-    from twinflow.client import request_handover
-
-    # One master per shard; a peer hands over every shard it is master of.
-    masters = sorted({r["grpc_address"] for store in stores for r in store.read_statuses()
-                      if r.get("role") == "master"})
-    if not masters:
+    asked = ask_masters(stores, security, args.timeout)
+    if not asked:
         print("twinflow: no live master found", file=sys.stderr)
         return 1
-    results, unanswered = [], 0
-    for address in masters:
-        try:
-            results.append(request_handover(address, timeout_s=args.timeout, security=security))
-        except grpc.RpcError as exc:
-            print(_grpc_failure(address, exc, security), file=sys.stderr)
-            unanswered += 1
-    for result in results:
-        print(json.dumps(result))
-    if unanswered:
+    for one in asked:
+        if one.error is not None:
+            print(_grpc_failure(one.address, one.error, security), file=sys.stderr)
+        else:
+            print(json.dumps(one.reply))
+    if any(one.error is not None for one in asked):
         return EXIT_UNAVAILABLE
-    return 0 if all(r.get("ok") for r in results) else 1
+    return 0 if all(one.reply.get("ok") for one in asked) else 1

@@ -59,6 +59,7 @@ anyone who reaches the port could read and forge escalations; set a certificate 
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -174,6 +175,11 @@ class GrpcSecurity:
             return ()
         return self.accepted_tokens.get(scope) or (self.tokens[scope],)
 
+    def scopes_for(self, token: str) -> frozenset[str]:
+        """Every scope that accepts ``token`` (compared in constant time with each)."""
+        return frozenset(scope for scope in self.tokens
+                         if any(hmac.compare_digest(token.encode(), t.encode()) for t in self.accepted(scope)))
+
     def check_bind(self, address: str) -> None:
         """Raise :class:`SecurityConfigError` when serving ``address`` like this is not allowed."""
         if is_loopback(address) or self.insecure:
@@ -243,6 +249,11 @@ def security_from(spec, *, cert: str | None = None, key: str | None = None, ca: 
     if scopes is not None:  # an unknown scope is still refused
         refs = {scope: ref for scope, ref in refs.items() if scope in scopes or scope not in SCOPES}
     return GrpcSecurity.from_refs(tls, refs, insecure=insecure)
+
+
+def token_fingerprint(token: str) -> str:
+    """A short name for ``token`` that is safe to log: which token acted, never the token."""
+    return hashlib.sha256(token.encode()).hexdigest()[:8]
 
 
 def is_loopback(address: str) -> bool:

@@ -1,0 +1,142 @@
+"""What the console page shows, read from Redis once per poll: :class:`ConsoleView`.
+
+The flow's shape comes from its flow file (:func:`flow_shape`, read once); everything live
+comes from what the peers already keep in Redis:
+
+- each peer's status hash (``tf:{F}:node:<peer>``, written every half second): role, epoch,
+  address, lag, last batch, what each node holds, suspensions;
+- the count of every stream a message leaves the flow by, and of the uplink: ``XINFO
+  STREAM``'s ``entries-added``, which counts every entry ever added (a trimmed stream
+  still counts what was trimmed), so a count is the cluster's, not one peer's since its
+  start; a rate is the difference between two polls;
+- the flow's events stream (``tf:{F}:events``): the failover timeline (:mod:`.failovers`);
+- the FAILED audit's counts.
+
+Cost: a poll makes O(peers + outlinks) Redis calls, one pipeline for the counts, and
+nothing per message.
+
+Under failure: a snapshot never raises for Redis. When Redis does not answer, it says so in
+``redis`` and carries no live part; the page keeps what it drew and shows Redis down. A part
+that cannot be read (an old peer without the events stream) is left empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+import redis
+
+from ...runtime.flowgraph import FlowGraph
+from ...runtime.store.flow_store import FlowStore
+from ...runtime.store.store_errors import RedisUnavailable
+from ..flow_failures import FlowFailures
+from ..master_flow import outlink_streams
+from .failovers import failovers
+
+log = logging.getLogger("twinflow.console")
+
+RATE_WINDOW_S = 5.0     # a rate is the count's change over about this long
+EVENTS_SHOWN = 30       # the newest events the page lists
+REDIS_DEADLINE_S = 2.0  # a poll waits at most this long for Redis
+
+
+def flow_shape(graph: FlowGraph) -> dict:
+    """The flow as the flow file declares it: its nodes (name, type, outlinks, the action a sort
+    pairs with) and its links; an outlink no link takes leaves the flow."""
+    nodes = []
+    for name, node in graph.nodes.items():
+        entry = {"name": name, "kind": node.kind, "outlinks": list(node.outlinks)}
+        pairs = getattr(node, "pairs_with", None)
+        if pairs:
+            entry["pairs_with"] = pairs
+        nodes.append(entry)
+    links = [{"from": name, "outlink": outlink, "to": nxt}
+             for name, outs in graph.links.items() for outlink, nxt in outs.items()]
+    return {"flow": graph.name, "input": graph.input, "nodes": nodes, "links": links}
+
+
+class _Rates:
+    """Counts sampled at each poll, and the rate each changed at over the last window."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S):
+        self.window_s = window_s
+        self.samples: dict[str, deque] = {}
+
+    def rate(self, name: str, now: float, count: int) -> float:
+        ring = self.samples.setdefault(name, deque())
+        ring.append((now, count))
+        while len(ring) > 2 and now - ring[1][0] >= self.window_s:  # keep one sample older than the window
+            ring.popleft()
+        then, before = ring[0]
+        return round(max(0, count - before) / (now - then), 2) if now > then else 0.0
+
+
+class ConsoleView:
+    """The live snapshot of the flow ``graph`` whose shards' stores are ``stores``."""
+
+    def __init__(self, graph: FlowGraph, stores: list[FlowStore], *, clock: Callable[[], float] = time.time):
+        self.graph, self.stores, self.clock = graph, stores, clock
+        self.shape = flow_shape(graph)
+        spec = graph.cluster
+        self.failures = FlowFailures(graph.name, stores, max_bytes=spec.message.max_bytes if spec else 1 << 20,
+                                     replicas=spec.wait_replicas if spec else 0,
+                                     replica_wait_ms=spec.replica_wait_ms if spec else 1000)
+        # (node.outlink, stream) per shard: outlinks that share a stream (two actions, one sink) share its count.
+        self.streams = [sorted((f"{node}.{outlink}", stream) for (node, outlink), stream
+                               in outlink_streams(graph, store.keys).items()) for store in stores]
+        self._rates = _Rates()
+        self._lock = threading.Lock()  # polls from several browsers share the rate samples
+
+    def snapshot(self) -> dict:
+        """The page's data now (see the module doc); never raises for Redis."""
+        now = self.clock()
+        out = {"flow": self.graph.name, "at": now, "redis": "ok", "shards": len(self.stores),
+               "peers": [], "outlinks": {}, "uplink": {}, "epoch": 0, "failovers": [], "events": [],
+               "failures": {}, "suspended": {}}
+        try:
+            with self._lock:
+                self._read(out, now)
+        except (redis.RedisError, RedisUnavailable, OSError) as exc:
+            out["redis"] = f"Redis did not answer: {exc}"
+        return out
+
+    def _read(self, out: dict, now: float) -> None:
+        counts: dict[str, int] = {}
+        uplink = 0
+        for k, store in enumerate(self.stores):
+            shard = store.keys.flow
+            for row in store.read_statuses(deadline_s=REDIS_DEADLINE_S):
+                row["uplink_lag"], row["uplink_lag_s"] = store.uplink_behind(row["peer_id"])
+                row["shard"] = shard
+                out["peers"].append(row)
+            added = self._entries_added(store, [store.keys.uplink, *(s for _, s in self.streams[k])])
+            uplink += added[0]
+            for (name, _), n in zip(self.streams[k], added[1:]):
+                counts[name] = counts.get(name, 0) + n
+            out["epoch"] = max(out["epoch"], store.current_epoch(deadline_s=REDIS_DEADLINE_S))
+            out["suspended"].update(store.suspensions(deadline_s=REDIS_DEADLINE_S))
+            out["events"] += self._events(store)
+        out["uplink"] = {"count": uplink, "rate": self._rates.rate("uplink", now, uplink)}
+        out["outlinks"] = {name: {"count": n, "rate": self._rates.rate(name, now, n)} for name, n in counts.items()}
+        out["events"].sort(key=lambda e: e.get("at") or 0, reverse=True)
+        out["failovers"] = failovers(out["events"])
+        out["events"] = out["events"][:EVENTS_SHOWN]
+        out["failures"] = self.failures.counts()
+
+    @staticmethod
+    def _entries_added(store: FlowStore, streams: list[str]) -> list[int]:
+        """Each stream's ``entries-added`` (0 for one not written yet), in one pipeline."""
+        pipe = store.r.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xinfo_stream(stream)
+        replies = pipe.execute(raise_on_error=False)
+        return [int(r.get("entries-added", 0)) if isinstance(r, dict) else 0 for r in replies]
+
+    @staticmethod
+    def _events(store: FlowStore) -> list[dict]:
+        reader = getattr(store, "events", None)  # a store without the events stream: no timeline
+        return list(reader(count=200)) if reader is not None else []

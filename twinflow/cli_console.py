@@ -1,0 +1,53 @@
+"""``twinflow console FLOW``: the operator console of one flow's cluster, served until stopped.
+
+It reads the flow's Redis as ``twinflow status`` and ``twinflow failures`` do, and asks
+the master over gRPC for a handover as ``twinflow handover`` does, with the flow file's
+``security`` section and the flags over it: the console's HTTPS certificate and key, the
+read and admin tokens it accepts (and the admin token it sends to the master).
+
+Under failure: a bad flag, an address that cannot be bound, or a non-loopback address
+without TLS and tokens ends the command with exit code 2 or ``EXIT_REFUSED``, the reason on
+stderr, before anything is served. Redis down later is shown on the page; the console
+keeps serving.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from twinflow.cli_common import EXIT_REFUSED, _grpc_security
+from twinflow.cli_peer import _flow_stores
+
+
+def cmd_console(args) -> int:
+    from twinflow.cluster.console.access import ConsoleAccess
+    from twinflow.cluster.console.app import ConsoleApp
+    from twinflow.cluster.console.server import ConsoleServer
+    from twinflow.cluster.console.snapshot import ConsoleView
+    from twinflow.cluster.handover_request import ask_masters
+    from twinflow.grpc_security import SecurityConfigError
+
+    graph, stores = _flow_stores(args)
+    security = _grpc_security(args, graph)
+    cert = args.tls_cert or (graph.cluster.security.tls_cert if graph.cluster and graph.cluster.security else None)
+    key = args.tls_key or (graph.cluster.security.tls_key if graph.cluster and graph.cluster.security else None)
+    app = ConsoleApp(ConsoleView(graph, stores), ConsoleAccess(security),
+                     handover=lambda: [a.as_dict() for a in ask_masters(stores, security, args.handover_timeout)],
+                     reports=Path(args.reports) if args.reports else None)
+    try:
+        server = ConsoleServer(app, args.listen, security=security, cert=cert, key=key)
+    except (SecurityConfigError, OSError, ValueError) as exc:
+        print(f"twinflow console: refused to start: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(f"twinflow console: flow {graph.name} at {server.url}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    server.stop()
+    return 0
