@@ -141,8 +141,9 @@ def scopes_of(method: str) -> tuple[str, ...]:
 def token_fingerprint(token: str) -> str:
     """A short name of ``token`` that is safe to log: ``sha256:`` and the first 8 hex digits of its
     SHA-256. The same token always gives the same name, so a log line can say which token did
-    something (``printf %s TOKEN | sha256sum`` finds it) without the token; 32 bits tell too little
-    to find a token of any strength from its name."""
+    something (``printf %s TOKEN | sha256sum`` finds it) without the token. A random token (32 bytes,
+    as the guides make them) cannot be found from its name; a guessable one could be checked
+    against it, as against any hash, so tokens are never words."""
     return "sha256:" + hashlib.sha256(token.encode()).hexdigest()[:8]
 
 
