@@ -49,7 +49,8 @@ from .stream_spec import StreamsSpec, read_streams
 
 __all__ = ["ClusterSpec", "ClaimPair", "SecuritySpec", "parse_cluster"]
 
-TOKEN_SCOPES = ("ingest", "escalation", "admin")
+# read is optional: the token of an operator who may look but not act (twinflow/grpc_security.py).
+TOKEN_SCOPES = ("ingest", "escalation", "admin", "read")
 
 # The most messages one master step (one COMMIT script) may hold: the store's own cut,
 # ``flow_store.DELIVER_MAX_MESSAGES`` (the pure core does not import the store to read it).

@@ -1,7 +1,8 @@
 """The gRPC options of the operator commands (``status``, ``handover``): each flag over its
 ``TWINFLOW_*`` variable over the flow file's ``security`` section; a client certificate and its
 key taken whole from one place, half a pair refused with exit 2 naming the option; only the
-tokens the command sends read; and the two helpers a new command reuses. No server is started: the settings are read, not used (the calls
+tokens the command sends read (for a command that only reads, the read token when one is named,
+else the admin token); and the two helpers a new command reuses. No server is started: the settings are read, not used (the calls
 over mutual TLS are in tests/cluster/test_secure_cluster.py)."""
 
 import argparse
@@ -42,6 +43,9 @@ def pki(tmp_path_factory):
         cert.private_key_pem.write_to_path(str(d / f"{name}-key.pem"))
         cert.cert_chain_pems[0].write_to_path(str(d / f"{name}.pem"))
     (d / "flow.yaml").write_text(FLOW)
+    # The peers' flow file with a read token besides, in a variable the operator may not have.
+    (d / "read-flow.yaml").write_text(FLOW.replace('escalation: "env:TF_OPS_PEERS_ONLY"}',
+                                                   'escalation: "env:TF_OPS_PEERS_ONLY", read: "env:TF_OPS_READ"}'))
     return d
 
 
@@ -49,7 +53,7 @@ def pki(tmp_path_factory):
 def environment(monkeypatch):
     """No operator variable from the shell; the tokens the references name, but the escalation token
     only the peers have; GRPC_VERBOSITY put back."""
-    for name in (*OPERATOR_ENV.values(), "GRPC_VERBOSITY", "TF_OPS_PEERS_ONLY"):
+    for name in (*OPERATOR_ENV.values(), "GRPC_VERBOSITY", "TF_OPS_PEERS_ONLY", "TF_OPS_READ"):
         monkeypatch.setenv(name, "")  # so that the variable is put back as it was, even when unset
         monkeypatch.delenv(name)
     monkeypatch.setenv("TF_OPS_FILE_TOKEN", "from-the-file")
@@ -58,8 +62,10 @@ def environment(monkeypatch):
     return monkeypatch
 
 
-def security(pki, *argv, command="status") -> GrpcSecurity:
-    args = build_parser().parse_args([command, str(pki / "flow.yaml"), *argv])
+def security(pki, *argv, command="status", flow="flow.yaml") -> GrpcSecurity:
+    args = build_parser().parse_args([*command.split(), str(pki / flow), *argv])
+    if args.command == "failures":  # as the command asks: list and show only read
+        return _grpc_security(args, _load_flow(args.flow), reads=args.action in ("list", "show"))
     return _grpc_security(args, _load_flow(args.flow))
 
 
@@ -172,6 +178,51 @@ def test_a_new_command_reuses_the_two_helpers(pki, environment):
     assert sec.tls.cert == str(pki / "operator.pem")
     # Tokens per scope: the variable's over the file's, the file's where the variable names none.
     assert sec.tokens == {"admin": "from-the-environment", "ingest": "from-the-file"}
+
+
+READING, ACTING = ("status", "failures list", "failures show"), ("handover", "resume", "failures resubmit")
+
+
+@pytest.mark.parametrize("command", READING + ACTING)
+def test_a_command_that_only_reads_sends_the_read_token_when_one_is_named(pki, environment, command):
+    """The least token that suffices: read for status and failures list/show when the operator's
+    settings (else the flow file) name one, else admin; the commands that act read and send admin
+    alone, whatever read token is named."""
+    reads = command in READING
+    environment.setenv("TF_OPS_READ", "read-from-the-file")
+    assert security(pki, command=command, flow="read-flow.yaml").tokens == \
+        ({"read": "read-from-the-file"} if reads else {"admin": "from-the-file"})
+    environment.setenv("TWINFLOW_TOKEN", "read=env:TF_OPS_ENV_TOKEN")
+    assert security(pki, command=command, flow="read-flow.yaml").tokens == \
+        ({"read": "from-the-environment"} if reads else {"admin": "from-the-file"})
+    # Both named by the operator: read for reading (its flag over the variable's), admin for acting.
+    both = security(pki, "--token", "admin=env:TF_OPS_FLAG_TOKEN", "--token", "read=env:TF_OPS_FLAG_TOKEN",
+                    command=command, flow="read-flow.yaml")
+    assert both.tokens == ({"read": "from-the-flag"} if reads else {"admin": "from-the-flag"})
+    # The operator names an admin token only: the flow file's read token is never opened (its
+    # variable unset here would end the command), so an operator's own admin token still works.
+    environment.delenv("TF_OPS_READ")
+    environment.setenv("TWINFLOW_TOKEN", "admin=env:TF_OPS_ENV_TOKEN")
+    assert security(pki, command=command, flow="read-flow.yaml").tokens == {"admin": "from-the-environment"}
+    # A flow file with no read token: admin, as before the read scope.
+    environment.delenv("TWINFLOW_TOKEN")
+    assert security(pki, command=command).tokens == {"admin": "from-the-file"}
+
+
+def test_the_token_help_says_which_commands_send_read(pki):
+    def token_help(command: str) -> str:
+        parser = build_parser()
+        sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+        return " ".join(next(a for a in sub._actions if a.dest == "token").help.split())
+
+    assert token_help("status").startswith("the admin (or read) token this command sends")
+    assert "the calls that only read send the read token when one is given" in token_help("failures")
+    assert token_help("handover").startswith("the admin token this command sends") and "read" not in \
+        token_help("handover")
+    assert token_help("publish").startswith("the ingest token")
+    run_help = " ".join(next(a for a in next(a for a in build_parser()._actions if a.dest == "command")
+                             .choices["run"]._actions if a.dest == "token").help.split())
+    assert "ingest, escalation, admin or read" in run_help
 
 
 class _Refused(Exception):

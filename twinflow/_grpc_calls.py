@@ -23,6 +23,10 @@ from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
 # The peer may use all of the handover's timeout_s before it answers; the RPC leaves room for the reply.
 HANDOVER_REPLY_MARGIN_S = 5.0
+# The calls that only read: a caller sends the read token for them when it has one
+# (GrpcSecurity.scope_to_send), the admin token otherwise.
+STATUS = "/twinflow.wire.Admin/Status"
+FAILURES = "/twinflow.wire.Admin/Failures"
 
 
 # ---- single calls, shared by the client and the compatibility functions -------
@@ -137,8 +141,9 @@ def publish(address: str, flow: str, bodies: list[bytes], timeout_s: float = 10.
 
 def peer_status(address: str, timeout_s: float = 5.0, *, security: GrpcSecurity = NO_SECURITY) -> dict:
     """The status of the peer at ``address`` as a dict with every field (``peer_id`` names it;
-    ``node_id`` is the same under its old name)."""
-    with security.channel(address, "admin") as channel:
+    ``node_id`` is the same under its old name). With the read token when ``security`` has one,
+    else the admin token."""
+    with security.channel(address, security.scope_to_send(STATUS)) as channel:
         return _status(channel, timeout_s)
 
 

@@ -65,8 +65,9 @@ def _security_flags(parser, serving: bool) -> None:
     g.add_argument("--tls-server-name", metavar="NAME", help="the name to check in a peer's certificate "
                                                              "when it is not the host dialled")
     g.add_argument("--token", action="append", metavar="SCOPE=REF",
-                   help="a token for ingest, escalation or admin, named as file:PATH or env:NAME (never "
-                        "the token itself); repeatable")
+                   help="a token for ingest, escalation, admin or read (optional: what may call Status and "
+                        "Failures besides admin), named as file:PATH or env:NAME (never the token itself); "
+                        "repeatable")
 
 
 def _positive(text: str) -> int:
@@ -141,10 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help="how long --wait-streaming waits (default 300)")
             s.add_argument("--grpc", action="store_true",
                            help="ask each --peer over gRPC and not Redis: checks that the peers take this "
-                                "command's certificate, CA and admin token (exit 3 when one does not answer)")
+                                "command's certificate, CA and token, read or admin (exit 3 when one does not "
+                                "answer)")
         else:
             s.add_argument("--timeout", type=float, default=5.0)
-        operator_security_flags(s)
+        operator_security_flags(s, reads=name == "status")  # status only reads
         s.set_defaults(fn=fn)
 
     rs = sub.add_parser("resume", help="end a flow's suspensions now (an action's retries used up, "
@@ -181,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--by", metavar="NAME", help="resubmit, discard: the operator to record (default: "
                                                  "the OS user)")
     fl.add_argument("--json", action="store_true")
-    operator_security_flags(fl)
+    operator_security_flags(fl, reads=True)  # list and show only read; resubmit and discard send admin
     fl.set_defaults(fn=cmd_failures)
 
     co = sub.add_parser("console", help="serve the operator console of a flow's cluster: a live page of the flow, "

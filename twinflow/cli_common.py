@@ -5,8 +5,10 @@ A command that calls the peers over gRPC as an operator (``status``, ``handover`
 adds its options with :func:`operator_security_flags` and turns them into a
 ``GrpcSecurity`` with :func:`_grpc_security`: the operator's own client certificate and
 key, the CA, the server name and tokens, each from its flag, else its ``TWINFLOW_*``
-variable (:data:`OPERATOR_ENV`), else the flow file's ``security`` section.
-:func:`_grpc_failure` says in one line why such a call failed.
+variable (:data:`OPERATOR_ENV`), else the flow file's ``security`` section. A command
+that only reads (``status``, ``failures list`` and ``show``) sends one token, the least
+that suffices: the read token when one is named, else the admin token
+(:func:`_reading_scope`). :func:`_grpc_failure` says in one line why such a call failed.
 
 Under failure: a flow file that cannot be read or parsed ends the command with
 ``EXIT_BAD_FLOW`` and the field and reason on stderr, and so do gRPC settings that
@@ -88,13 +90,15 @@ OPERATOR_ENV = {
 }
 
 
-def operator_security_flags(parser, scopes: tuple[str, ...] = ("admin",)) -> None:
+def operator_security_flags(parser, scopes: tuple[str, ...] = ("admin",), reads: bool = False) -> None:
     """Add the gRPC options of a command that calls the peers as an operator to ``parser`` (an
     argparse parser or subparser): ``--tls-cert``/``--tls-key`` (the operator's client certificate,
     for peers with mutual TLS), ``--tls-ca``, ``--tls-server-name`` and ``--token``, each also read
     from its variable in :data:`OPERATOR_ENV`. :func:`_grpc_security` turns them into the settings,
     reading the tokens of ``scopes`` only (the services the command calls; the Admin service's by
-    default), so that an operator needs no peer's escalation or ingest token."""
+    default), so that an operator needs no peer's escalation or ingest token. ``reads``: the
+    command's Admin calls only read, so a read token stands in for the admin token
+    (:func:`_reading_scope`)."""
     g = parser.add_argument_group(
         "gRPC security (each flag over its TWINFLOW_* variable, both over the flow file's security section)")
     g.add_argument("--tls-cert", metavar="PEM",
@@ -105,11 +109,14 @@ def operator_security_flags(parser, scopes: tuple[str, ...] = ("admin",)) -> Non
     g.add_argument("--tls-server-name", metavar="NAME",
                    help="the name to check in a peer's certificate when it is not the host dialled "
                         "(env TWINFLOW_TLS_SERVER_NAME)")
+    sent = " and ".join(scopes) + (" (or read)" if reads else "")
     g.add_argument("--token", action="append", metavar="SCOPE=REF",
-                   help=f"the {' and '.join(scopes)} token this command sends, named as file:PATH or env:NAME "
+                   help=f"the {sent} token this command sends, named as file:PATH or env:NAME "
                         f"(never the token itself), e.g. {scopes[0]}=file:PATH; repeatable (env TWINFLOW_TOKEN: "
-                        f"SCOPE=REF, comma-separated)")
-    parser.set_defaults(operator_scopes=tuple(scopes))
+                        f"SCOPE=REF, comma-separated)"
+                        + ("; the calls that only read send the read token when one is given, else the admin "
+                           "token" if reads else ""))
+    parser.set_defaults(operator_scopes=tuple(scopes), operator_reads=reads)
 
 
 def _token_refs(pairs: list[str], source: str) -> dict:
@@ -151,14 +158,35 @@ def _operator_settings(args) -> dict:
             "server_name": args.tls_server_name or env["--tls-server-name"], "token_refs": refs}
 
 
-def _grpc_security(args, graph):
+def _reading_scope(own: dict, spec) -> str:
+    """The scope of the one token a command that only reads sends: the least that suffices. Read
+    when the operator's own settings (flags, variables: ``own``) name a read token; else admin when
+    they name an admin token; else read when the flow file's ``security`` section (``spec``) names
+    one; else admin. The operator's settings decide before the flow file, so that an operator who
+    names an admin token is never stopped by a read token file of the peers' it cannot open.
+
+    >>> _reading_scope({"admin": "file:a", "read": "file:r"}, None), _reading_scope({"admin": "file:a"}, None)
+    ('read', 'admin')
+    """
+    if "read" in own or "admin" in own:
+        return "read" if "read" in own else "admin"
+    return "read" if spec is not None and "read" in dict(spec.tokens) else "admin"
+
+
+def _grpc_security(args, graph, reads: bool | None = None):
     """The flow file's ``security`` section with the command line's TLS and token settings over it
     (for an operator command, :func:`operator_security_flags`: with the ``TWINFLOW_*`` variables
     between the two, only its scopes' tokens, and its TLS files read now); exits EXIT_BAD_FLOW naming the file or setting
-    that cannot be used (never a secret's value)."""
+    that cannot be used (never a secret's value). ``reads`` (default: the parser's, see
+    :func:`operator_security_flags`): the calls to come only read, so one token is read and sent,
+    the read or the admin token (:func:`_reading_scope`)."""
     scopes = getattr(args, "operator_scopes", None)
+    spec = graph.cluster.security if graph.cluster else None
     if scopes:
         settings = {**_operator_settings(args), "scopes": scopes}
+        if getattr(args, "operator_reads", False) if reads is None else reads:
+            chosen = _reading_scope(settings["token_refs"], spec)
+            settings["scopes"] = tuple(chosen if scope == "admin" else scope for scope in scopes)
         # The gRPC core's own lines on a failed TLS handshake would come before the one that says why.
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     else:
@@ -169,8 +197,7 @@ def _grpc_security(args, graph):
     from twinflow.secrets import SecretError
 
     try:
-        security = security_from(graph.cluster.security if graph.cluster else None,
-                                 mutual=getattr(args, "tls_mutual", False),
+        security = security_from(spec, mutual=getattr(args, "tls_mutual", False),
                                  insecure=getattr(args, "insecure", False), **settings)
         if security.tls is not None and scopes:
             security.tls.channel_credentials()  # a file that cannot be read, named before any call

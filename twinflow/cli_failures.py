@@ -215,7 +215,8 @@ class _OverGrpc:
 
         from twinflow.client import Client
 
-        security = _grpc_security(args, graph)
+        # list and show only read: the read token when one is named, else admin; the actions, admin.
+        security = _grpc_security(args, graph, reads=args.action in ("list", "show"))
         self.name, self.where = graph.name, f"peer {', '.join(args.peer)}"
         self.client = Client(args.peer, graph.name, security)
         self.unavailable = (grpc.RpcError,)

@@ -7,7 +7,8 @@ for the audit of failed messages: list, resubmit, discard (the Admin service). :
 reports processed messages to a flow's worker over the Escalation stream,
 one acknowledged batch at a time. Both take a :class:`~twinflow.grpc_security.GrpcSecurity`
 (TLS files and the bearer token of each scope: ``ingest`` for publishing,
-``admin`` for status and handover, ``escalation`` for claims); the default,
+``admin`` for handover and the audit's actions, ``read`` or else ``admin`` for
+status and the audit's listing, ``escalation`` for claims); the default,
 ``NO_SECURITY``, is plain gRPC, as a peer on loopback serves by default.
 
 What :meth:`Client.publish` promises under failure (at-least-once):
@@ -76,9 +77,9 @@ from typing import Callable, Iterable, TypeVar
 import grpc
 
 from twinflow._escalation_client import Ack, EscalationClient
-from twinflow._grpc_calls import (_audit_action, _batches, _encode, _failures, _failures_request, _handover, _resume,
-                                  _notices, _publish_once, _status, node_status, peer_status, publish,
-                                  request_handover)
+from twinflow._grpc_calls import (FAILURES, STATUS, _audit_action, _batches, _encode, _failures, _failures_request,
+                                  _handover, _resume, _notices, _publish_once, _status, node_status, peer_status,
+                                  publish, request_handover)
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.grpc_security import NO_SECURITY, GrpcSecurity
 from twinflow.runtime.waiting import Backoff
@@ -149,8 +150,10 @@ class Client:
     ``address`` is one peer's gRPC address ("host:port") or a list of them;
     publishes start at the first and move on when a peer is unavailable (see
     the module doc for retries). ``security`` gives TLS and the tokens (the
-    ``ingest`` scope for :meth:`publish`, ``admin`` for :meth:`status` and
-    :meth:`handover`). ``sleep``, ``monotonic`` and ``jitter`` (a number in
+    ``ingest`` scope for :meth:`publish` and :meth:`notices`; ``admin`` for
+    :meth:`handover`, :meth:`resume`, :meth:`resubmit` and :meth:`discard`;
+    for :meth:`status`, :meth:`failures` and :meth:`failure`, which only read,
+    ``read`` when it holds a read token, else ``admin``). ``sleep``, ``monotonic`` and ``jitter`` (a number in
     [0, 1)) are the clock and randomness of the retries, for tests.
 
     Use it as a context manager, or call :meth:`close`: channels (and their
@@ -277,11 +280,11 @@ class Client:
         peer's) when none answers.
         """
         if address is not None:
-            return _status(self._channel(address, "admin"), timeout_s)
+            return _status(self._channel(address, self._reading(STATUS)), timeout_s)
         last: grpc.RpcError | None = None
         for a in self._in_order():
             try:
-                return _status(self._channel(a, "admin"), timeout_s)
+                return _status(self._channel(a, self._reading(STATUS)), timeout_s)
             except grpc.RpcError as exc:
                 last = exc
         assert last is not None
@@ -292,7 +295,7 @@ class Client:
         out: dict[str, dict | grpc.RpcError] = {}
         for a in self.addresses:
             try:
-                out[a] = _status(self._channel(a, "admin"), timeout_s)
+                out[a] = _status(self._channel(a, self._reading(STATUS)), timeout_s)
             except grpc.RpcError as exc:
                 out[a] = exc
         return out
@@ -348,15 +351,17 @@ class Client:
         ``node`` exactly, ``reason`` a part of it, ``since``/``until`` epoch seconds, ``status``
         FAILED, RESUBMITTED, DISCARDED or ANY. Each a dict with ``audit_id``, ``status``, the
         message (``message``, ``message_id``), ``node``, ``outlink``, ``reason``, ``at``,
-        ``mark`` and ``outcome``. The ``admin`` scope; raises ``grpc.RpcError``."""
+        ``mark`` and ``outcome``. The ``read`` scope, else ``admin``; raises ``grpc.RpcError``."""
         request = _failures_request(self.flow, node, reason, since, until, status, limit, after)
-        return self._first(lambda a: _failures(self._channel(a, "admin"), request, timeout_s), address)
+        return self._first(lambda a: _failures(self._channel(a, self._reading(FAILURES)), request, timeout_s),
+                           address)
 
     def failure(self, audit_id: str, *, timeout_s: float = 10.0, address: str | None = None) -> dict:
         """One audit entry, with its mark and the outcome of its resubmit; ``grpc.RpcError``
         ``NOT_FOUND`` when the flow has none of that ID."""
         request = _failures_request(self.flow, audit_id=audit_id)
-        return self._first(lambda a: _failures(self._channel(a, "admin"), request, timeout_s), address)[0]
+        return self._first(lambda a: _failures(self._channel(a, self._reading(FAILURES)), request, timeout_s),
+                           address)[0]
 
     def resubmit(self, audit_ids: Iterable[str] = (), *, all_matching: bool = False, by: str = "",
                  timeout_s: float = 60.0, address: str | None = None, **filters) -> list[dict]:
@@ -400,6 +405,11 @@ class Client:
     def _in_order(self) -> list[str]:
         n = self._current
         return self.addresses[n:] + self.addresses[:n]
+
+    def _reading(self, method: str) -> str:
+        """The scope a call of ``method``, which only reads, goes with: read when this client holds a
+        read token (the least that suffices), else admin."""
+        return self.security.scope_to_send(method)
 
     def _channel(self, address: str, scope: str) -> grpc.Channel:
         with self._lock:

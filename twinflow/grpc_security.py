@@ -1,8 +1,13 @@
-"""Who may call a peer over gRPC: TLS on the wire and a bearer token per service.
+"""Who may call a peer over gRPC: TLS on the wire and a bearer token per scope.
 
 Every peer serves three services, each with its own *scope* and token:
-``ingest`` (Publish into the uplink), ``escalation`` (the master's claims to
-a worker) and ``admin`` (Status, Handover). A call carries its token as
+``ingest`` (Publish and a publisher's Notices), ``escalation`` (the master's
+claims to a worker) and ``admin`` (Status, Handover, Resume and the audit's
+Failures, Resubmit and Discard). A fourth scope, ``read``, has no service of
+its own: the methods that only read what an operator may look at (Admin's
+Status and Failures, :func:`scopes_of`) take a ``read`` token as well as
+their service's, and nothing else does, so a read token lets an operator or
+a console look without acting. A call carries its token as
 ``authorization: Bearer <token>`` metadata; :class:`TokenCheck`, a server
 interceptor, checks it before the call takes any of its service's threads.
 The standard health and reflection services stay open (a load balancer
@@ -13,7 +18,9 @@ proto file in this repository tells anyway).
 (a server certificate and key; the CA that signed the peers'; ``mutual``
 for client certificates between peers) and the tokens, read from secret
 references (``file:PATH`` or ``env:NAME``, :mod:`twinflow.secrets`) so that
-no token is ever on a command line.
+no token is ever on a command line. A caller sends, for each method, the
+token of the least of the method's scopes it holds
+(:meth:`GrpcSecurity.scope_to_send`: read before admin).
 
 Rotation: a token reference may hold several tokens, one a line. A server
 accepts any of them for that scope; a caller sends the first. So old and new
@@ -29,16 +36,19 @@ against a changed file from its next start, not before.
 Under failure:
 
 - A token that is missing or wrong is refused with ``UNAUTHENTICATED``; a
-  valid token of another scope (an ingest client calling Handover) with
-  ``PERMISSION_DENIED``. Tokens are compared in constant time and never
-  logged. Each refusal is counted (:attr:`TokenCheck.refused`), and so is
-  each call accepted with a token other than the first of its scope
-  (:attr:`TokenCheck.accepted_not_first`: a caller still sending the token
-  being rotated out).
+  valid token of a scope the method does not take (an ingest client calling
+  Handover, a read token calling Resubmit) with ``PERMISSION_DENIED``.
+  Tokens are compared in constant time and never logged
+  (:func:`token_fingerprint` names one safely). Each refusal is counted
+  (:attr:`TokenCheck.refused`), and so is each call accepted with a token
+  other than the first of its scope (:attr:`TokenCheck.accepted_not_first`:
+  a caller still sending the token being rotated out).
 - :meth:`GrpcSecurity.check_bind` refuses to serve a non-loopback address
-  unless TLS and every scope's token are set, or the operator said
-  ``insecure`` (then :func:`warn_insecure` logs a warning at start and
-  every minute). Loopback stays open by default: only this machine reaches it.
+  unless TLS and the ingest, escalation and admin tokens are set
+  (:data:`REQUIRED_SCOPES`; a read token is optional, so a deployment made
+  before it still starts), or the operator said ``insecure`` (then
+  :func:`warn_insecure` logs a warning at start and every minute). Loopback
+  stays open by default: only this machine reaches it.
 - A TLS file that cannot be read raises :class:`SecurityConfigError`
   naming the file; nothing starts.
 
@@ -53,8 +63,15 @@ anyone who reaches the port could read and forge escalations; set a certificate 
 >>> rotating = GrpcSecurity(tokens={"admin": "new"}, accepted_tokens={"admin": ("new", "old")})
 >>> rotating.accepted("admin"), rotating.accepted("ingest")
 (('new', 'old'), ())
->>> scope_of("/twinflow.wire.Admin/Handover")
-'admin'
+>>> scopes_of("/twinflow.wire.Admin/Status"), scopes_of("/twinflow.wire.Admin/Handover")
+(('read', 'admin'), ('admin',))
+>>> looker = GrpcSecurity(tokens={"read": "r-tok", "admin": "a-tok"})
+>>> looker.scope_to_send("/twinflow.wire.Admin/Failures"), looker.scope_to_send("/twinflow.wire.Admin/Resubmit")
+('read', 'admin')
+>>> sorted(looker.scopes_for("r-tok")), sorted(looker.scopes_for("guess"))
+(['read'], [])
+>>> token_fingerprint("r-tok")
+'sha256:7654ec11'
 """
 
 from __future__ import annotations
@@ -74,12 +91,24 @@ from .secrets import read_tokens
 
 log = logging.getLogger("twinflow.security")
 
-SCOPES = ("ingest", "escalation", "admin")
+SCOPES = ("ingest", "escalation", "admin", "read")
+# What a peer serving off loopback must have a token for. Not read: a secured deployment made
+# before the read scope has no read token, and its Status and Failures take the admin token.
+REQUIRED_SCOPES = ("ingest", "escalation", "admin")
+# Each service's own scope: every method of the service takes it, a method added later too.
 _SERVICE_SCOPES = {
     "twinflow.wire.Ingest": "ingest",
     "twinflow.wire.Escalation": "escalation",
     "twinflow.wire.Admin": "admin",
 }
+# The methods that change nothing and tell only what an operator may look at: they take a read
+# token besides their service's. Ingest's Notices is not one: it is a publisher's feed, read with
+# its cursor and the ingest token, and an operator finds the same failures (more of each) in
+# Failures; so the read and admin scopes stay out of the Ingest service altogether.
+READ_METHODS = frozenset({
+    "/twinflow.wire.Admin/Status",
+    "/twinflow.wire.Admin/Failures",
+})
 # Served without a token (see the module doc).
 OPEN_SERVICES = frozenset({
     "grpc.health.v1.Health",
@@ -94,8 +123,28 @@ class SecurityConfigError(ValueError):
 
 
 def scope_of(method: str) -> str | None:
-    """The scope of a full method name ("/package.Service/Method"), or None for an open service."""
+    """The scope of a full method name's ("/package.Service/Method") service, which each of the
+    service's methods takes, or None for an open service (:func:`scopes_of` gives them all)."""
     return _SERVICE_SCOPES.get(method.lstrip("/").split("/", 1)[0])
+
+
+def scopes_of(method: str) -> tuple[str, ...]:
+    """Every scope whose token may call ``method`` ("/package.Service/Method"), the least first:
+    ``read`` and the service's own for one of :data:`READ_METHODS`, else the service's own alone;
+    none for an open service."""
+    scope = scope_of(method)
+    if scope is None:
+        return ()
+    return ("read", scope) if "/" + method.lstrip("/") in READ_METHODS else (scope,)
+
+
+def token_fingerprint(token: str) -> str:
+    """A short name of ``token`` that is safe to log: ``sha256:`` and the first 8 hex digits of its
+    SHA-256. The same token always gives the same name, so a log line can say which token did
+    something (``printf %s TOKEN | sha256sum`` finds it) without the token. A random token (32 bytes,
+    as the guides make them) cannot be found from its name; a guessable one could be checked
+    against it, as against any hash, so tokens are never words."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True)
@@ -175,10 +224,23 @@ class GrpcSecurity:
             return ()
         return self.accepted_tokens.get(scope) or (self.tokens[scope],)
 
+    def scope_to_send(self, method: str) -> str:
+        """The scope whose token this side sends to call ``method``: the least of the method's scopes
+        it holds a token for (read before admin: the least that suffices), else the service's own
+        (then no token goes, and the peer answers ``UNAUTHENTICATED`` naming the scope it needs)."""
+        scopes = scopes_of(method)
+        if not scopes:
+            raise ValueError(f"{method} is served without a token")
+        return next((scope for scope in scopes if scope in self.tokens), scopes[-1])
+
     def scopes_for(self, token: str) -> frozenset[str]:
-        """Every scope that accepts ``token`` (compared in constant time with each)."""
+        """Every scope whose accepted tokens include ``token`` (none: not a token of this side's).
+        Each accepted token of every scope is compared, in constant time, and none skipped, so the
+        time taken does not tell which matched; for a caller that checks tokens itself (an
+        operator console over HTTP) with the peers' token files."""
+        presented = token.encode()
         return frozenset(scope for scope in self.tokens
-                         if any(hmac.compare_digest(token.encode(), t.encode()) for t in self.accepted(scope)))
+                         if _rank(presented, tuple(t.encode() for t in self.accepted(scope))) is not None)
 
     def check_bind(self, address: str) -> None:
         """Raise :class:`SecurityConfigError` when serving ``address`` like this is not allowed."""
@@ -189,7 +251,7 @@ class GrpcSecurity:
                 f"refusing to serve gRPC on {address} without TLS: anyone who reaches the port could read "
                 f"and forge escalations; set a certificate and key (flow file security.tls or "
                 f"--tls-cert/--tls-key), or pass --insecure")
-        missing = [s for s in SCOPES if s not in self.tokens]
+        missing = [s for s in REQUIRED_SCOPES if s not in self.tokens]
         if missing:
             raise SecurityConfigError(
                 f"refusing to serve gRPC on {address} without a token for {', '.join(missing)}: anyone who "
@@ -251,11 +313,6 @@ def security_from(spec, *, cert: str | None = None, key: str | None = None, ca: 
     return GrpcSecurity.from_refs(tls, refs, insecure=insecure)
 
 
-def token_fingerprint(token: str) -> str:
-    """A short name for ``token`` that is safe to log: which token acted, never the token."""
-    return hashlib.sha256(token.encode()).hexdigest()[:8]
-
-
 def is_loopback(address: str) -> bool:
     """True for a bind or dial address on this host only (127.0.0.0/8, ::1, localhost, unix:)."""
     if address.startswith("unix:"):
@@ -292,11 +349,11 @@ def warn_insecure(address: str, stop: threading.Event, every_s: float = INSECURE
 
 
 class TokenCheck(grpc.ServerInterceptor):
-    """Refuses a call whose bearer token is not one of its service's scope (see module doc).
+    """Refuses a call whose bearer token is not one of a scope its method takes (see module doc).
 
     ``tokens`` maps a scope to its token, or to its tokens during a rotation (the first is the
     one callers that have switched send; a call with another one is counted in
-    :attr:`accepted_not_first`)."""
+    :attr:`accepted_not_first`, under the scope that took it)."""
 
     def __init__(self, tokens: Mapping[str, str | Sequence[str]]):
         self._tokens = {scope: tuple(t.encode() for t in ((value,) if isinstance(value, str) else value))
@@ -307,23 +364,31 @@ class TokenCheck(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        scope = scope_of(handler_call_details.method)
-        if handler is None or scope is None:
+        method = handler_call_details.method
+        scopes = scopes_of(method)
+        if handler is None or not scopes:
             return handler
         presented = _bearer(handler_call_details.invocation_metadata)
-        rank = _rank(presented, self._tokens.get(scope, ())) if presented is not None else None
-        if rank == 0:
+        # Every scope's tokens are compared, not only the method's: whether the token is known at
+        # all decides between the two refusals, and the time taken must not tell which matched.
+        ranks = ({scope: _rank(presented, tokens) for scope, tokens in self._tokens.items()}
+                 if presented is not None else {})
+        taken = [(ranks[scope], scope) for scope in scopes if ranks.get(scope) is not None]
+        if taken:
+            rank, scope = min(taken)  # the first of a scope's tokens, if any scope has it first
+            if rank:
+                with self._lock:
+                    self.accepted_not_first[scope] += 1
             return handler
-        if rank is not None:
-            with self._lock:
-                self.accepted_not_first[scope] += 1
-            return handler
-        if presented is not None and any(_rank(presented, tokens) is not None for tokens in self._tokens.values()):
+        # Name the scopes this server has tokens for: a peer without a read token takes Status
+        # with the admin token alone, and the refusal should say so.
+        needed = " or ".join(s for s in scopes if s in self._tokens) or " or ".join(scopes)
+        if any(rank is not None for rank in ranks.values()):
             return self._refuse(handler, "permission_denied", grpc.StatusCode.PERMISSION_DENIED,
-                                f"this token may not call {scope} services")
+                                f"this token may not call {method.lstrip('/')} (it takes the {needed} token)")
         why = "no bearer token" if presented is None else "the bearer token is not valid"
         return self._refuse(handler, "unauthenticated", grpc.StatusCode.UNAUTHENTICATED,
-                            f"{why} for {scope} (send 'authorization: Bearer <token>')")
+                            f"{why} for {needed} (send 'authorization: Bearer <token>')")
 
     def _refuse(self, handler, kind: str, code: grpc.StatusCode, reason: str):
         with self._lock:

@@ -16,7 +16,10 @@ cluster's CA (never a peer's key), and a flow file without the peers'
 ``security`` section, ``twinflow status`` reads the peers over gRPC (Redis not
 answering at the URL given) and ``twinflow handover`` reaches the master, the
 settings given as flags or as ``TWINFLOW_*`` variables; without a client
-certificate each says in one line what to pass.
+certificate each says in one line what to pass. With the read token alone (the
+peers have one besides the three they need), ``twinflow status`` and
+``twinflow failures list`` read the peer, and a resubmit sent with it is
+refused (``PERMISSION_DENIED``).
 """
 
 import json
@@ -49,7 +52,8 @@ nodes:
 cluster: {session_timeout: 2.0}
 security:
   tls: {cert: node.pem, key: node-key.pem, ca: ca.pem, mutual: true}
-  tokens: {ingest: file:ingest.token, escalation: file:escalation.token, admin: "env:TF_TEST_ADMIN_TOKEN"}
+  tokens: {ingest: file:ingest.token, escalation: file:escalation.token, admin: "env:TF_TEST_ADMIN_TOKEN",
+           read: file:read.token}
 """
 
 
@@ -63,7 +67,7 @@ def secured(tmp_path, services, flow_name, monkeypatch):
     operator = ca.issue_cert("operator.example")  # a client certificate of the operator's own
     operator.private_key_pem.write_to_path(str(tmp_path / "operator-key.pem"))
     operator.cert_chain_pems[0].write_to_path(str(tmp_path / "operator.pem"))
-    for scope in ("ingest", "escalation"):
+    for scope in ("ingest", "escalation", "read"):
         (tmp_path / f"{scope}.token").write_text(f"{scope}-{flow_name}\n")
     (tmp_path / "redis.pw").write_text("redis-pw-of-the-test\n")
     monkeypatch.setenv("TF_TEST_ADMIN_TOKEN", f"admin-{flow_name}")
@@ -155,14 +159,22 @@ def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
         assert (f"twinflow: peer at {address[worker]} did not answer: UNAVAILABLE: " in err
                 and "client without a certificate: pass --tls-cert and --tls-key" in err), err
         assert "Traceback" not in err and "Handshake failed" not in err  # one line, not the gRPC core's
+    # The read token looks (status and the audit over gRPC) and may not act.
+    code, out, err = operator["status, read"]
+    assert code == 0 and json.loads(out)["peers"][0]["peer_id"] == worker, (out, err)
+    code, out, err = operator["failures list, read"]
+    assert code == 0 and json.loads(out) == {"flow": flow_name, "entries": []}, (out, err)
+    code, out, err = operator["failures resubmit, read as admin"]
+    assert code == 3 and "PERMISSION_DENIED: this token may not call twinflow.wire.Admin/Resubmit" in err, (out, err)
     outputs = "".join(out + err for _, out, err in operator.values())
     assert "redis-pw-of-the-test" not in done.stdout + done.stderr + outputs + cluster.logs()
-    assert f"admin-{flow_name}" not in outputs
+    assert f"admin-{flow_name}" not in outputs and f"read-{flow_name}" not in outputs + cluster.logs()
 
 
 def operator_calls(cluster, d, address: str, redis_url: str) -> dict:
     """``twinflow status`` (over gRPC) and ``handover`` as an operator: the settings as flags, as
-    variables, and without a client certificate; the commands run at once, each (code, out, err)."""
+    variables, and without a client certificate; then status, ``failures list`` and a resubmit with
+    the read token. Each (code, out, err)."""
     flow = d / "operator.yaml"  # the flow file without the peers' security section
     flow.write_text(cluster.flow_path.read_text().split("\nsecurity:")[0] + "\n")
     flags = ["--tls-cert", str(d / "operator.pem"), "--tls-key", str(d / "operator-key.pem"),
@@ -170,12 +182,24 @@ def operator_calls(cluster, d, address: str, redis_url: str) -> dict:
     variables = {"TWINFLOW_TLS_CERT": str(d / "operator.pem"), "TWINFLOW_TLS_KEY": str(d / "operator-key.pem"),
                  "TWINFLOW_TLS_CA": str(d / "ca.pem"), "TWINFLOW_TOKEN": "admin=env:TF_TEST_ADMIN_TOKEN"}
     no_cert = ["--tls-ca", str(d / "ca.pem"), "--token", "admin=env:TF_TEST_ADMIN_TOKEN"]
+    tls = flags[:6]
+    read = tls + ["--token", f"read=file:{d / 'read.token'}"]
     # Nothing listens at this Redis URL, so status asks the peer over gRPC.
     status = ["status", str(flow), "--json", "--redis", f"redis://127.0.0.1:{free_port()}/0", "--peer", address]
     handover = ["handover", str(flow), "--redis", redis_url, "--timeout", "2"]
     calls = {"status, flags": (status + flags, {}), "status, variables": (status, variables),
              "status, no certificate": (status + no_cert, {}), "handover, flags": (handover + flags, {}),
              "handover, variables": (handover, variables), "handover, no certificate": (handover + no_cert, {})}
+    with_read = {"status, read": (status + read, {}),
+                 "failures list, read": (["failures", "list", str(flow), "--json", "--peer", address] + read, {}),
+                 "failures resubmit, read as admin": (["failures", "resubmit", str(flow), "--all", "--peer", address]
+                                                      + tls + ["--token", f"admin=file:{d / 'read.token'}"], {})}
+    # Two waves: a peer runs 4 Admin calls at once and refuses a fifth (RESOURCE_EXHAUSTED).
+    return {**run_at_once(calls, d), **run_at_once(with_read, d)}
+
+
+def run_at_once(calls: dict, d) -> dict:
+    """Each ``name: (argv, env)`` of ``calls`` as a ``twinflow`` process, all at once: name -> (code, out, err)."""
     running = {name: subprocess.Popen([sys.executable, "-m", "twinflow.cli", *argv], cwd=d, text=True,
                                       env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for name, (argv, env) in calls.items()}

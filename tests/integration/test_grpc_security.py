@@ -1,5 +1,6 @@
-"""gRPC security on real sockets: TLS, mutual TLS, per-scope tokens, the bind guard, health,
-reflection, size limits, and random input that must leave a peer up and its uplink clean.
+"""gRPC security on real sockets: TLS, mutual TLS, per-scope tokens (the read scope that may
+look but not act among them), the bind guard, health, reflection, size limits, and random
+input that must leave a peer up and its uplink clean.
 
 Certificates come from a throw-away CA made by ``trustme``; every server binds
 127.0.0.1 (TLS on loopback), except the bind-guard checks, which only try to
@@ -22,7 +23,10 @@ from hypothesis import strategies as st
 from twinflow.cluster.escalation_servicer import EscalationServicer
 from twinflow.cluster.grpc_server import AdminServicer, IngestServicer, create_server
 from twinflow.cluster.health import PeerHealth
-from twinflow.grpc_security import GrpcSecurity, SecurityConfigError, TlsFiles, warn_insecure
+from twinflow.client import Client
+from twinflow.cluster.flow_failures import FlowFailures
+from twinflow.grpc_security import (READ_METHODS, REQUIRED_SCOPES, SCOPES, GrpcSecurity, SecurityConfigError, TlsFiles,
+                                    TokenCheck, scope_of, scopes_of, token_fingerprint, warn_insecure)
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.wire import twinflow_pb2 as pb
@@ -158,7 +162,7 @@ def ingest_node(redis_url, flow_name):
         "127.0.0.1:0", ingest=IngestServicer(flow_name, store.publish, max_batch=100),
         escalation=EscalationServicer(flow_name, lambda e, c: len(c), admit=lambda peer, epoch: "not the master"),
         admin=AdminServicer(lambda: {"flow": flow_name}, lambda t: {"ok": False}),
-        security=GrpcSecurity(tokens=TOKENS), max_message_bytes=64 * 1024)
+        security=GrpcSecurity(tokens={**TOKENS, "read": "read-token"}), max_message_bytes=64 * 1024)
     try:
         yield f"127.0.0.1:{port}", client, store.keys.uplink
     finally:
@@ -201,7 +205,7 @@ METHODS = ("/twinflow.wire.Ingest/Publish", "/twinflow.wire.Admin/Status", "/twi
        shape=st.one_of(st.binary(max_size=2048),
                        st.tuples(st.sampled_from(["this flow", "other", ""]), st.lists(st.binary(max_size=64),
                                                                                       max_size=5))),
-       token=st.sampled_from([None, "ingest-token", "admin-token", "escalation-token", "wrong"]))
+       token=st.sampled_from([None, "ingest-token", "admin-token", "escalation-token", "read-token", "wrong"]))
 def test_random_input_to_every_rpc_leaves_the_node_up_and_the_uplink_clean(ingest_node, flow_name, method,
                                                                            shape, token):
     """Random bytes (most not a valid message at all) or random envelopes, with any token:
@@ -486,3 +490,188 @@ def test_twinflow_certs_signs_with_the_bundles_ca_that_has_the_key(two_cas, tmp_
     with pytest.raises(CertsError, match="holds no certificate for the key"):
         make_certs(d, "peer-d", ["127.0.0.1"])
     assert not (d / "peer-d.pem").exists()
+
+
+# -- the read scope: look, never act ------------------------------------------------------------
+
+def test_each_method_takes_its_services_scope_and_only_the_reading_ones_take_read_too():
+    """Every method of the proto: Status and Failures take read or admin, every other method its
+    service's scope alone (a method added later too); health and reflection take none."""
+    found = {}
+    for service in pb.DESCRIPTOR.services_by_name.values():
+        for method in service.methods:
+            found[f"/{service.full_name}/{method.name}"] = scopes_of(f"/{service.full_name}/{method.name}")
+    assert found == {
+        "/twinflow.wire.Escalation/Escalate": ("escalation",),
+        "/twinflow.wire.Ingest/Publish": ("ingest",),
+        "/twinflow.wire.Ingest/Notices": ("ingest",),
+        "/twinflow.wire.Admin/Status": ("read", "admin"),
+        "/twinflow.wire.Admin/Handover": ("admin",),
+        "/twinflow.wire.Admin/Resume": ("admin",),
+        "/twinflow.wire.Admin/Failures": ("read", "admin"),
+        "/twinflow.wire.Admin/Resubmit": ("admin",),
+        "/twinflow.wire.Admin/Discard": ("admin",),
+    }
+    assert READ_METHODS <= set(found)  # no name in it that the proto does not have
+    assert scopes_of("twinflow.wire.Admin/Status") == ("read", "admin")  # the leading "/" optional
+    assert scopes_of("/twinflow.wire.Admin/Later") == ("admin",) and scope_of("/twinflow.wire.Admin/Status") == "admin"
+    assert scopes_of("/grpc.health.v1.Health/Check") == () and scope_of("/grpc.health.v1.Health/Check") is None
+    assert set(SCOPES) - set(REQUIRED_SCOPES) == {"read"}
+
+
+def test_which_token_a_caller_sends_the_least_that_suffices():
+    status, handover = "/twinflow.wire.Admin/Status", "/twinflow.wire.Admin/Handover"
+    both = GrpcSecurity(tokens={"read": "r", "admin": "a"})
+    assert (both.scope_to_send(status), both.scope_to_send(handover)) == ("read", "admin")
+    admin_only = GrpcSecurity(tokens={"admin": "a"})
+    assert admin_only.scope_to_send(status) == "admin"
+    read_only = GrpcSecurity(tokens={"read": "r"})
+    # No admin token: the service's own scope, for which none goes (the peer then names what it needs).
+    assert (read_only.scope_to_send(status), read_only.scope_to_send(handover)) == ("read", "admin")
+    assert GrpcSecurity().scope_to_send("/twinflow.wire.Ingest/Notices") == "ingest"
+    with pytest.raises(ValueError, match="served without a token"):
+        both.scope_to_send("/grpc.health.v1.Health/Check")
+
+
+def test_scopes_for_and_the_fingerprint_of_a_token():
+    """A console's check of an HTTP request's token: every scope that accepts it, rotation lines too."""
+    sec = GrpcSecurity(tokens={**TOKENS, "read": "read-new"},
+                       accepted_tokens={"read": ("read-new", "read-old"), "admin": ("admin-token", "shared")})
+    assert sec.scopes_for("read-old") == frozenset({"read"})
+    assert sec.scopes_for("admin-token") == frozenset({"admin"})
+    assert sec.scopes_for("read-newer") == sec.scopes_for("") == sec.scopes_for("ré") == frozenset()
+    same = GrpcSecurity(tokens={"read": "one-secret", "admin": "one-secret"})  # allowed: the same secret twice
+    assert same.scopes_for("one-secret") == frozenset({"read", "admin"})
+    assert GrpcSecurity().scopes_for("anything") == frozenset()
+    fingerprint = token_fingerprint("read-new")
+    assert fingerprint == token_fingerprint("read-new") != token_fingerprint("read-old")
+    assert fingerprint.startswith("sha256:") and len(fingerprint) == len("sha256:") + 8 and "read" not in fingerprint
+
+
+
+def test_a_secured_peer_needs_no_read_token_and_from_refs_takes_one(tmp_path):
+    tls = TlsFiles(cert=str(tmp_path / "server.pem"), key=str(tmp_path / "server-key.pem"))  # not read by the check
+    GrpcSecurity(tls=tls, tokens=TOKENS).check_bind("0.0.0.0:7070")  # a deployment made before the read scope
+    with pytest.raises(SecurityConfigError, match="without a token for admin:"):
+        GrpcSecurity(tls=tls, tokens={"ingest": "i", "escalation": "e", "read": "r"}).check_bind("0.0.0.0:7070")
+    (tmp_path / "read.token").write_text("read-new\nread-old\n")
+    sec = GrpcSecurity.from_refs(token_refs={"read": f"file:{tmp_path / 'read.token'}"})
+    assert sec.tokens == {"read": "read-new"} and sec.accepted("read") == ("read-new", "read-old")
+    with pytest.raises(SecurityConfigError, match="the scopes are ingest, escalation, admin, read"):
+        GrpcSecurity.from_refs(token_refs={"reader": "env:X"})
+
+
+def test_the_flow_file_names_a_read_token(tmp_path):
+    from twinflow.runtime.flowgraph import FlowFileError, parse_graph
+
+    text = ("flow: f\nuplink: {stream: u}\ninput: d\nnodes:\n  d: {type: action, sink: {stream: s}}\n"
+            "security:\n  tokens: {admin: file:admin.token, read: %s}\n")
+    graph = parse_graph(text % "file:read.token", str(tmp_path / "f.yaml"))
+    assert dict(graph.cluster.security.tokens) == {"admin": f"file:{tmp_path / 'admin.token'}",
+                                                   "read": f"file:{tmp_path / 'read.token'}"}
+    with pytest.raises(FlowFileError) as info:
+        parse_graph(text % "hunter2-the-token", str(tmp_path / "f.yaml"))
+    assert "file:PATH or env:NAME" in str(info.value) and "hunter2" not in str(info.value)
+
+
+@pytest.fixture
+def read_node(redis_url, flow_name):
+    """A peer's server over a real Redis, with every scope's token; the read file mid-rotation
+    (read-new first, read-old still accepted)."""
+    client = redis.Redis.from_url(redis_url)
+    store = FlowStore(client, FlowKeys(flow_name, "uplink", "sink"), "n1")
+    failures = FlowFailures(flow_name, [store])
+    handed = []
+    server, port = create_server(
+        "127.0.0.1:0", ingest=IngestServicer(flow_name, store.publish, failures=lambda: failures),
+        escalation=EscalationServicer(flow_name, lambda e, c: len(c), admit=lambda peer, epoch: "not the master"),
+        admin=AdminServicer(lambda: {"flow": flow_name, "role": "master"},
+                            lambda t: handed.append(t) or {"ok": True, "new_master": "b"},
+                            failures=lambda: failures, resume=lambda by: handed.append(by) or []),
+        security=GrpcSecurity(tokens={**TOKENS, "read": "read-new"},
+                              accepted_tokens={"read": ("read-new", "read-old")}))
+    try:
+        yield server, f"127.0.0.1:{port}", client, store.keys.uplink, handed
+    finally:
+        server.stop(None).wait()
+        client.close()
+
+
+def test_a_read_token_looks_but_may_not_act(read_node, flow_name):
+    """A read token calls Status and Failures (list and show); on every method that acts it is a
+    known token of a scope the method does not take: PERMISSION_DENIED, and nothing was done."""
+    server, address, r, uplink, handed = read_node
+    check = server.token_check
+    reader = GrpcSecurity(tokens={"read": "read-new"})
+    with Client(address, flow_name, reader) as client:
+        assert client.status()["role"] == "master" and client.statuses()[address]["flow"] == flow_name
+        assert client.failures(status="ANY") == []
+        with pytest.raises(grpc.RpcError) as missing:
+            client.failure("1-0")
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND  # past the token check, in the audit
+        # The client holds no admin token: it sends none, and the peer names the token it needs.
+        with pytest.raises(grpc.RpcError) as no_admin:
+            client.resubmit(["1-0"])
+        assert no_admin.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert no_admin.value.details().startswith("no bearer token for admin")
+    assert check.refused == {"unauthenticated": 1, "permission_denied": 0}
+
+    # The read token where an admin or ingest token goes (a misfiled token, or one sent on purpose).
+    as_admin = GrpcSecurity(tokens={"admin": "read-new", "ingest": "read-new", "escalation": "read-new"})
+    with Client(address, flow_name, as_admin, retry_unavailable=False) as client:
+        assert client.status()["role"] == "master"  # Status takes it, whatever the caller calls it
+        for act in (lambda: client.handover(), lambda: client.resume(by="x"),
+                    lambda: client.resubmit(["1-0"], by="x"), lambda: client.discard(all_matching=True, by="x"),
+                    lambda: client.publish([{"id": "m1"}]), lambda: client.notices("shop")):
+            with pytest.raises(grpc.RpcError) as refused:
+                act()
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with as_admin.channel(address, "escalation") as ch:
+        assert status_code(lambda: list(pb_grpc.EscalationStub(ch).Escalate(
+            iter([pb.EscalationBatch(flow=flow_name, from_node="x", epoch=1, seq=1)]), timeout=5))) == \
+            grpc.StatusCode.PERMISSION_DENIED
+    assert handed == [] and r.xlen(uplink) == 0
+    assert check.refused == {"unauthenticated": 1, "permission_denied": 7}
+    with pytest.raises(grpc.RpcError) as denied:
+        request_handover_with(address, "read-new")
+    assert denied.value.details() == "this token may not call twinflow.wire.Admin/Handover (it takes the admin token)"
+
+    # The old line of a rotating read file is still taken, and counted under read.
+    assert admin_status(address, "read-old").role == "master"
+    assert check.accepted_not_first == {"ingest": 0, "escalation": 0, "admin": 0, "read": 1}
+    assert not_first_metric(server) == {"ingest": 0, "escalation": 0, "admin": 0, "read": 1}
+    with pytest.raises(grpc.RpcError) as wrong:
+        admin_status(address, "read-older")
+    assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert wrong.value.details() == ("the bearer token is not valid for read or admin "
+                                     "(send 'authorization: Bearer <token>')")
+
+    # The admin token still does everything, reading included.
+    with Client(address, flow_name, GrpcSecurity(tokens={"admin": "admin-token"})) as client:
+        assert client.status()["role"] == "master" and client.failures() == []
+        assert client.handover(timeout_s=1.0)["new_master"] == "b"
+        assert [x["refusal"] for x in client.resubmit(["1-0"], by="x")] == ["missing"]
+    assert handed == [1.0]
+
+
+def request_handover_with(address: str, token: str):
+    with grpc.insecure_channel(address) as ch:
+        return pb_grpc.AdminStub(ch).Handover(pb.HandoverRequest(timeout_s=1.0), timeout=5,
+                                              metadata=[("authorization", f"Bearer {token}")])
+
+
+def test_a_peer_without_a_read_token_takes_status_with_the_admin_token_alone():
+    """A deployment made before the read scope: a read token is unknown there (UNAUTHENTICATED,
+    naming the admin token), and the admin token works as before."""
+    check = TokenCheck(TOKENS)
+    assert check.accepted_not_first == {"ingest": 0, "escalation": 0, "admin": 0}
+    server, address = serve(GrpcSecurity(tokens=TOKENS))
+    try:
+        assert admin_status(address, "admin-token").role == "worker"
+        with pytest.raises(grpc.RpcError) as unknown:
+            admin_status(address, "read-new")
+        assert unknown.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert unknown.value.details() == ("the bearer token is not valid for admin "
+                                           "(send 'authorization: Bearer <token>')")
+    finally:
+        server.stop(None).wait()
