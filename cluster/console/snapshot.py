@@ -54,9 +54,18 @@ def flow_shape(graph: FlowGraph) -> dict:
         if pairs:
             entry["pairs_with"] = pairs
         nodes.append(entry)
+    pair = graph.cluster.pair if graph.cluster else None
+    if pair is not None:  # the worker's claim-mode sort: not a node of the master's graph
+        nodes.append({"name": pair.sort, "kind": "sort", "outlinks": [_unclaimed(pair)], "pairs_with": pair.action,
+                      "rulesets": list(pair.rules.baking)})
     links = [{"from": name, "outlink": outlink, "to": nxt}
              for name, outs in graph.links.items() for outlink, nxt in outs.items()]
     return {"flow": graph.name, "input": graph.input, "nodes": nodes, "links": links}
+
+
+def _unclaimed(pair) -> str:
+    """The sort's outlink that its unclaimed messages leave by (one stream, ``tf:{F}:unclaimed``)."""
+    return pair.outlink_name(pair.unclaimed_outlink)
 
 
 class _Rates:
@@ -88,6 +97,10 @@ class ConsoleView:
         # (node.outlink, stream) per shard: outlinks that share a stream (two actions, one sink) share its count.
         self.streams = [sorted((f"{node}.{outlink}", stream) for (node, outlink), stream
                                in outlink_streams(graph, store.keys).items()) for store in stores]
+        pair = spec.pair if spec else None
+        if pair is not None:
+            for store, streams in zip(stores, self.streams):
+                streams.append((f"{pair.sort}.{_unclaimed(pair)}", store.keys.unclaimed))
         self._rates = _Rates()
         self._lock = threading.Lock()  # polls from several browsers share the rate samples
 

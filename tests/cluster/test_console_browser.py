@@ -76,8 +76,9 @@ def start_console(tmp_path, c) -> tuple[subprocess.Popen, str]:
 
 
 def sign_in(driver, url: str, name: str, token: str) -> None:
-    driver.execute_script("sessionStorage.clear()")
     driver.get(url)
+    driver.execute_script("sessionStorage.clear()")  # signed out: the page asks again
+    driver.refresh()
     wait_until(lambda: driver.execute_script("return !document.querySelector('#sign-in').hidden"), 10,
                what="the sign-in form")
     driver.find_element("id", "sign-in-name").send_keys(name)

@@ -148,6 +148,12 @@ function drawGraph(shape) {
       class: "link", "marker-end": "url(#arrow)"}));
     svg.append(el("svg:text", {x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 4, class: "link-label"}, link.outlink));
   }
+  for (const n of shape.nodes.filter((n) => n.pairs_with && boxes[n.pairs_with])) {
+    // The claim pair: the master escalates what its action processed to the worker's sort.
+    const a = boxes[n.pairs_with], b = boxes[n.name], x = a.x + a.w - 24;
+    svg.append(el("svg:path", {d: `M ${x} ${a.y + a.h} L ${x} ${b.y}`, class: "claim", "marker-end": "url(#arrow)"}));
+    svg.append(el("svg:text", {x: x + 6, y: (a.y + a.h + b.y) / 2, class: "link-label"}, "claims"));
+  }
   for (const [name, box] of Object.entries(boxes)) {
     const g = el("svg:g", {class: "node kind-" + box.node.kind, "data-node": name});
     g.append(el("svg:rect", {x: box.x, y: box.y, width: box.w, height: box.h, rx: 6}));
@@ -275,7 +281,7 @@ async function poll() {
     updateFailovers(snap);
     updateEvents(snap);
     const c = snap.failures || {};
-    $("#failure-counts").textContent = Object.entries(c).map(([k, v]) => `${k.toLowerCase()} ${v}`).join(", ");
+    $("#failure-counts").textContent = `${fmtCount(c.failed)} failed of ${fmtCount(c.entries)} audited`;
   } catch (e) {
     const redis = $("#redis-state");
     redis.textContent = "console not answering";
