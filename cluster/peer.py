@@ -32,6 +32,8 @@ from ..runtime.shards import ShardRouter, shard_graph
 from .advertise import advertised, check_advertise
 from .health import PeerHealth
 from .member import FlowMember
+from .console.on_peer import serve_console
+from .console.server import ConsoleServer
 from .metrics import MetricsServer
 from .metrics import serve as serve_metrics
 from .on_cluster import StartRefused, cluster_flow
@@ -66,6 +68,7 @@ class Peer:
         self.server = None
         self.address = ""
         self.metrics: MetricsServer | None = None
+        self.console: ConsoleServer | None = None
         self.reading: UplinkReading | None = None
         self._stop = threading.Event()
         self._term_requested = threading.Event()
@@ -106,6 +109,8 @@ class Peer:
         if cfg.metrics_listen:  # first: a bad metrics address stops nothing half started
             self.metrics = start_metrics(cfg, lambda: self.members, lambda: self.server, self.name,
                                          frames=(self.name, self.frame_timings) if self.sharded else None)
+        if cfg.console_listen:  # as early: a console that cannot be served refuses the start
+            self.console = serve_console(self)
         for member in self.members:
             member.open_store()
         self.zk = parts.zookeeper(self)
@@ -195,6 +200,8 @@ class Peer:
             self.server.stop(1.0)
         if self.metrics is not None:
             self.metrics.stop()
+        if self.console is not None:
+            self.console.stop()
         if self.zk is not None:
             self.zk.stop()
             self.zk.close()

@@ -29,3 +29,4 @@ class PeerConfig:
     start_from: str | None = None     # a new state dir on a processed flow: "processed" or "beginning"
     security: GrpcSecurity = NO_SECURITY  # gRPC TLS and tokens, served and used to escalate
     metrics_listen: str | None = None  # HOST:PORT of the peer's Prometheus metrics (HTTP), or none
+    console_listen: str | None = None  # HOST:PORT of the peer's operator console (HTTPS with TLS), or none

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for Redis and ZooKeeper at start (default 60)")
     r.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve Prometheus metrics over HTTP here (e.g. 127.0.0.1:9464; default: none)")
+    r.add_argument("--console-listen", metavar="HOST:PORT",
+                   help="serve the operator console here, and the metrics beside it (HTTPS with the peer's "
+                        "certificate; another address than loopback needs TLS and tokens; default: none)")
     _security_flags(r, serving=True)
     r.set_defaults(fn=cmd_run)
 

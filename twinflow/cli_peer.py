@@ -60,6 +60,7 @@ def cmd_run(args) -> int:
         worker_read_behind_ms=args.worker_read_behind_ms,
         security=_grpc_security(args, graph),
         metrics_listen=args.metrics_listen,
+        console_listen=args.console_listen,
     )
     try:  # before anything starts: a refused bind must not wait for Spark to come up first
         cfg.security.check_bind(cfg.listen)
@@ -89,24 +90,10 @@ def cmd_run(args) -> int:
 
 def _flow_stores(args):
     """The flow and one store per uplink shard (one for an unsharded flow)."""
-    import redis
-
-    from twinflow.cluster.on_cluster import flow_keys
-    from twinflow.runtime.shards import shard_graph
-    from twinflow.runtime.store.flow_store import FlowStore
-    from twinflow.runtime.store.redis_slot import client_from_url
+    from twinflow.cluster.operator_stores import operator_stores
 
     graph = _load_flow(args.flow)
-    url = _address(args.redis, "TWINFLOW_REDIS", "redis")
-    stores = []
-    for k in range(graph.cluster.shards if graph.cluster else 1):
-        keys = flow_keys(shard_graph(graph, k))
-        try:
-            client = client_from_url(url, socket_connect_timeout=3, slot_key=keys.uplink)
-        except redis.RedisError:  # down: the command's first call reports it
-            client = client_from_url(url, socket_connect_timeout=3)  # no round trip: cannot fail
-        stores.append(FlowStore(client, keys, "cli"))
-    return graph, stores
+    return graph, operator_stores(graph, _address(args.redis, "TWINFLOW_REDIS", "redis"))
 
 
 def cmd_status(args) -> int:

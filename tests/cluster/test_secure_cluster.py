@@ -19,13 +19,17 @@ settings given as flags or as ``TWINFLOW_*`` variables; without a client
 certificate each says in one line what to pass. With the read token alone (the
 peers have one besides the three they need), ``twinflow status`` and
 ``twinflow failures list`` read the peer, and a resubmit sent with it is
-refused (``PERMISSION_DENIED``).
+refused (``PERMISSION_DENIED``). One peer serves the operator console over HTTPS with the
+peers' certificate and tokens, its metrics on the same port.
 """
 
 import json
 import os
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from types import SimpleNamespace
 
 import grpc
@@ -79,11 +83,14 @@ def secured(tmp_path, services, flow_name, monkeypatch):
     local = SimpleNamespace(redis_url=redis_server.url.replace("redis://", "redis://:redis-pw-of-the-test@"),
                             zk_hosts=services.zk_hosts)
     cluster = cluster_on(local, tmp_path, flow_name, text=FLOW)
+    cluster.console_port = free_port()  # peer b serves the console, its metrics beside it
     try:
         for peer_id in ("a", "b"):
             # No password on the command line. A worker that reads at once (not behind) has read
             # what the master escalates, so claims travel the secured escalation stream.
-            cluster.peer(peer_id, redis_url=redis_server.url, extra=["--worker-read-behind-ms", "0"])
+            console = ["--console-listen", f"127.0.0.1:{cluster.console_port}", "--metrics-listen",
+                       "127.0.0.1:0"] if peer_id == "b" else []
+            cluster.peer(peer_id, redis_url=redis_server.url, extra=["--worker-read-behind-ms", "0", *console])
         yield cluster, tmp_path
     finally:
         cluster.stop()
@@ -111,6 +118,24 @@ def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
     # escalates only what the worker has read.)
     wait_until(lambda: int(cluster.status(worker).get("escalations_taken", 0)) > 0
                and int(cluster.status(worker).get("uplink_lag", -1)) == 0, 60, what="the worker's escalations")
+
+    # Peer b's console: HTTPS with the peers' certificate, the peers' tokens, the metrics beside it.
+    https = ssl.create_default_context(cafile=str(d / "ca.pem"))
+    console = f"https://127.0.0.1:{cluster.console_port}"
+
+    def get(path: str, token: str | None = None) -> tuple[int, bytes]:
+        request = urllib.request.Request(console + path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=https) as reply:
+                return reply.status, reply.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    status, body = get("/console/api/snapshot", f"read-{flow_name}")
+    assert status == 200 and {p["peer_id"] for p in json.loads(body)["peers"]} == {"a", "b"}
+    assert get("/console/api/snapshot")[0] == 401 and get("/console/api/snapshot", f"ingest-{flow_name}")[0] == 403
+    status, metrics = get("/metrics")
+    assert status == 200 and b"twinflow_role" in metrics
 
     with pytest.raises(grpc.RpcError) as no_token:
         Client(address[master], flow_name, GrpcSecurity(tls=tls), retry_unavailable=False).publish(docs[:1])
