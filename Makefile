@@ -4,8 +4,9 @@
 bootstrap:
 	@scripts/bootstrap.sh
 
+# `make demo CONSOLE=127.0.0.1:8470`: the operator console of the demo's cluster, kept running after the count.
 demo: bootstrap
-	.venv/bin/twinflow demo
+	.venv/bin/twinflow demo $(if $(CONSOLE),--console $(CONSOLE))
 
 # The tests' Spark drivers start from a class-data-sharing archive (the opt-in of
 # runtime/spark/session.py, built once per machine in about 45 s): measured to cut the

@@ -352,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--keep", action="store_true", help="keep the work directory (logs) afterwards")
     d.add_argument("--flow", choices=("chained", "claim-pair"), default="chained",
                    help="chained: history -> AND join -> action (default); claim-pair: the action alone")
+    d.add_argument("--console", metavar="HOST:PORT",
+                   help="serve the operator console here while the demo runs, and keep the cluster running "
+                        "after the count until Ctrl-C (e.g. 127.0.0.1:8470)")
     d.set_defaults(fn=cmd_demo)
 
     c = sub.add_parser("certs", help="a development CA, a peer certificate and tokens (docs/operations/security.md)")

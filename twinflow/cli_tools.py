@@ -329,7 +329,7 @@ def cmd_demo(args) -> int:
     from twinflow.testing.demo import run_demo
 
     result = run_demo(messages=args.messages, rate=args.rate, kill_at=args.kill_at,
-                      progress=not args.json, keep=args.keep, flow=args.flow)
+                      progress=not args.json, keep=args.keep, flow=args.flow, console=args.console)
     if args.json:
         print(json.dumps(result))
     return 0 if result["lost"] == 0 and result["duplicated"] == 0 else 1

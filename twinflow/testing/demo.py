@@ -13,6 +13,10 @@ order in ten has no payment and expires, one in ten is sent twice and the
 history catches it), and ``claim-pair`` (the action alone, with the claim
 pair; what the failover bench measures). Either way every sent message must
 leave the flow exactly once, through one outlink.
+
+With ``console`` (``twinflow demo --console 127.0.0.1:8470``) the demo serves the operator
+console of its cluster while it runs, and keeps the cluster running after the count until
+Ctrl-C: the kill, the failover's phases and the counts can be watched and looked at.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ FLOWS = ("chained", "claim-pair")
 
 
 def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, progress: bool = True,
-             keep: bool = False, flow: str = "chained") -> dict:
+             keep: bool = False, flow: str = "chained", console: str | None = None) -> dict:
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
     workdir = tempfile.mkdtemp(prefix="twinflow-demo-")
     say(f"work directory {workdir}")
@@ -40,7 +44,11 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
         raise RuntimeError(f"the demo runs from a source checkout ({CHAINED} is missing)")
     cluster = LocalCluster(workdir, text=CHAINED.read_text() if chained else None).start(peers=False)
     say(f"redis {cluster.services.redis_url}  zookeeper {cluster.services.zk_hosts}")
+    served = None
     try:
+        if console:
+            served = serve_console(cluster, console)
+            say(f"console at {served.url}")
         cluster.start_peers()
         say("starting two peers (Spark takes 10-20 s to start)...")
         t0 = time.monotonic()
@@ -91,8 +99,33 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
             print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows), flush=True)
             if report.lost_ids:
                 say(f"lost (first 20): {report.lost_ids}")
+        if served is not None:
+            say(f"the cluster runs on: the console at {served.url}; Ctrl-C stops it")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
         return result
     finally:
+        if served is not None:
+            served.stop()
         cluster.stop()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def serve_console(cluster: LocalCluster, listen: str):
+    """The operator console of ``cluster`` on ``listen`` (loopback: open, no tokens)."""
+    from ..cluster.console.access import ConsoleAccess
+    from ..cluster.console.app import ConsoleApp
+    from ..cluster.console.server import ConsoleServer
+    from ..cluster.console.snapshot import ConsoleView
+    from ..cluster.handover_request import ask_masters
+    from ..cluster.operator_stores import operator_stores
+    from ..grpc_security import NO_SECURITY
+
+    stores = operator_stores(cluster.graph, cluster.redis_url, who="demo-console")
+    app = ConsoleApp(ConsoleView(cluster.graph, stores), ConsoleAccess(None),
+                     handover=lambda: [a.as_dict() for a in ask_masters(stores, NO_SECURITY, 10.0)])
+    return ConsoleServer(app, listen)
