@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     lb = sub.add_parser("lab", help="a lab of hosts on this machine: each a network namespace with its own "
                                      "address on a private bridge (root; docs/contributing/lab.md)")
-    lb.add_argument("action", choices=["up", "status", "down"])
+    lb.add_argument("action", choices=["up", "status", "console", "down"],
+                    help="console: a lab peer's operator console forwarded to this machine, until Ctrl-C")
     lb.add_argument("--short", action="store_true",
                     help="up: the short form (one Redis, one ZooKeeper, two peers with Spark in local mode, the "
                          "client) instead of the full one (Sentinels, a ZooKeeper ensemble, a Spark cluster)")
@@ -281,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--prefix", default=None,
                     help="up: the start of every namespace name (default tflab-, tfguide- with --guide); two labs "
                          "at once need two")
+    lb.add_argument("--peer", default="peer-a", help="console: whose console (default peer-a)")
+    lb.add_argument("--listen", default="127.0.0.1:8470", metavar="HOST:PORT",
+                    help="console: where on this machine (default 127.0.0.1:8470)")
     lb.set_defaults(fn=cmd_lab)
 
     x = sub.add_parser("proxy", help="run the Toxiproxy-compatible fault proxy in the foreground")

@@ -52,6 +52,8 @@ def cmd_lab(args) -> int:
     except FileNotFoundError:
         print(f"no lab recorded in {args.dir} (twinflow lab up makes one)")
         return 0 if args.action == "down" else 1
+    if args.action == "console":
+        return _console(lab, args)
     if args.action == "status":
         rows = lab.status()
         print(_status_table(rows))
@@ -68,3 +70,25 @@ def _status_table(rows: list[dict]) -> str:
     return _table(STATUS_COLUMNS, [[shown[r[c]] if r[c] is None or isinstance(r[c], bool) else r[c]
                                     for c in STATUS_COLUMNS] for r in rows])
 
+
+def _console(lab, args) -> int:
+    """Forward ``--listen`` to the console of ``--peer`` until Ctrl-C (the guide lab has none)."""
+    import threading
+
+    from twinflow.cluster.metrics import split_address
+
+    if lab.state.info.get("form") == "guide":
+        print("twinflow: the guide lab's peers serve no console (the guide does not set one up)", file=sys.stderr)
+        return 1
+    host, port = split_address(args.listen)
+    forward = lab.console(args.peer, listen=(host, port))
+    secrets = Path(args.dir) / "secrets"
+    print(f"the console of {args.peer}: https://localhost:{forward.port}/console/\n"
+          f"  its certificate is signed by the lab's CA, {secrets / 'ca.pem'} (trust it, or accept the warning)\n"
+          f"  sign in with the admin token in {secrets / 'admin.token'}; Ctrl-C stops the forward", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    forward.stop()
+    return 0

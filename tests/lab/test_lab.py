@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import ssl
+import urllib.request
 
 import pytest
 
@@ -95,12 +97,31 @@ def test_the_master_host_dies_and_the_other_peer_delivers_every_message(lab, tmp
     assert report.promises_kept, report
     assert {e.peer for e in outputs["deliver.done"]} == {old, other}
     operators_on_mutual_tls(lab, other)
+    console_of_the_survivor(lab, other, old_epoch)
     failover_s = failover_seconds(lab.sink_entries(), old_epoch, killed_at)
     assert failover_s is not None and failover_s < 10.0
     record_property("failover_s", round(failover_s, 2))
     print(f"lab up {lab.state.info['up_s']} s; {old} killed after {sent_before_kill} sent; failover "
           f"{failover_s:.2f} s; rto {report.rto_s} s; outlinks "
           f"{ {k: len(v) for k, v in outputs.items() if v} }")
+
+
+def console_of_the_survivor(lab, master: str, old_epoch: int) -> None:
+    """The survivor's console, forwarded to this machine (``twinflow lab console``): HTTPS with its
+    certificate (it names localhost), the lab's admin token; the new master and its promotion."""
+    forward = lab.console(master)
+    try:
+        https = ssl.create_default_context(cafile=str(lab.plan.secrets / "ca.pem"))
+        token = (lab.plan.secrets / "admin.token").read_text().split()[0]
+        request = urllib.request.Request(f"https://localhost:{forward.port}/console/api/snapshot",
+                                         headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=15, context=https) as reply:
+            snap = json.load(reply)
+    finally:
+        forward.stop()
+    assert [(p["peer_id"], p["role"]) for p in snap["peers"]] == [(master, "master")], snap["peers"]
+    promoted = next(f for f in snap["failovers"] if f["peer"] == master and f["epoch"] > old_epoch)
+    assert all(phase["at"] is not None for phase in promoted["phases"]), promoted
 
 
 def operators_on_mutual_tls(lab, master: str) -> None:

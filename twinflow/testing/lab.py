@@ -42,6 +42,7 @@ import redis
 from .lab_hosts import (PEERS, REDIS_PORT, SENTINEL_PORTS, SERVICE, SPARK_WEBUI_PORT, ZK_PORT, Launch, LabPlan,
                         operator_command, peer_command, peer_stop_command, publisher_command, redis_launches, spark_launches,
                         zookeeper_launches)
+from .lab_console import ConsoleForward
 from .lab_flow import FlowReadings
 from .lab_network import (DEFAULT_PREFIX, DEFAULT_SUBNET, NETNS_ETC, HostOps, LabProcess, LabState, check_usable,
                           connect_in, create, entered, netns_exec, ns_inode, pids_in, teardown)
@@ -212,6 +213,10 @@ class Lab(FlowReadings):
     @property
     def client_ns(self) -> str:
         return self.state.host("client").ns
+
+    def console(self, peer: str, listen: tuple[str, int] = ("127.0.0.1", 0)) -> ConsoleForward:
+        """Peer ``peer``'s console (HTTPS, its ``peer-X.lab`` certificate) on ``listen`` of this machine."""
+        return ConsoleForward(self.client_ns, self.state.host(peer).address, listen=listen)
 
     def answers(self, p: LabProcess) -> bool:
         """Whether the server ``p`` answers its protocol on its address, seen from the client host."""

@@ -43,6 +43,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .lab_console import CONSOLE_PORT
 from .lab_network import LabState
 from .messages import CHAINED
 from .redis_ha import SENTINEL_CONF
@@ -156,7 +157,8 @@ class LabPlan:
 
         for name in (*PEERS, "client"):
             if not (self.secrets / f"{name}.pem").exists():
-                make_certs(self.secrets, name, [f"{name}.lab"])
+                # A peer's also names localhost: its console, forwarded to this machine (lab_console.py).
+                make_certs(self.secrets, name, [f"{name}.lab", *(["localhost"] if name in PEERS else [])])
         for name, value in (("redis.pw", random_secrets.token_urlsafe(24)),
                             ("zk.auth", f"lab:{random_secrets.token_urlsafe(18)}")):
             path = self.secrets / name
@@ -304,7 +306,9 @@ def peer_environment(plan: LabPlan, host: str) -> str:
         "METRICS": "127.0.0.1:9464", "TWINFLOW_SPARK_MASTER": plan.spark_master, "TWINFLOW_START_FROM": "processed",
         # The driver binds, and tells executors, its host's address (the hostname resolves to it too).
         "SPARK_LOCAL_IP": plan.address(host), "PYSPARK_PYTHON": sys.executable,
-        "EXTRA_ARGS": " ".join(f"--spark-conf {k}={v}" for k, v in spark_conf.items()),
+        # And the operator console on its host, HTTPS with its certificate and tokens (lab_console.py).
+        "EXTRA_ARGS": " ".join([*(f"--spark-conf {k}={v}" for k, v in spark_conf.items()),
+                                f"--console-listen 0.0.0.0:{CONSOLE_PORT}"]),
     }
     example = read_environment_file(DEPLOY / "peer.env.example")
     if set(example) != set(values):
