@@ -46,6 +46,7 @@ class MasterSide:
         self.writes = writes  # where the master's COMMITs go from (master_session)
         self.session: MasterSession | None = None  # the term: its flow, a cache of its state in Redis
         self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
+        self.pending_nodes: dict[str, dict] = {}  # the same per node (MasterFlow.pending_nodes), for status
         self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
         self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master
         # Whether the executors keep the flow (its next deadline is remote_deadline): from an
@@ -202,9 +203,12 @@ class MasterSide:
         self.step_down("Redis unreachable")
 
     def note_open(self) -> None:
-        """Count what the flow holds open, for status (caller holds batch_lock: status itself never
-        reads the flow, which a batch may be building a step on)."""
+        """Count what the flow holds open, in all and per node, for status (caller holds batch_lock:
+        status itself never reads the flow, which a batch may be building a step on). Once per
+        step, never per message: a count per node, read from each node's own counters."""
         flow = self.flow
         if flow is not None:
-            self.open_in_flow = flow.pending()
+            nodes = flow.pending_nodes()
+            self.pending_nodes = nodes  # one assignment: status reads the whole dict or the last one
+            self.open_in_flow = sum(n["held"] for n in nodes.values())
             self.m.reader.set_suspended(flow.suspensions())  # the master knows first: hold at once

@@ -266,12 +266,13 @@ class FlowMember:
         state, sort = self.state, self.claims.sort
         with state.lock:
             counts = state.counts()
+            running = self.master.flow is not None  # a master's nodes: held only while it runs them
             out = {
                 "flow": self.name,
                 "peer_id": self.cfg.peer_id,
                 "role": state.role,
                 "epoch": state.shown_epoch(),
-                "pending": self.master.open_in_flow if self.master.flow is not None else 0,
+                "pending": self.master.open_in_flow if running else 0,
                 "baked": sort.pending,
                 "claimed": sort.claimed,
                 "rolled_back": counts["rolled_back"],
@@ -288,12 +289,22 @@ class FlowMember:
                 "holding": int(self.intake.holding),
                 "grpc_address": self.address,
             }
+            # Per node, as the last master step left each (master_side.note_open), and the claim
+            # pair's sort, which the worker runs: read here as rule_pending is.
+            pending_nodes = dict(self.master.pending_nodes) if running else {}
+            if self.spec.pair is not None:
+                pending_nodes[self.spec.pair.sort] = {"kind": "sort", **sort.pending_counts()}
+            out["pending_nodes"] = pending_nodes
         out["zookeeper"] = "suspended" if self.leadership and self.leadership.suspended else "connected"
         out["redis"] = self.store.health() if self.store else "ok"
         out["streaming"] = int(state.streaming)
         out["streaming_since"] = state.streaming_since
         out["pid"] = os.getpid()
         out["version"] = __version__  # a rolling upgrade shows which peers run which twinflow
+        # On the flow's clock (Redis's time), so that peers on different machines agree on when.
+        out["at"] = round(self.clock.now(), 3)
+        at, size, took = self.intake.last_batch or (0.0, 0, 0.0)
+        out["last_batch_at"], out["last_batch_size"], out["last_batch_s"] = round(at, 3), size, round(took, 4)
         offset = getattr(self.clock, "offset_s", None)  # a flow clock on Redis's time knows it (flow_clock.py)
         if offset is not None:
             out["clock_offset_s"] = round(offset, 3)

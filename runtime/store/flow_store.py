@@ -406,7 +406,8 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
     # -- peer status ------------------------------------------------------
     def write_status(self, status: dict, ttl_s: int = 10) -> None:
         """One attempt, no retry (the next status replaces it): raises when Redis does not answer.
-        A mapping (``rule_pending``) is written as JSON text, read back as a mapping."""
+        A mapping (``rule_pending``, ``suspended``, ``pending_nodes``) is written as JSON text, read
+        back as a mapping."""
         key = self.keys.peer(self.peer_id)
 
         def write():
@@ -436,7 +437,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
                     continue
                 row = {k.decode(): v.decode() for k, v in h.items()}
                 row.setdefault("peer_id", row.get("node_id", nid))  # a peer that writes only node_id (mid-upgrade)
-                for mapping in ("rule_pending", "suspended"):  # written as JSON text (write_status)
+                for mapping in ("rule_pending", "suspended", "pending_nodes"):  # written as JSON text (write_status)
                     if row.get(mapping, "").startswith("{"):
                         row[mapping] = loads(row[mapping])
                 out.append(row)
