@@ -77,6 +77,8 @@ from .warm_state import WarmState
 
 log = logging.getLogger("twinflow.peer")
 
+STOP_FLUSH_WAIT_S = 1.0  # how long a stopping member waits for a timer round's flush of the events stream
+
 
 class FlowMember:
     """A peer's part in one flow (or one shard of it): one side of an active-active pair (see the module doc)."""
@@ -188,7 +190,9 @@ class FlowMember:
         self.stopping.set()
         self.wake.set()
         if self.store is not None:
-            self.events.flush()  # what is queued, "stopping" too: one attempt, it never raises
+            # What is queued, "stopping" too: one attempt, after a timer round's under way (whose
+            # records may not include the last ones); it never raises.
+            self.events.flush(wait_s=STOP_FLUSH_WAIT_S)
             try:
                 self.store.drop_status()  # the timer writes none once stopping is set
             except Exception:  # Redis down: the status lapses by its TTL

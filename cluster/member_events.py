@@ -76,10 +76,12 @@ class MemberEvents:
         with self._lock:
             return [record for _, record, _ in self._queue]
 
-    def flush(self) -> bool:
+    def flush(self, wait_s: float = 0.0) -> bool:
         """Write the queued records to the events stream, one attempt; True when none is left
-        queued. Never raises: a timer round must go on."""
-        if not self._flushing.acquire(blocking=False):
+        queued. Never raises: a timer round must go on. ``wait_s``: how long to wait for a flush
+        another thread has under way (a stopping member's last flush must not be the one skipped)."""
+        got = self._flushing.acquire(timeout=wait_s) if wait_s > 0 else self._flushing.acquire(blocking=False)
+        if not got:
             return False  # another thread is writing them now
         try:
             with self._lock:
