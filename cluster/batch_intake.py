@@ -54,6 +54,9 @@ class BatchIntake:
         self.batch_timings = BatchTimings((MASTER, WORKER))  # batch durations by role
         self.task_pid = 0     # the process that ran this shard's last batch (a sharded flow's executor)
         self.state_loads = 0  # whole-state loads executors made for this shard's batches
+        # The last batch this member ran as master or baked as worker: (flow time it ended,
+        # entries in it, seconds it took), for status; None before the first.
+        self.last_batch: tuple[float, int, float] | None = None
 
     # -- batches from the uplink ------------------------------------------
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
@@ -141,7 +144,10 @@ class BatchIntake:
             self._process(batch_id, msgs, last)
         finally:
             self.holding = False
-            self.batch_timings.observe(role, time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.batch_timings.observe(role, took)
+        # Only a batch taken whole (committed as master, or baked): one tuple a batch, for status.
+        self.last_batch = (m.clock.now(), len(msgs) + len(bad), took)
 
     def _process(self, batch_id: int, msgs: list[Message], last: str) -> None:
         m = self.m

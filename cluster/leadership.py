@@ -27,7 +27,10 @@ its Redis writes carry its old epoch and are refused (fencing).
 Its threads, events, locks and time come from ``threads`` (:class:`Threads`: the
 standard library's and the wall clock, unless a simulator passes threads that take
 turns on a virtual clock, ``chaos/sim/turns.py``); what it asks ZooKeeper goes through
-``zk``, a kazoo client or one with kazoo's interface.
+``zk``, a kazoo client or one with kazoo's interface. ``clock`` (the flow's clock, a
+member's ``clock.now``) dates ``elected_at``, so that it compares with the times the
+member records; ``on_event(name, fields)`` is told each operator event it logs (a member
+queues the ones its timeline shows; it must not wait, as it runs on kazoo's event thread).
 
 ``on_promoted(epoch)`` and ``on_demoted(reason)`` run on the election thread,
 one at a time, never concurrently with each other. Every ``on_promoted`` is
@@ -95,8 +98,12 @@ class Leadership(Membership):
         *,
         may_contend: Callable[[], bool] = lambda: True,
         threads: Threads | None = None,
+        clock: Callable[[], float] = time.time,
+        on_event: Callable[[str, dict], None] | None = None,
     ):
         self._threads = t = threads or Threads()
+        self._clock = clock
+        self._on_event = on_event
         self.zk = zk
         self.flow = flow
         self.peer_id = peer_id
@@ -108,6 +115,11 @@ class Leadership(Membership):
         self._on_demoted = on_demoted
         self._may_contend = may_contend
         self.epoch = 0
+        # When this peer's election last granted it the lock (``clock``): the old master's session
+        # expired, or it let go (a handover); and the master ZooKeeper named before it then (None:
+        # none yet). A promotion's record dates its phases from these.
+        self.elected_at: float | None = None
+        self.previous_master: str | None = None
         self._master = t.Event()
         self._suspended = t.Event()
         self._suspended_at = 0.0               # monotonic time the connection dropped (for the log)
@@ -280,9 +292,15 @@ class Leadership(Membership):
             self._member_check.set()
 
     def _event(self, level: int, name: str, msg: str, *args, **fields) -> None:
-        """An operator event (``twinflow.logs``) with the flow, this peer and the newest epoch known here."""
-        event(log, level, name, msg, *args, flow=self.flow, peer=self.peer_id,
-              epoch=max(self.epoch, self._master_seen[1]) or None, **fields)
+        """An operator event (``twinflow.logs``) with the flow, this peer and the newest epoch known
+        here, told to ``on_event`` too."""
+        epoch = max(self.epoch, self._master_seen[1]) or None
+        event(log, level, name, msg, *args, flow=self.flow, peer=self.peer_id, epoch=epoch, **fields)
+        if self._on_event is not None:
+            try:
+                self._on_event(name, {"epoch": epoch, **fields})
+            except Exception:  # a record lost must not break kazoo's listener or the election
+                log.debug("on_event raised for %s", name, exc_info=True)
 
     def _next_epoch(self) -> int:
         stat = self.zk.set(f"{self.root}/epoch", self.peer_id.encode())
@@ -291,6 +309,8 @@ class Leadership(Membership):
     def _lead(self) -> None:
         if self._stopping.is_set():
             return
+        self.elected_at = self._clock()  # first: the lock was granted just now
+        self.previous_master = self._master_seen[0]  # the epoch znode's writer, before this peer's epoch
         losses = self._losses
         epoch = self._next_epoch()
         self.epoch = epoch

@@ -285,6 +285,10 @@ class MasterFlow:
     def pending(self) -> int:
         return sum(node.pending() for node in self.graph.nodes.values())
 
+    def pending_nodes(self) -> dict[str, dict[str, Any]]:
+        """What each node holds now: name -> its ``kind`` and its ``pending_counts()`` (``held`` first)."""
+        return {name: {"kind": node.kind, **node.pending_counts()} for name, node in self.graph.nodes.items()}
+
     def _begin(self, epoch: int) -> Step:
         self._step, self._epoch = Step(version=self.version, logged=self.logged), epoch
         if self.version is not None:

@@ -10,6 +10,10 @@ return the same (:meth:`MasterSide.took_executor_batch`).
 Under failure (promise 3): a write the fence refuses, or one that cannot reach Redis
 within the write lease, makes the member step down; the session drops its flow on any
 failed step, so the next step is built on the state Redis holds.
+
+After a promotion's catch-up, the term's first committed step that ran messages is logged
+once (``first_write``, with how long after the fence it came): a check per outcome, nothing
+per message.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class MasterSide:
         self.writes = writes  # where the master's COMMITs go from (master_session)
         self.session: MasterSession | None = None  # the term: its flow, a cache of its state in Redis
         self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
+        self.pending_nodes: dict[str, dict] = {}  # the same per node (MasterFlow.pending_nodes), for status
         self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
         self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master
         # Whether the executors keep the flow (its next deadline is remote_deadline): from an
@@ -54,6 +59,7 @@ class MasterSide:
         self.driver_steps = 0     # steps this member committed itself (an executor's kept flow is then stale)
         self.left: Counter = Counter()  # stream -> messages committed master steps sent there
         self.lateness = Timings(LATENESS_BUCKETS)  # how late due deadlines fired (flow clock)
+        self._first_write: tuple[int, float] | None = None  # (epoch, promoted_at) until the term's first write
 
     @property
     def flow(self) -> MasterFlow | None:
@@ -74,7 +80,14 @@ class MasterSide:
         self.note_open()
         return session
 
+    def watch_first_write(self, epoch: int, promoted_at: float) -> None:
+        """Log the term's next committed step that runs messages as its first write (``first_write``),
+        ``promoted_at`` being when its fence was raised (the flow's clock). Called once the
+        promotion's catch-up is done, holding batch_lock."""
+        self._first_write = (epoch, promoted_at)
+
     def end_term(self) -> None:
+        self._first_write = None
         session, self.session = self.session, None
         if session is not None:
             session.end()
@@ -148,6 +161,8 @@ class MasterSide:
         self.kept_by_executors = True
         self.remote_deadline = r.next_deadline
         self.remote_batch_at = self.m.monotonic()
+        if r.delivered and self._first_write is not None:
+            self._wrote_first()
         if r.claims and self.m.spec.pair is not None:
             self.escalate(r.claims)
         if r.fenced_by:
@@ -164,11 +179,25 @@ class MasterSide:
         """Count what a session did, escalate its claims, step down if it was refused."""
         self.m.state.count(delivered=out.delivered, skipped=out.skipped, failed=out.failed)
         self.driver_steps += out.steps
+        if out.delivered and self._first_write is not None:
+            self._wrote_first()
         if out.claims:
             self.escalate(out.claims)
         if out.refused is not None:
             self.refused(out.refused)
         self.note_open()
+
+    def _wrote_first(self) -> None:
+        """The term's first write after its catch-up was committed just now: log it, once."""
+        watched, self._first_write = self._first_write, None
+        if watched is None:
+            return
+        epoch, promoted_at = watched
+        m = self.m
+        now = m.clock.now()
+        m.event(logging.INFO, "first_write", "%s wrote its first step as master at epoch %d, %.3f s after its "
+                "promotion", m.cfg.peer_id, epoch, now - promoted_at, epoch=epoch, first_write_at=round(now, 3),
+                since_promoted_s=round(now - promoted_at, 3))
 
     def escalate(self, claims: list[tuple[str, str, str, str]]) -> None:
         """Send the claims of committed steps, to each target only those of messages it has
@@ -202,9 +231,12 @@ class MasterSide:
         self.step_down("Redis unreachable")
 
     def note_open(self) -> None:
-        """Count what the flow holds open, for status (caller holds batch_lock: status itself never
-        reads the flow, which a batch may be building a step on)."""
+        """Count what the flow holds open, in all and per node, for status (caller holds batch_lock:
+        status itself never reads the flow, which a batch may be building a step on). Once per
+        step, never per message: a count per node, read from each node's own counters."""
         flow = self.flow
         if flow is not None:
-            self.open_in_flow = flow.pending()
+            nodes = flow.pending_nodes()
+            self.pending_nodes = nodes  # one assignment: status reads the whole dict or the last one
+            self.open_in_flow = sum(n["held"] for n in nodes.values())
             self.m.reader.set_suspended(flow.suspensions())  # the master knows first: hold at once

@@ -30,6 +30,7 @@ whose shared pieces they read (its store, election, clock, ``batch_lock``):
 - ``claims``: the worker's bake; escalations admitted only from the master; claims proven (1, 3);
 - ``backpressure``: a worker never drops, it stops reading (5);
 - ``member_timers``: deadlines, bake expiry, sweep, trim, status, lease (1, 3, 4);
+- ``member_events``: records of role changes and failovers, queued in memory, written by the timers;
 - ``start_position``: where a member starts reading, and what it refuses.
 
 A batch goes one way: the uplink reading calls :meth:`FlowMember.on_batch`, the
@@ -61,6 +62,7 @@ from .escalation import EscalationSender
 from .leadership import Leadership
 from .master_flow import logged_nodes
 from .master_side import MasterSide
+from .member_events import MemberEvents
 from .member_state import MemberState
 from .member_timers import MemberTimers
 from .audit_upkeep import AuditUpkeep
@@ -74,6 +76,8 @@ from .start_position import check_redis, check_retention, checkpoint_dir, start_
 from .warm_state import WarmState
 
 log = logging.getLogger("twinflow.peer")
+
+STOP_FLUSH_WAIT_S = 1.0  # how long a stopping member waits for a timer round's flush of the events stream
 
 
 class FlowMember:
@@ -112,6 +116,7 @@ class FlowMember:
         # The parts (module doc), each owning its state.
         pair = spec.pair
         self.state = MemberState()
+        self.events = MemberEvents(self)  # first: any part may log an event a timeline shows
         self.claims = Claims(self, ClaimSortNode(pair.rules.bake_times(), pair.unclaimed_outlink, pair.max_pending)
                              if pair else NoPair())
         self.master = MasterSide(self, parts.writes())
@@ -185,6 +190,9 @@ class FlowMember:
         self.stopping.set()
         self.wake.set()
         if self.store is not None:
+            # What is queued, "stopping" too: one attempt, after a timer round's under way (whose
+            # records may not include the last ones); it never raises.
+            self.events.flush(wait_s=STOP_FLUSH_WAIT_S)
             try:
                 self.store.drop_status()  # the timer writes none once stopping is set
             except Exception:  # Redis down: the status lapses by its TTL
@@ -205,9 +213,12 @@ class FlowMember:
     def event(self, level: int, name: str, msg: str, *args, **fields) -> None:
         """Log the operator event ``name`` (``twinflow.logs``) with this member's flow, peer ID and epoch (its
         own as master, else the newest it has seen, left out while none is: epochs start at 1;
-        ``epoch=`` overrides it). Reads without the lock, so it may be called holding it."""
+        ``epoch=`` overrides it), and queue its record for the events stream when a timeline shows
+        it (``member_events.py``). Reads without the lock and calls no server, so it may be called
+        holding it."""
         fields.setdefault("epoch", self.state.shown_epoch() or None)
         event(log, level, name, msg, *args, flow=self.name, peer=self.cfg.peer_id, **fields)
+        self.events.note(name, fields)
 
     # -- what the peer, the reading, the election and the gRPC servicers call --------
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
@@ -231,10 +242,15 @@ class FlowMember:
     def on_demoted(self, reason: str) -> None:
         self.promotion.on_demoted(reason)
 
-    def handover(self, timeout_s: float) -> dict:
+    def handover(self, timeout_s: float, by: str = "admin") -> dict:
+        """Hand the master role over (``Leadership.handover``); ``by``: who asked (``admin``: a
+        Handover call, ``SIGTERM``), for the ``handover`` record of the events stream."""
         if self.leadership is None:
             return {"ok": False, "reason": "member is not running"}
-        return self.leadership.handover(timeout_s)
+        epoch = self.state.shown_epoch() or None  # the term handed over, before the new master's is seen
+        result = self.leadership.handover(timeout_s)
+        self.events.note("handover", {"epoch": epoch, "by": by, **result})
+        return result
 
     def admit_escalation(self, from_node: str, epoch: int) -> str | None:
         return self.claims.admit_escalation(from_node, epoch)
@@ -266,12 +282,13 @@ class FlowMember:
         state, sort = self.state, self.claims.sort
         with state.lock:
             counts = state.counts()
+            running = self.master.flow is not None  # a master's nodes: held only while it runs them
             out = {
                 "flow": self.name,
                 "peer_id": self.cfg.peer_id,
                 "role": state.role,
                 "epoch": state.shown_epoch(),
-                "pending": self.master.open_in_flow if self.master.flow is not None else 0,
+                "pending": self.master.open_in_flow if running else 0,
                 "baked": sort.pending,
                 "claimed": sort.claimed,
                 "rolled_back": counts["rolled_back"],
@@ -288,12 +305,23 @@ class FlowMember:
                 "holding": int(self.intake.holding),
                 "grpc_address": self.address,
             }
+            # Per node, as the last master step left each (master_side.note_open), and the claim
+            # pair's sort, which the worker runs: read here as rule_pending is.
+            pending_nodes = dict(self.master.pending_nodes) if running else {}
+            if self.spec.pair is not None:
+                pending_nodes[self.spec.pair.sort] = {"kind": "sort", **sort.pending_counts()}
+            out["pending_nodes"] = pending_nodes
         out["zookeeper"] = "suspended" if self.leadership and self.leadership.suspended else "connected"
         out["redis"] = self.store.health() if self.store else "ok"
         out["streaming"] = int(state.streaming)
         out["streaming_since"] = state.streaming_since
         out["pid"] = os.getpid()
         out["version"] = __version__  # a rolling upgrade shows which peers run which twinflow
+        out["events_dropped"] = self.events.dropped
+        # On the flow's clock (Redis's time), so that peers on different machines agree on when.
+        out["at"] = round(self.clock.now(), 3)
+        at, size, took = self.intake.last_batch or (0.0, 0, 0.0)
+        out["last_batch_at"], out["last_batch_size"], out["last_batch_s"] = round(at, 3), size, round(took, 4)
         offset = getattr(self.clock, "offset_s", None)  # a flow clock on Redis's time knows it (flow_clock.py)
         if offset is not None:
             out["clock_offset_s"] = round(offset, 3)

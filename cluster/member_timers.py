@@ -1,4 +1,5 @@
-"""A member's timers: bake expiry, the flow's deadlines, sweep, trim, status, lease, the warm copy.
+"""A member's timers: bake expiry, the flow's deadlines, sweep, trim, status, lease, the warm copy,
+the records of the events stream.
 
 They run on their own thread, so they fire with no new input. Under
 failure: a round never raises, each of its parts guarded on its own, and the
@@ -8,7 +9,9 @@ stop, fire no time-out); a master that has
 not reached Redis for its write lease steps down; the trim skips a round
 when ZooKeeper cannot list the live members; a master fires the deadlines in
 the state it loaded, so the old master's pending time-outs fire too
-(promise 4). One round is ``round()`` (``FlowMember.timer_round``): the failover simulator calls it
+(promise 4); the records queued for the events stream are written with one attempt
+each round, and kept for the next when Redis does not take them (``member_events.py``).
+One round is ``round()`` (``FlowMember.timer_round``): the failover simulator calls it
 in its own steps, on its virtual clock, instead of the thread.
 """
 
@@ -60,8 +63,9 @@ class MemberTimers:
 
     def round(self) -> float | None:
         """Fire what is due now: bake expiry (worker), the flow's deadlines (master), the
-        sweep, the status and epoch guard, the lease check. Returns the seconds until the
-        next round is due, or None once the member stops. Never raises: a timer must keep firing."""
+        sweep, the status and epoch guard, the events stream's records, the lease check. Returns
+        the seconds until the next round is due, or None once the member stops. Never raises: a
+        timer must keep firing."""
         m = self.m
         cfg = m.cfg
         # Often enough that a healthy master's status writes keep its lease fresh.
@@ -94,8 +98,8 @@ class MemberTimers:
             if m.stopping.is_set():
                 return None
             log.warning("timer loop: %s: %s", type(exc).__name__, exc)
-        # Each on its own: one that raises must neither end the round nor keep the other from running.
-        for last in (m.reader.pace, self.check_lease):
+        # Each on its own: one that raises must neither end the round nor keep the others from running.
+        for last in (m.events.flush, m.reader.pace, self.check_lease):
             try:
                 last()
             except Exception as exc:

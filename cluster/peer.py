@@ -158,7 +158,7 @@ class Peer:
         if not any(m.role == MASTER for m in self.members):
             return
         try:
-            result = self.handover(5.0)
+            result = self.handover(5.0, by="SIGTERM")
             event(log, logging.INFO, "handover", "SIGTERM handover: %s", result, flow=self.name,
                   peer=self.cfg.peer_id, ok=bool(result.get("ok")), new_master=result.get("new_master"),
                   reason=result.get("reason"))
@@ -265,14 +265,15 @@ class Peer:
                 out.append({"flow": m.name, "node": node, **s})
         return out
 
-    def handover(self, timeout_s: float) -> dict:
-        """Hand every member this peer is master of over; ok when each one was."""
+    def handover(self, timeout_s: float, by: str = "admin") -> dict:
+        """Hand every member this peer is master of over; ok when each one was. ``by``: who asked
+        (``admin``: a Handover call; ``SIGTERM``), for each member's ``handover`` record."""
         if not self.sharded:
-            return self.member.handover(timeout_s)
+            return self.member.handover(timeout_s, by)
         masters = [m for m in self.members if m.role == MASTER]
         if not masters:
             return {"ok": False, "reason": "this peer is master of no shard"}
-        replies = [(m.name, m.handover(timeout_s)) for m in masters]
+        replies = [(m.name, m.handover(timeout_s, by)) for m in masters]
         failed = [f"{name}: {r.get('reason')}" for name, r in replies if not r.get("ok")]
         return {"ok": not failed, "reason": "; ".join(failed),
                 "new_master": ",".join(sorted({r.get("new_master", "") for _, r in replies} - {""})),

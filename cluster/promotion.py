@@ -7,6 +7,13 @@ processed mark up to where it has read itself (a worker reading behind: up
 to the uplink's newest entry), re-read from the uplink; its bake is dropped
 only once that succeeded. Any error leaves everything in Redis, and the election demotes the member and
 queues it again.
+
+What it records: the ``promoted`` event carries, beside where the time went, when each phase
+ended on the flow's clock (``session_expired_at``: the election granted the lock;
+``promoted_at``: the fence raised; ``state_loaded_at``; ``rolled_back_at``: the catch-up
+done) and the master ZooKeeper named before (``old_master``). The clock is read between
+the phases, never waited on; the old master's last sign of life is looked up later, off this
+path (``member_events.py``), and the term's first write is logged by ``master_side.py``.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ class Promotion:
         """
         m = self.m
         began = time.monotonic()
+        elected_at, old_master = m.leadership.elected_at, m.leadership.previous_master
         if not m.batch_lock.acquire(timeout=max(5.0, 5 * m.lease_s)):
             raise RuntimeError("a batch in flight did not finish (waiting for Redis?); not taking the role")
         took = {"batch_wait_s": time.monotonic() - began}  # where a promotion's time goes, for its log line
@@ -65,14 +73,18 @@ class Promotion:
                 m.leadership.step_down("stale epoch")
                 return
             took["epoch_s"] = time.monotonic() - began - sum(took.values())
+            promoted_at = m.clock.now()
             session = m.master.begin_term(epoch)  # a session on the state the old master committed
             took["state_load_s"] = time.monotonic() - began - sum(took.values())
+            state_loaded_at = m.clock.now()
             warm = session.state_loads == 0  # the worker's warm copy, not a whole read (warm_state.py)
             m.state.become(MASTER, epoch)
             m.reader.pace()
             rolled = self.catch_up(epoch)
             took["catch_up_s"] = time.monotonic() - began - sum(took.values())
             m.claims.roll_back(rolled)  # every baked message was in the range just delivered
+            rolled_back_at = m.clock.now()
+            m.master.watch_first_write(epoch, promoted_at)  # the catch-up's writes are the rollback's
             m.reader.update_hold()
         except BaseException:
             m.state.become(WORKER)
@@ -80,9 +92,13 @@ class Promotion:
             raise
         finally:
             m.batch_lock.release()
+        phases = {"session_expired_at": elected_at, "promoted_at": promoted_at, "state_loaded_at": state_loaded_at,
+                  "rolled_back_at": rolled_back_at}
         m.event(logging.INFO, "promoted", "%s is master at epoch %d (state: %s); delivered %d messages the "
                 "old master had not", m.cfg.peer_id, epoch, "warm copy" if warm else "read whole", rolled,
-                epoch=epoch, rolled_back=rolled, warm_state=warm, **{k: round(v, 3) for k, v in took.items()})
+                epoch=epoch, rolled_back=rolled, warm_state=warm, **{k: round(v, 3) for k, v in took.items()},
+                old_master=old_master, **{k: round(v, 3) for k, v in phases.items() if v is not None})
+        m.wake.set()  # the timers write its record now, while the old master's status is still in Redis
         if rolled:  # its own line, so that rollbacks can be counted and alerted on by name
             m.event(logging.WARNING, "rolled_back", "%s rolled back %d messages at epoch %d",
                     m.cfg.peer_id, rolled, epoch, epoch=epoch, count=rolled)

@@ -108,7 +108,8 @@ class RealParts:
 
     def leadership(self, member: "FlowMember") -> Leadership:
         return Leadership(member.zk, member.name, member.cfg.peer_id, member.address, member.on_promoted,
-                          member.on_demoted, may_contend=member.may_contend)
+                          member.on_demoted, may_contend=member.may_contend, clock=member.clock.now,
+                          on_event=member.events.note)
 
     def start_timers(self, member: "FlowMember") -> None:
         threading.Thread(target=member.run_timers, name="timers", daemon=True).start()

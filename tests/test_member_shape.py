@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 CLUSTER = Path(__file__).resolve().parent.parent / "cluster"
-PARTS = ("member", "member_state", "batch_intake", "master_side", "promotion", "claims", "backpressure",
-         "member_timers", "start_position")
+PARTS = ("member", "member_state", "member_events", "batch_intake", "master_side", "promotion", "claims",
+         "backpressure", "member_timers", "start_position")
 
 
 def tree(name: str) -> ast.Module:

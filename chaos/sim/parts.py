@@ -199,7 +199,8 @@ class SimParts:
             member.on_demoted(reason)
 
         return Leadership(member.zk, member.name, peer_id, peer_id, promoted, demoted,
-                          may_contend=member.may_contend, threads=self.sim.threads)
+                          may_contend=member.may_contend, threads=self.sim.threads, clock=member.clock.now,
+                          on_event=member.events.note)
 
     def start_timers(self, member: "FlowMember") -> None:
         pass  # the simulator calls member.timer_round()

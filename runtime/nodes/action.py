@@ -290,6 +290,11 @@ class ActionNode(Node):
     def pending(self) -> int:
         return len(self._waiting) + len(self._behind)
 
+    def pending_counts(self) -> dict[str, int]:
+        """``retries``: messages waiting for a retry; ``behind``: messages waiting behind a suspension."""
+        return {"held": len(self._waiting) + len(self._behind), "retries": len(self._waiting),
+                "behind": len(self._behind)}
+
     def _entry(self, w: _Retry) -> list:
         """[due, message, retries], then [reason, since] for a suspension, [None] for the head."""
         entry = [w.due, msg_json(w.msg), w.retries]

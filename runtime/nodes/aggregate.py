@@ -267,6 +267,9 @@ class Aggregate(Node):
         """How many groups are open."""
         return len(self._groups)
 
+    def pending_counts(self) -> dict[str, int]:
+        return {"held": self._held, "groups": len(self._groups)}
+
     # -- reading a message (raise BadInput or KeyError, change nothing) ---------
     def _kind(self, value: Any) -> str:
         """The slow path of the message type: other spellings, or a bad value."""

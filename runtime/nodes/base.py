@@ -116,6 +116,12 @@ class Node(ABC):
         """How many messages the node holds now."""
         return 0
 
+    def pending_counts(self) -> dict[str, Any]:
+        """What the node holds now, for a peer's status (``pending_nodes``): ``held``, the messages
+        (as :meth:`pending`), and more counts where the node keeps them (its groups, its retries).
+        Cheap: counted, never walked message by message."""
+        return {"held": self.pending()}
+
     # Whether the node implements changed_state/load_state (False: it holds
     # state between calls that only lives in this process, so it runs in replay only).
     state_in_redis: ClassVar[bool] = True

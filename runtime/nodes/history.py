@@ -342,6 +342,10 @@ class HistoryNode(Node):
     def pending(self) -> int:
         return 0
 
+    def pending_counts(self) -> dict[str, int]:
+        """``running``: with ``completion: external``, messages sent to ``new`` not reported completed yet."""
+        return {"held": 0, "running": len(self._open)}
+
     # -- state per identifier (see base) -------------------------------------
     def changed_state(self) -> dict:
         changed = self.store.changed()

@@ -214,6 +214,9 @@ class _Timed(_Listed):
         """How many activations have an open time-out (AND groups or XOR windows)."""
         return len(self._open)
 
+    def pending_counts(self) -> dict[str, Any]:
+        return {"held": self.pending(), "groups": len(self._open)}  # groups: activations open
+
     @abstractmethod
     def _close(self, window: _Window) -> Emit | None:
         """The time-out of ``window`` elapsed; say what leaves, if anything."""

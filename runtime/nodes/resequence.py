@@ -129,6 +129,9 @@ class Resequence(Node):
     def pending(self) -> int:
         return self._held
 
+    def pending_counts(self) -> dict[str, int]:
+        return {"held": self._held, "groups": len(self._open)}
+
     def next_deadline(self) -> float | None:
         """The next missing-message time-out, or the next idle close (which emits nothing)."""
         return self._timers.next()

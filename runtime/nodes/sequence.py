@@ -207,6 +207,9 @@ class Sequence(Node):
     def open_groups(self) -> int:
         return len(self._open)
 
+    def pending_counts(self) -> dict[str, int]:
+        return {"held": 0, "groups": len(self._open)}  # a sequence holds no message, only each group's count
+
     # -- state per group (see base) -------------------------------------------
     def changed_state(self) -> dict:
         changed, self._changed = self._changed, set()

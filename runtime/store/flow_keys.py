@@ -75,6 +75,11 @@ class FlowKeys:
     def peer(self, peer_id: str) -> str:
         return self.prefix + "node:" + peer_id
 
+    @property
+    def events(self) -> str:
+        """The events stream: the peers' records of role changes and failovers (``flow_events.py``)."""
+        return self.prefix + "events"
+
     def sync(self, call: str) -> str:
         """The marker of one durable write, written with it before its ``WAIT`` (``durable.py``)."""
         return self.prefix + "sync:" + call

@@ -5,7 +5,8 @@ Every key of flow ``F`` starts with ``tf:{F}:`` (one hash slot per flow).
 :class:`FlowStore` is built from parts: every call goes through the retrying call of
 ``redis_calls.py`` (waiting, deadlines, following the flow's primary), every write that must
 survive a Redis failover through the durable write of ``durable.py``, the uplink is
-``uplink_access.py``, a flow's suspensions ``suspensions.py``, and this module holds the rest: start-up checks, epochs, the master's
+``uplink_access.py``, a flow's suspensions ``suspensions.py``, its events stream
+``flow_events.py``, and this module holds the rest: start-up checks, epochs, the master's
 fenced step, the ID cache and read positions, failure records and peer status. What its
 calls raise is in ``store_errors.py``.
 
@@ -36,6 +37,7 @@ from ..positions import position_order
 from .change_log import ChangesRead, LogEntry, parse_entry
 from .flow_keys import FlowKeys
 from .durable import DurableWrites
+from .flow_events import FlowEvents
 from .redis_calls import DEFAULT_CALL_DEADLINE_S, RedisCalls
 from .store_errors import Fenced, GuessWrong, StaleState
 from .suspensions import Suspensions
@@ -66,7 +68,7 @@ def chunked(messages: list[Message], max_count: int = DELIVER_MAX_MESSAGES,
         yield chunk
 
 
-class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
+class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents):
     """Typed, retrying access to one flow's Redis state."""
 
     def __init__(
@@ -406,7 +408,8 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
     # -- peer status ------------------------------------------------------
     def write_status(self, status: dict, ttl_s: int = 10) -> None:
         """One attempt, no retry (the next status replaces it): raises when Redis does not answer.
-        A mapping (``rule_pending``) is written as JSON text, read back as a mapping."""
+        A mapping (``rule_pending``, ``suspended``, ``pending_nodes``) is written as JSON text, read
+        back as a mapping."""
         key = self.keys.peer(self.peer_id)
 
         def write():
@@ -436,7 +439,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions):
                     continue
                 row = {k.decode(): v.decode() for k, v in h.items()}
                 row.setdefault("peer_id", row.get("node_id", nid))  # a peer that writes only node_id (mid-upgrade)
-                for mapping in ("rule_pending", "suspended"):  # written as JSON text (write_status)
+                for mapping in ("rule_pending", "suspended", "pending_nodes"):  # written as JSON text (write_status)
                     if row.get(mapping, "").startswith("{"):
                         row[mapping] = loads(row[mapping])
                 out.append(row)

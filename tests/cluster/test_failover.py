@@ -1,4 +1,5 @@
-"""Two real peer processes (Spark, Redis, ZooKeeper, gRPC): failover loses nothing, feeds nothing twice.
+"""Two real peer processes (Spark, Redis, ZooKeeper, gRPC): failover loses nothing, feeds nothing twice,
+and the flow's events stream records it (its phases in order, handovers with who asked).
 
 These are the slowest tests (each starts two Spark drivers, about 30 s).
 """
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from twinflow.chaos.drills import RTO_TARGET_S
+from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.testing.checker import check_sink, failover_seconds, read_sink
 from twinflow.testing.producers import IngestPublisher
 from twinflow.testing.local_cluster import LocalCluster
@@ -21,6 +24,11 @@ pytestmark = pytest.mark.cluster
 
 MESSAGES = 5000
 RATE = 1000.0
+# From the old master's last sign of life to the new master's first write after its catch-up: the
+# drills' bound on recovery (from the kill to the first write, RTO_TARGET_S), and 1 s for what this
+# span has more: the last sign comes up to a status interval (0.5 s) before the kill, and the
+# catch-up (here the 3 s the worker reads behind, about 0.1 s) comes before the first write.
+FIRST_WRITE_BOUND_S = RTO_TARGET_S + 1.0
 BAD = [b"{not json", json.dumps({"seq": 1}).encode(), json.dumps({"id": "no-key"}).encode()]
 
 
@@ -79,6 +87,31 @@ def test_sigkill_of_master_mid_stream_delivers_every_message_exactly_once(cluste
     fo = failover_seconds(entries, old_epoch, killed_at)
     print(f"failover: {fo:.2f} s from SIGKILL to the first sink write of the new master")
     assert fo is not None
+
+    # The flow's events stream holds the failover: the new master's promotion with its phases,
+    # and its first write, joined by epoch (what an operator's console shows).
+    events = FlowStore(cluster.redis, cluster.keys, "test")
+
+    def failover_records():
+        records = events.events(count=200)
+        promoted = [e for e in records if e["event"] == "promoted" and e["epoch"] == new_epoch]
+        first = [e for e in records if e["event"] == "first_write" and e["epoch"] == new_epoch]
+        return promoted and first and (promoted[0], first[0])
+    promoted, first = wait_until(failover_records, 15, what="the promoted and first_write records")
+    print(f"failover record: {promoted} then {first}")
+    assert promoted["peer"] == first["peer"] == new_master and promoted["old_master"] == old_master
+    phases = [promoted[k] for k in ("master_lost_at", "session_expired_at", "promoted_at", "state_loaded_at",
+                                    "rolled_back_at")] + [first["first_write_at"]]
+    assert phases == sorted(phases), phases  # each phase ends after the one before
+    # The old master's last sign of life is its last status or batch before the kill (the flow's
+    # clock is Redis's, on this machine), and its ZooKeeper session expired after about 2 s.
+    assert killed_at - 2.0 <= promoted["master_lost_at"] <= killed_at + 0.5, (killed_at, promoted)
+    assert 1.0 <= promoted["session_expired_at"] - promoted["master_lost_at"] <= 6.0, promoted
+    assert first["since_promoted_s"] == pytest.approx(first["first_write_at"] - promoted["promoted_at"], abs=0.002)
+    for took in ("batch_wait_s", "epoch_s", "state_load_s", "catch_up_s"):
+        assert 0.0 <= promoted[took] < 5.0, promoted
+    assert first["first_write_at"] - promoted["master_lost_at"] < FIRST_WRITE_BOUND_S, (promoted, first)
+    assert any(e["event"] == "started" and e["peer"] == old_master for e in events.events(count=200))
 
     # Bad input went to the failure stream with its reason; the flow kept going.
     def failures():
@@ -147,3 +180,13 @@ def test_graceful_handover_by_rpc_and_by_sigterm_loses_nothing(cluster):
     for role in ("master", "worker"):
         assert value(got, "twinflow_batch_duration_seconds_count", role=role, **who[first]) > 0
     assert value(got, "twinflow_escalation_batches_received_total", result="accepted", **who[first]) > 0
+
+    # The events stream has both handovers with who asked (the RPC's and SIGTERM's), and the first
+    # peer's demotion by the first.
+    events = FlowStore(cluster.redis, cluster.keys, "test")
+    wait_until(lambda: any(e["event"] == "demoted" and e["peer"] == first for e in events.events(count=200)), 10,
+               what="first's demoted record")
+    records = events.events(count=200)
+    asked = [(e["peer"], e["by"], e["ok"], e["new_master"]) for e in reversed(records) if e["event"] == "handover"]
+    assert asked == [(first, "admin", True, second), (second, "SIGTERM", True, first)], asked
+    assert [e["reason"] for e in records if e["event"] == "demoted" and e["peer"] == first] == ["handover"]

@@ -36,6 +36,7 @@ cluster: {{redis_checks: warn}}
 class Leadership:
     def __init__(self):
         self.is_master, self.suspended, self.steps_down = False, False, []
+        self.elected_at, self.previous_master = None, None  # what a promotion's record reads
 
     def start(self):
         pass

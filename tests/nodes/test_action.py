@@ -109,6 +109,7 @@ def test_retries_used_up_suspend_the_node_and_later_messages_wait_behind_in_orde
                                  "reason": "service error after 1 retries: TransientError: busy"}
     assert node.on_message(Msg("m2", {}), 5.0) == [] and node.on_message(Msg("m3", {}), 6.0) == []
     assert svc.calls == ["m1", "m1"] and node.pending() == 3 and node.next_deadline() == 31.0
+    assert node.pending_counts() == {"held": 3, "retries": 1, "behind": 2}  # a peer's status: pending_nodes
     assert [o[:2] for o in outs(node.on_time(31.0))] == [("done", "m1"), ("done", "m2"), ("done", "m3")]
     assert node.suspension() is None and node.pending() == 0
 

@@ -302,6 +302,14 @@ class ClaimSortNode:
         counts[NOHIT] = 0
         return counts
 
+    def pending_counts(self) -> dict[str, Any]:
+        """What the node holds, as a flow node's ``pending_counts``: ``held``, of them ``baking`` and
+        ``overdue`` (baked fully, unclaimed, still held), and the same per baking ruleset."""
+        rulesets = {name: {"baking": c.baking, "overdue": len(c) - c.baking} for name, c in self._caches.items()}
+        baking = sum(r["baking"] for r in rulesets.values())
+        overdue = sum(r["overdue"] for r in rulesets.values())
+        return {"held": baking + overdue, "baking": baking, "overdue": overdue, "rulesets": rulesets}
+
     @property
     def full(self) -> bool:
         """True at max_pending: the caller must stop reading (backpressure), not drop."""

@@ -137,6 +137,9 @@ class SortNode(Node):
         counts[NOHIT] = 0
         return counts
 
+    def pending_counts(self) -> dict[str, Any]:
+        return {"held": self.pending(), "rulesets": self.rule_pending()}
+
     @property
     def full(self) -> bool:
         """True at max_pending: an engine should stop reading (backpressure); the node never drops."""
