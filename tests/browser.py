@@ -75,6 +75,7 @@ def shots(directory: Path) -> Callable[[object, str], Path]:
 
     def save(driver, name: str) -> Path:
         path = directory / f"{name}.png"
+        driver.execute_script("window.scrollTo(0, 0)")  # the page from its top, as a person opens it
         driver.save_screenshot(str(path))
         if extra:
             Path(extra).mkdir(parents=True, exist_ok=True)

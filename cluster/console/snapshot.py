@@ -4,7 +4,9 @@ The flow's shape comes from its flow file (:func:`flow_shape`, read once); every
 comes from what the peers already keep in Redis:
 
 - each peer's status hash (``tf:{F}:node:<peer>``, written every half second): role, epoch,
-  address, lag, last batch, what each node holds, suspensions;
+  address, lag, last batch, what each node holds, suspensions; and how old it is on Redis's
+  clock, so that a peer that stopped writing (killed, cut off) shows as silent before its
+  status lapses;
 - the count of every stream a message leaves the flow by, and of the uplink: ``XINFO
   STREAM``'s ``entries-added``, which counts every entry ever added (a trimmed stream
   still counts what was trimmed), so a count is the cluster's, not one peer's since its
@@ -17,7 +19,7 @@ nothing per message.
 
 Under failure: a snapshot never raises for Redis. When Redis does not answer, it says so in
 ``redis`` and carries no live part; the page keeps what it drew and shows Redis down. A part
-that cannot be read (an old peer without the events stream) is left empty.
+that no peer has written yet (the events stream of a flow that never failed over) is empty.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ log = logging.getLogger("twinflow.console")
 RATE_WINDOW_S = 5.0     # a rate is the count's change over about this long
 EVENTS_SHOWN = 30       # the newest events the page lists
 REDIS_DEADLINE_S = 2.0  # a poll waits at most this long for Redis
+SILENT_S = 2.0          # a peer whose status is older than this is shown as silent (it writes every 0.5 s)
 
 
 def flow_shape(graph: FlowGraph) -> dict:
@@ -122,9 +125,15 @@ class ConsoleView:
         uplink = 0
         for k, store in enumerate(self.stores):
             shard = store.keys.flow
+            seconds, micros = store.r.time()  # the flow's clock, which the peers' statuses are on
             for row in store.read_statuses(deadline_s=REDIS_DEADLINE_S):
                 row["uplink_lag"], row["uplink_lag_s"] = store.uplink_behind(row["peer_id"])
                 row["shard"] = shard
+                # A status is written every half second and lapses after 5 s: one not written for
+                # longer than SILENT_S is a peer gone (killed, cut off) whose last word is still there.
+                at = float(row.get("at") or 0)
+                row["age_s"] = round(seconds + micros / 1e6 - at, 3) if at else None
+                row["silent"] = row["age_s"] is not None and row["age_s"] > SILENT_S
                 out["peers"].append(row)
             added = self._entries_added(store, [store.keys.uplink, *(s for _, s in self.streams[k])])
             uplink += added[0]
@@ -151,5 +160,4 @@ class ConsoleView:
 
     @staticmethod
     def _events(store: FlowStore) -> list[dict]:
-        reader = getattr(store, "events", None)  # a store without the events stream: no timeline
-        return list(reader(count=200)) if reader is not None else []
+        return store.events(count=200, deadline_s=REDIS_DEADLINE_S)

@@ -111,7 +111,7 @@ def test_the_console_shows_the_cluster_live_and_acts_for_an_admin_only(services,
         c.peer("b", extra=["--worker-read-behind-ms", "0"])
         c.wait_status("b", role="worker", streaming=1)
         console, url = start_console(tmp_path, c)
-        with chromium() as driver:
+        with chromium(1400, 1500) as driver:
             # A read-only operator: both peers with their roles.
             sign_in(driver, url, "rita", "read-token-for-the-console")
             wait_until(lambda: roles(driver) == {"a": "master", "b": "worker"}, 15,
@@ -178,6 +178,11 @@ def test_the_console_shows_the_cluster_live_and_acts_for_an_admin_only(services,
             killed = time.monotonic()
             c.peers["b"].kill()
             wait_until(lambda: roles(driver).get("a") == "master", 30, what=f"a master again: {roles(driver)}")
+            publish(10)  # the new master's first write is its first step with messages
+            # The killed master's last status lingers until its TTL: it shows as silent, not as a master.
+            silent_or_gone = "const r = document.querySelector('#peers tr[data-peer=\"b\"]'); return !r || r.classList.contains('silent')"
+            wait_until(lambda: driver.execute_script(silent_or_gone), 10, what="b silent or gone")
+            assert text_of(driver, "#master") == "a"
             new = f'.failover[data-epoch="{epoch + 1}"]'
             recorded = f"return [...document.querySelectorAll('{new} .phase')].filter(p => p.dataset.at !== '').length"
             wait_until(lambda: driver.execute_script(recorded) == 6, 30,
@@ -187,7 +192,6 @@ def test_the_console_shows_the_cluster_live_and_acts_for_an_admin_only(services,
             assert phases == ["master lost", "session expired", "promoted", "state loaded", "rolled back",
                               "first write"], phases
             assert seen_s < 20, f"the failover took {seen_s:.1f} s to show"
-            publish(10)
             wait_until(lambda: text_of(driver, count) == "71", 30, what=f"71 delivered: {text_of(driver, count)}")
             assert "kill-master" in text_of(driver, "#drills")
             save(driver, "console-failover")

@@ -215,9 +215,12 @@ function updatePeers(snap) {
     const batch = p.last_batch_at ? `${ago(p.last_batch_at, snap.at)}, ${fmtCount(p.last_batch_size)} msgs in ` +
       fmtSeconds(p.last_batch_s) : "-";
     const claims = p.role === "worker" ? `baking ${fmtCount(p.baked)}, claimed ${fmtCount(p.claimed)}` : "-";
-    return el("tr", {"data-peer": p.peer_id, "data-shard": p.shard, class: "role-" + p.role},
+    const role = el("span", {class: "role badge " + p.role}, p.role);
+    const silent = p.silent ? el("span", {class: "badge silent", title: "its status was last written " +
+      fmtSeconds(p.age_s) + " ago"}, "silent " + fmtSeconds(p.age_s)) : "";
+    return el("tr", {"data-peer": p.peer_id, "data-shard": p.shard, class: "role-" + p.role + (p.silent ? " silent" : "")},
       el("td", {class: "peer"}, p.peer_id + (snap.shards > 1 ? " / " + p.shard : "")),
-      el("td", {}, el("span", {class: "role badge " + p.role}, p.role)),
+      el("td", {}, role, " ", silent),
       el("td", {class: "epoch"}, p.epoch || "-"),
       el("td", {}, p.grpc_address || "-"),
       el("td", {class: "lag"}, `${fmtCount(p.uplink_lag)} / ${fmtSeconds(p.uplink_lag_s)}`),
@@ -227,7 +230,7 @@ function updatePeers(snap) {
       el("td", {class: suspended ? "bad" : ""}, suspended || "no"),
       el("td", {}, p.version || "-"));
   }));
-  const master = rows.filter((p) => p.role === "master").map((p) => p.peer_id);
+  const master = rows.filter((p) => p.role === "master" && !p.silent).map((p) => p.peer_id);
   $("#master").textContent = master.length ? [...new Set(master)].join(", ") : "none";
 }
 
@@ -242,11 +245,12 @@ function updateFailovers(snap) {
       part.style.width = Math.max(1, 100 * p.s / total) + "%";
       return part;
     }));
-    const list = el("ol", {class: "phases"}, ...f.phases.map((p) => el("li",
+    const list = el("table", {class: "phases"}, el("tbody", {}, ...f.phases.map((p) => el("tr",
       {class: "phase", "data-phase": p.phase, "data-at": p.at === null ? "" : p.at},
-      el("span", {class: "phase-name phase-" + p.phase}, p.phase.replace("_", " ")),
-      el("span", {class: "phase-s"}, p.s === null ? (p.at === null ? "not recorded" : "") : "+" + fmtSeconds(p.s)),
-      el("span", {class: "muted"}, p.at ? fmtTime(p.at) : ""))));
+      el("td", {}, el("span", {class: "swatch phase-" + p.phase}),
+        el("span", {class: "phase-name"}, p.phase.replace("_", " "))),
+      el("td", {class: "phase-s"}, p.s === null ? (p.at === null ? "not recorded" : "") : "+" + fmtSeconds(p.s)),
+      el("td", {class: "muted"}, p.at ? fmtTime(p.at).slice(11) : "")))));
     return el("div", {class: "failover", "data-epoch": f.epoch, "data-peer": f.peer},
       el("h3", {}, `epoch ${f.epoch}: ${f.peer} promoted, ${fmtTime(f.at)}`,
         el("span", {class: "muted"}, `  ${fmtSeconds(f.total_s)} in all, ${fmtCount(f.rolled_back)} rolled back`)),
