@@ -26,6 +26,15 @@ the call; the engine itself never drops a message.
 >>> Engine(g, leave=lambda node, e, at: left.append((node, e.outlink, at))).feed(Msg("m1", {}), 2.0)
 >>> left
 [('a', 'done', 2.0)]
+
+``passed`` counts what each link inside the flow took (an operator's console shows it):
+
+>>> g = parse_graph("flow: f\\nnodes:\\n  h: {type: history, links: {new: a}}\\n  a: {type: action}\\n")
+>>> e = Engine(g)
+>>> for n in range(3):
+...     e.feed(Msg(f"m{n % 2}", {}), 1.0 + n)
+>>> e.passed
+{('h', 'new'): 2}
 """
 
 from __future__ import annotations
@@ -53,6 +62,10 @@ class Engine:
         self._quiet = all(node.sets_deadlines_after_now for node in graph.nodes.values())
         self._fired_to: float | None = None
         self._links = {(name, outlink): nxt for name, links in graph.links.items() for outlink, nxt in links.items()}
+        # Messages each link took, (node, outlink) -> count, since this engine started: what an
+        # operator's console shows on the links inside the flow (one dict update per emission
+        # that stays in the flow; what leaves is counted by the caller's ``leave``).
+        self.passed: dict[tuple[str, str], int] = {}
         self._finishers = _finishers(graph)
 
     def feed(self, msg: Msg, at: float) -> None:
@@ -124,6 +137,8 @@ class Engine:
                         for m in e.msgs:
                             history.finished(m, self.now)
                 continue
+            key = (name, e.outlink)
+            self.passed[key] = self.passed.get(key, 0) + len(e.msgs)
             if len(e.msgs) == 1:
                 self._deliver(nxt, e.msgs[0])
             else:

@@ -12,7 +12,10 @@ comes from what the peers already keep in Redis:
   still counts what was trimmed), so a count is the cluster's, not one peer's since its
   start; a rate is the difference between two polls;
 - the flow's events stream (``tf:{F}:events``): the failover timeline (:mod:`.failovers`);
-- the FAILED audit's counts.
+- the FAILED audit's counts;
+- on the links inside the flow, what the master's term sent along each (its status's
+  ``links``, counted by the engine): a count since the master took the role (a failover
+  starts it again), and its rate.
 
 Cost: a poll makes O(peers + outlinks) Redis calls, one pipeline for the counts, and
 nothing per message.
@@ -111,7 +114,7 @@ class ConsoleView:
         """The page's data now (see the module doc); never raises for Redis."""
         now = self.clock()
         out = {"flow": self.graph.name, "at": now, "redis": "ok", "shards": len(self.stores),
-               "peers": [], "outlinks": {}, "uplink": {}, "epoch": 0, "failovers": [], "events": [],
+               "peers": [], "outlinks": {}, "links": {}, "uplink": {}, "epoch": 0, "failovers": [], "events": [],
                "failures": {}, "suspended": {}}
         try:
             with self._lock:
@@ -142,6 +145,13 @@ class ConsoleView:
             out["epoch"] = max(out["epoch"], store.current_epoch(deadline_s=REDIS_DEADLINE_S))
             out["suspended"].update(store.suspensions(deadline_s=REDIS_DEADLINE_S))
             out["events"] += self._events(store)
+        links: dict[str, int] = {}
+        for row in out["peers"]:  # each shard's master, while it writes: what its term's links took
+            if row.get("role") == "master" and not row["silent"] and isinstance(row.get("links"), dict):
+                for name, n in row["links"].items():
+                    links[name] = links.get(name, 0) + int(n)
+        out["links"] = {name: {"count": n, "rate": self._rates.rate("link " + name, now, n)}
+                        for name, n in links.items()}
         out["uplink"] = {"count": uplink, "rate": self._rates.rate("uplink", now, uplink)}
         out["outlinks"] = {name: {"count": n, "rate": self._rates.rate(name, now, n)} for name, n in counts.items()}
         out["events"].sort(key=lambda e: e.get("at") or 0, reverse=True)

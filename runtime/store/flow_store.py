@@ -439,7 +439,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
                     continue
                 row = {k.decode(): v.decode() for k, v in h.items()}
                 row.setdefault("peer_id", row.get("node_id", nid))  # a peer that writes only node_id (mid-upgrade)
-                for mapping in ("rule_pending", "suspended", "pending_nodes"):  # written as JSON text (write_status)
+                for mapping in ("rule_pending", "suspended", "pending_nodes", "links"):  # written as JSON text (write_status)
                     if row.get(mapping, "").startswith("{"):
                         row[mapping] = loads(row[mapping])
                 out.append(row)

@@ -80,8 +80,13 @@ def failed_two(store) -> list[str]:
 
 def test_the_snapshot_shows_the_peers_counts_rates_and_failures(graph, store):
     clock = FakeClock(1000.0)
+    seconds, micros = store.r.time()
     store.write_status({"flow": graph.name, "peer_id": "peer-a", "role": "master", "epoch": 1,
-                        "grpc_address": "127.0.0.1:7001", "suspended": {}})
+                        "grpc_address": "127.0.0.1:7001", "suspended": {}, "at": seconds + micros / 1e6,
+                        "links": {"check.passed": 7}})
+    gone = FlowStore(store.r, store.keys, "peer-b")  # killed as master 10 s ago: its status lingers
+    gone.write_status({"peer_id": "peer-b", "role": "master", "epoch": 0, "at": seconds - 10.0,
+                       "links": {"check.passed": 99}})
     server = serve(graph, store, clock=clock.now)
     try:
         status, shape = call(server.url, "/console/api/flow")
@@ -89,8 +94,10 @@ def test_the_snapshot_shows_the_peers_counts_rates_and_failures(graph, store):
         assert {n["name"] for n in shape["nodes"]} == set(graph.nodes)
         status, snap = call(server.url, "/console/api/snapshot")
         assert status == 200 and snap["redis"] == "ok" and snap["epoch"] == 1
-        assert [(p["peer_id"], p["role"], p["grpc_address"]) for p in snap["peers"]] == [
-            ("peer-a", "master", "127.0.0.1:7001")]
+        assert [(p["peer_id"], p["role"], p["silent"]) for p in snap["peers"]] == [
+            ("peer-a", "master", False), ("peer-b", "master", True)]
+        assert snap["peers"][0]["grpc_address"] == "127.0.0.1:7001" and snap["peers"][1]["age_s"] >= 10
+        assert snap["links"] == {"check.passed": {"count": 7, "rate": 0.0}}  # the live master's alone
         sink = next(name for name in snap["outlinks"] if name.endswith(".done"))
         assert snap["outlinks"][sink] == {"count": 0, "rate": 0.0}
 

@@ -119,7 +119,7 @@ function layout(shape) {
   const linked = new Set(shape.links.map((l) => l.from + "." + l.outlink));
   const columns = {};
   const boxes = {};
-  const W = 190, GAP_X = 120, H = 58, LINE = 16, GAP_Y = 28;
+  const W = 190, GAP_X = 150, H = 58, LINE = 16, GAP_Y = 28;
   for (const n of shape.nodes) (columns[depth[n.name]] = columns[depth[n.name]] || []).push(n);
   let height = 0;
   for (const [col, nodes] of Object.entries(columns)) {
@@ -146,7 +146,12 @@ function drawGraph(shape) {
     const x1 = a.x + a.w, y1 = a.y + a.h / 2, x2 = b.x, y2 = b.y + b.h / 2;
     svg.append(el("svg:path", {d: `M ${x1} ${y1} C ${x1 + 50} ${y1}, ${x2 - 50} ${y2}, ${x2} ${y2}`,
       class: "link", "marker-end": "url(#arrow)"}));
-    svg.append(el("svg:text", {x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 4, class: "link-label"}, link.outlink));
+    const label = el("svg:text", {x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 6, class: "link-label",
+      "data-link": link.from + "." + link.outlink, "text-anchor": "middle"});
+    label.append(el("svg:tspan", {class: "outlink-name"}, link.outlink + " "));
+    label.append(el("svg:tspan", {class: "count"}, ""));
+    label.append(el("svg:tspan", {class: "rate"}, ""));
+    svg.append(label);
   }
   for (const n of shape.nodes.filter((n) => n.pairs_with && boxes[n.pairs_with])) {
     // The claim pair: the master escalates what its action processed to the worker's sort.
@@ -190,8 +195,14 @@ function updateGraph(snap) {
     label.querySelector(".count").textContent = fmtCount(o.count);
     label.querySelector(".rate").textContent = "  " + fmtRate(o.rate) + "/s";
   }
-  const master = (snap.peers || []).find((p) => p.role === "master");
-  const worker = (snap.peers || []).find((p) => p.role === "worker");
+  for (const [name, o] of Object.entries(snap.links || {})) {
+    const label = document.querySelector(`[data-link="${CSS.escape(name)}"]`);
+    if (!label) continue;
+    label.querySelector(".count").textContent = fmtCount(o.count);
+    label.querySelector(".rate").textContent = "  " + fmtRate(o.rate) + "/s";
+  }
+  const master = (snap.peers || []).find((p) => p.role === "master" && !p.silent);
+  const worker = (snap.peers || []).find((p) => p.role === "worker" && !p.silent);
   const held = (master && master.pending_nodes) || {};
   for (const n of state.shape.nodes) {
     const text = document.querySelector(`[data-held="${CSS.escape(n.name)}"]`);
