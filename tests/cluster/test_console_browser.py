@@ -7,7 +7,9 @@ both peers appear with their roles; the counts move while messages flow; a read-
 operator sees the failed messages but cannot resubmit them (no button, and the console
 refuses the call); an admin resubmits one from the page, with a confirmation, and it is
 delivered once; a handover asked from the page moves the master role; after a SIGKILL of
-the master the new master and the failover with its phases appear within seconds.
+the master the killed peer shows as silent, and the new master and the failover with its
+six phases appear within seconds. The flow is ``test_failed_audit``'s: the claim pair,
+whose action's service refuses a message with ``fail`` while the file ``broken`` exists.
 Screenshots of each stage are saved (``TWINFLOW_CONSOLE_SHOTS=DIR`` copies them there).
 """
 
@@ -24,36 +26,11 @@ import pytest
 
 from tests.browser import chromium, fetch, shots, text_of, texts_of
 from tests.cluster.harness import cluster_on
+from tests.cluster.test_failed_audit import FLOW, HANDLERS  # the claim pair whose action's service may refuse
 from tests.conftest import wait_until
 from twinflow.client import Client
 
 pytestmark = pytest.mark.cluster
-
-FLOW = """\
-flow: console
-uplink: {stream: uplink}
-message: {id: id, id_ttl: 86400}
-input: deliver
-nodes:
-  deliver: {type: action, handler: "handlers:deliver", max_retries: 0, sink: {stream: sink}}
-  claims: {type: sort, pairs_with: deliver, key: seq, key_type: int, bake_time: 3}
-cluster: {session_timeout: 2.0}
-"""
-
-# Every call is a line of calls.log; while the file "broken" exists, a message with "fail" is
-# refused (a service error: the action's error outlink, audited FAILED).
-HANDLERS = '''\
-from pathlib import Path
-
-HERE = Path(__file__).parent
-
-
-def deliver(msg):
-    with open(HERE / "calls.log", "a") as calls:
-        calls.write(msg.id + "\\n")
-    if msg.doc.get("fail") and (HERE / "broken").exists():
-        raise RuntimeError("the service refused " + msg.id)
-'''
 
 
 def start_console(tmp_path, c) -> tuple[subprocess.Popen, str]:
