@@ -207,10 +207,13 @@ function updateGraph(snap) {
   for (const n of state.shape.nodes) {
     const text = document.querySelector(`[data-held="${CSS.escape(n.name)}"]`);
     if (!text) continue;
-    if (n.kind === "sort" && worker) {
-      const rules = typeof worker.rule_pending === "object" ? worker.rule_pending : {};
-      const per = Object.entries(rules).map(([r, c]) => r + " " + c).join(", ");
-      text.textContent = `baking ${fmtCount(worker.baked)}, claimed ${fmtCount(worker.claimed)}` + (per ? "; " + per : "");
+    if (n.pairs_with) {
+      // The claim pair's sort runs on the worker: what it bakes and holds overdue, per ruleset in the tooltip.
+      const sort = ((worker && worker.pending_nodes) || {})[n.name];
+      const rules = Object.entries((sort && sort.rulesets) || {})
+        .map(([r, c]) => `${r}: baking ${fmtCount(c.baking)}, overdue ${fmtCount(c.overdue)}`).join("\n");
+      text.textContent = sort ? `baking ${fmtCount(sort.baking)}, overdue ${fmtCount(sort.overdue)}` : "no worker";
+      text.replaceChildren(text.textContent, el("svg:title", {}, rules || "no ruleset holds anything"));
     } else {
       text.textContent = heldText(n.name, held[n.name]);
     }
