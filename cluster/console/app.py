@@ -108,7 +108,10 @@ class ConsoleApp:
         if api == "snapshot":
             return 200, "application/json", _json(self.view.snapshot())
         if api == "failures":
-            return 200, "application/json", _json(self._failures(parse_qs(environ.get("QUERY_STRING", ""))))
+            try:
+                return 200, "application/json", _json(self._failures(parse_qs(environ.get("QUERY_STRING", ""))))
+            except ValueError as exc:  # a limit that is not a number, a status that is not one
+                return 400, "application/json", _json({"error": str(exc)})
         if api.startswith("failures/"):
             ref = unquote(api[len("failures/"):])
             try:
@@ -126,7 +129,7 @@ class ConsoleApp:
         status = one("status") or "FAILED"
         filt = AuditFilter(node=one("node"), reason=one("reason"), status="" if status == "ANY" else status)
         wanted = one("id")
-        limit = min(LIST_LIMIT, int(one("limit") or LIST_LIMIT))
+        limit = max(1, min(LIST_LIMIT, int(one("limit") or LIST_LIMIT)))
         # A search by message ID reads the filtered audit and keeps the entries whose ID has it.
         rows = self.view.failures.list(filt, limit=limit if not wanted else 10_000)
         if wanted:

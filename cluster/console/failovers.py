@@ -20,12 +20,12 @@ nothing is guessed.
 ...     {"event": "first_write", "peer": "b", "epoch": 4, "at": 107.0},
 ...     {"event": "promoted", "peer": "b", "epoch": 4, "at": 106.5, "master_lost_at": 100.0,
 ...      "session_expired_at": 102.0, "promoted_at": 102.1, "state_loaded_at": 102.3,
-...      "rolled_back_at": 106.5, "rolled_back": 12},
+...      "rolled_back_at": 106.5, "rolled_back": 12, "old_master": "a"},
 ... ]
 >>> [f["phases"] for f in failovers(records)][0][1:3]
 [{'phase': 'session_expired', 'at': 102.0, 's': 2.0}, {'phase': 'promoted', 'at': 102.1, 's': 0.1}]
->>> failovers(records)[0]["total_s"], failovers(records)[0]["rolled_back"]
-(7.0, 12)
+>>> failovers(records)[0]["total_s"], failovers(records)[0]["rolled_back"], failovers(records)[0]["cause"]
+(7.0, 12, 'failover')
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ PHASES = ("master_lost", "session_expired", "promoted", "state_loaded", "rolled_
 
 def failovers(records: list[dict], limit: int = 10) -> list[dict]:
     """The last ``limit`` promotions in ``records`` (the events stream, newest first), newest first:
-    ``{"epoch", "peer", "at", "rolled_back", "warm_state", "phases": [{"phase", "at", "s"}], "total_s"}``."""
+    ``{"epoch", "peer", "at", "cause", "old_master", "rolled_back", "warm_state",
+    "phases": [{"phase", "at", "s"}], "total_s"}``; ``cause`` is ``handover`` when the old master
+    recorded handing its role to this peer, ``failover`` when another master was before it,
+    ``start`` when none was (the flow's first master, or one after every peer had stopped)."""
     first_writes = {r.get("epoch"): r for r in records if r.get("event") == "first_write"}
+    # A handover the old master was asked for, and that went to this peer: its term was epoch - 1.
+    handed = {(r.get("epoch"), r.get("new_master")) for r in records if r.get("event") == "handover" and r.get("ok")}
     out = []
     for record in records:
         if record.get("event") != "promoted":
@@ -53,8 +58,11 @@ def failovers(records: list[dict], limit: int = 10) -> list[dict]:
             phases.append({"phase": phase, "at": at, "s": took})
             before = at if at is not None else before
         known = [t for t in times.values() if t is not None]
+        handover = isinstance(epoch, int) and (epoch - 1, record.get("peer")) in handed
         out.append({
             "epoch": epoch, "peer": record.get("peer"), "at": _number(record.get("at")),
+            "cause": "handover" if handover else "failover" if record.get("old_master") else "start",
+            "old_master": record.get("old_master"),
             "rolled_back": record.get("rolled_back", 0), "warm_state": record.get("warm_state"),
             "phases": phases,
             "total_s": round(max(known) - min(known), 3) if len(known) > 1 else None,

@@ -169,6 +169,9 @@ def test_the_console_shows_the_cluster_live_and_acts_for_an_admin_only(services,
             assert phases == ["master lost", "session expired", "promoted", "state loaded", "rolled back",
                               "first write"], phases
             assert seen_s < 20, f"the failover took {seen_s:.1f} s to show"
+            causes = driver.execute_script("return Object.fromEntries([...document.querySelectorAll('.failover')]"
+                                           ".map(f => [f.dataset.epoch, f.dataset.cause]))")
+            assert causes == {str(epoch + 1): "failover", str(epoch): "handover", "1": "start"}, causes
             wait_until(lambda: text_of(driver, count) == "71", 30, what=f"71 delivered: {text_of(driver, count)}")
             assert "kill-master" in text_of(driver, "#drills")
             save(driver, "console-failover")

@@ -123,6 +123,8 @@ def test_failed_messages_are_listed_searched_shown_and_resubmitted_once(graph, s
         assert all("message" not in e for e in listed["entries"])  # bodies only one at a time
         assert [e["audit_id"] for e in call(server.url, "/console/api/failures?id=o2")[1]["entries"]] == [o2]
         assert call(server.url, "/console/api/failures?node=nowhere")[1]["entries"] == []
+        assert call(server.url, "/console/api/failures?limit=many")[0] == 400
+        assert call(server.url, "/console/api/failures?status=LOST")[0] == 400
         status, shown = call(server.url, f"/console/api/failures/{o1}")
         assert status == 200 and json.loads(shown["message"]) == {"id": "o1", "type": "order"}
         assert call(server.url, "/console/api/failures/1700000000000-0")[0] == 404

@@ -265,8 +265,9 @@ function updateFailovers(snap) {
         el("span", {class: "phase-name"}, p.phase.replace("_", " "))),
       el("td", {class: "phase-s"}, p.s === null ? (p.at === null ? "not recorded" : "") : "+" + fmtSeconds(p.s)),
       el("td", {class: "muted"}, p.at ? fmtTime(p.at).slice(11) : "")))));
-    return el("div", {class: "failover", "data-epoch": f.epoch, "data-peer": f.peer},
-      el("h3", {}, `epoch ${f.epoch}: ${f.peer} promoted, ${fmtTime(f.at)}`,
+    return el("div", {class: "failover", "data-epoch": f.epoch, "data-peer": f.peer, "data-cause": f.cause},
+      el("h3", {}, `epoch ${f.epoch}: ${f.peer} promoted (${f.cause}` + (f.old_master ? ` from ${f.old_master}` : "") +
+        `), ${fmtTime(f.at)}`,
         el("span", {class: "muted"}, `  ${fmtSeconds(f.total_s)} in all, ${fmtCount(f.rolled_back)} rolled back`)),
       bar, list);
   }));
