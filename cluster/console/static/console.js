@@ -276,7 +276,8 @@ function updateFailovers(snap) {
 function updateEvents(snap) {
   $("#events tbody").replaceChildren(...(snap.events || []).map((e) => {
     const detail = Object.entries(e).filter(([k]) => !["id", "event", "peer", "epoch", "at", "flow"].includes(k))
-      .map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(" ");
+      .map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v)
+        : k.endsWith("_at") && Number(v) > 0 ? fmtTime(v).slice(11) : v)).join(" ");
     return el("tr", {"data-event": e.event}, el("td", {}, fmtTime(e.at)), el("td", {}, e.event),
       el("td", {}, e.peer || "-"), el("td", {}, e.epoch || "-"), el("td", {class: "detail"}, detail));
   }));
