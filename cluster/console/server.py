@@ -34,6 +34,11 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request, client_address):
+        # A client that went away, or spoke plain HTTP to the HTTPS port: its connection ends,
+        # the server goes on; a line in the debug log, not a traceback on stderr.
+        log.debug("console connection from %s failed", client_address[0], exc_info=True)
+
 
 class _QuietHandler(WSGIRequestHandler):
     """No access line per request on stderr: the page polls every second."""
