@@ -93,7 +93,8 @@ def pytest_runtest_makereport(item, call):
 # first: the pytest-xdist workers take files in this order, and the many short files left
 # at the end even out when the workers finish. The simulator's files first of all: its two
 # longest tests (150 seeded runs; the broken versions it must catch) take a worker for 1-2
-# minutes each, the longest single files of the suite; taken last, they were its tail.
+# minutes each (in a loaded run of the suite), the longest single files; taken late, one of them
+# can keep a worker busy after the others are done.
 _LONG_FIRST = ("sim", "cluster", "lab")
 
 
