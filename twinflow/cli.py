@@ -46,13 +46,14 @@ class _OldName(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _security_flags(parser, serving: bool) -> None:
+def _security_flags(parser, serving: bool, title: str = "gRPC security (over the flow file's security section)",
+                    description: str | None = None) -> None:
     """``run``'s gRPC options (``serving``: its server's certificate, mutual TLS, --insecure), or
     an operator command's, :func:`~twinflow.cli_common.operator_security_flags`."""
     if not serving:
         operator_security_flags(parser)
         return
-    g = parser.add_argument_group("gRPC security (over the flow file's security section)")
+    g = parser.add_argument_group(title, description)
     g.add_argument("--tls-cert", metavar="PEM", help="this peer's certificate (its gRPC server; and its "
                                                       "client certificate with --tls-mutual)")
     g.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
@@ -198,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--reports", metavar="DIR", help="show the drill results (*.jsonl) found in DIR")
     co.add_argument("--handover-timeout", type=float, default=10.0, metavar="S",
                     help="how long a handover asked from the page may take (default 10)")
-    _security_flags(co, serving=True)
+    _security_flags(co, serving=True, title="security (over the flow file's security section)",
+                    description="--tls-cert and --tls-key: the console's HTTPS certificate; --token read=REF and "
+                                "admin=REF: the tokens it accepts (admin's also sent to the master for a handover); "
+                                "--tls-ca: to dial the peers")
     co.set_defaults(fn=cmd_console)
 
     pb = sub.add_parser("publish", help="send JSON messages (one per line, from stdin or --file) into a flow's "
