@@ -51,7 +51,7 @@ class MasterSide:
         self.session: MasterSession | None = None  # the term: its flow, a cache of its state in Redis
         self.open_in_flow = 0  # what the flow held open after the last step (status reads this, not the flow)
         self.pending_nodes: dict[str, dict] = {}  # the same per node (MasterFlow.pending_nodes), for status
-        self.links: dict[str, int] = {}  # "node.outlink" -> messages the link took this term, for status
+        self.links: dict[tuple[str, str], int] = {}  # (node, outlink) -> messages the link took this term
         self.remote_deadline: float | None = None  # the flow's next deadline, as an executor's batch left it
         self.remote_batch_at = float("-inf")  # monotonic time of the last batch an executor ran as master
         # Whether the executors keep the flow (its next deadline is remote_deadline): from an
@@ -239,6 +239,6 @@ class MasterSide:
         if flow is not None:
             nodes = flow.pending_nodes()
             self.pending_nodes = nodes  # one assignment: status reads the whole dict or the last one
-            self.links = {f"{node}.{outlink}": n for (node, outlink), n in flow.engine.passed.items()}
+            self.links = dict(flow.engine.passed)  # a copy under the lock; named for status when it is read
             self.open_in_flow = sum(n["held"] for n in nodes.values())
             self.m.reader.set_suspended(flow.suspensions())  # the master knows first: hold at once

@@ -311,7 +311,8 @@ class FlowMember:
             if self.spec.pair is not None:
                 pending_nodes[self.spec.pair.sort] = {"kind": "sort", **sort.pending_counts()}
             out["pending_nodes"] = pending_nodes
-            out["links"] = dict(self.master.links) if running else {}  # inside the flow, this term
+            out["links"] = {f"{node}.{outlink}": n for (node, outlink), n in self.master.links.items()
+                            } if running else {}  # inside the flow, this term
         out["zookeeper"] = "suspended" if self.leadership and self.leadership.suspended else "connected"
         out["redis"] = self.store.health() if self.store else "ok"
         out["streaming"] = int(state.streaming)
