@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from ..runtime.message import Message
 from ..runtime.store.store_errors import RedisUnavailable
+from ..runtime.spark.logged_batch import delivered_read_s
+from .batch_phases import NO_PHASES, BatchLog, BatchPhases
 from .master_flow import collector_paused
 from .roles import MASTER, WORKER
 from .timings import BatchTimings
@@ -57,25 +59,31 @@ class BatchIntake:
         # The last batch this member ran as master or baked as worker: (flow time it ended,
         # entries in it, seconds it took), for status; None before the first.
         self.last_batch: tuple[float, int, float] | None = None
+        self.batch_log = BatchLog(member.cfg.batch_log)  # where each master batch's phases go, if anywhere
 
     # -- batches from the uplink ------------------------------------------
     def on_batch(self, batch_id: int, rows: list[tuple[str, bytes | None, int | None]]) -> None:
         """Process one batch whole, or raise so that Spark does not commit it; a master's batch
         may run ahead instead (module doc)."""
-        self.settle_ahead()
+        phases = self.batch_log.begin(batch_id, delivered_read_s())
+        with phases.timed("wait_previous"):
+            self.settle_ahead()
         handed = False
         lock = self.m.batch_lock
         lock.acquire()
         try:
             last = last_position(rows)
-            if self._may_run_ahead(last):
-                self._ahead = self.ahead.submit(self._run_ahead, batch_id, rows, last)
+            with phases.timed("handled"):
+                ahead = self._may_run_ahead(last)
+            if ahead:
+                self._ahead = self.ahead.submit(self._run_ahead, batch_id, rows, last, phases)
                 handed = True  # the batch thread releases batch_lock
                 return
-            self._decode_and_take(batch_id, rows, last)
+            self._decode_and_take(batch_id, rows, last, phases)
         finally:
             if not handed:
                 lock.release()
+            self.batch_log.handed_on()
 
     def _may_run_ahead(self, last: str | None) -> bool:
         """Whether this batch may run after on_batch returned (caller holds batch_lock): as master,
@@ -92,12 +100,12 @@ class BatchIntake:
             return False
         return True
 
-    def _run_ahead(self, batch_id: int, rows: list[tuple], last: str) -> None:
+    def _run_ahead(self, batch_id: int, rows: list[tuple], last: str, phases: BatchPhases) -> None:
         """The batch thread: the batch as on_batch would have run it (decoding too: Spark's
         thread goes back to Spark sooner), then batch_lock released."""
         m = self.m
         try:
-            self._decode_and_take(batch_id, rows, last)
+            self._decode_and_take(batch_id, rows, last, phases)
         except PeerStopping as exc:  # handled_id covers it: a promoted member delivers it
             log.info("%s: %s", m.cfg.peer_id, exc)
         except BaseException as exc:
@@ -108,7 +116,8 @@ class BatchIntake:
         finally:
             m.batch_lock.release()
 
-    def _decode_and_take(self, batch_id: int, rows: list[tuple], last: str | None) -> None:
+    def _decode_and_take(self, batch_id: int, rows: list[tuple], last: str | None,
+                         phases: BatchPhases = NO_PHASES) -> None:
         """Decode the rows and take the batch, Python's cyclic collector paused meanwhile.
 
         Why paused: a batch's messages live until it ends, so the collector's passes
@@ -118,9 +127,18 @@ class BatchIntake:
         burst of 50,000: 0.28 s of every 1.2 s batch in collections, most of them
         full (docs/performance.md). It runs again once the batch is over.
         """
-        with collector_paused():
-            msgs, bad = self.decode(rows)
-            self._take_batch(batch_id, msgs, bad, last)
+        self.batch_log.taken(phases, len(rows))
+        as_master = False
+        try:
+            with collector_paused():
+                with phases.timed("decode"):
+                    msgs, bad = self.decode(rows)
+                as_master = self._take_batch(batch_id, msgs, bad, last, phases)
+        finally:
+            if as_master:
+                self.batch_log.done(phases)
+            else:
+                self.batch_log.skipped()
 
     def settle_ahead(self, timeout_s: float | None = None) -> None:
         """Wait for the batch running ahead; raise what it raised."""
@@ -128,8 +146,10 @@ class BatchIntake:
         if ahead is not None:
             ahead.result(timeout_s)
 
-    def _take_batch(self, batch_id: int, msgs: list[Message], bad: list[tuple], last: str | None) -> None:
-        """Record the bad entries, then bake or run the batch (caller holds batch_lock)."""
+    def _take_batch(self, batch_id: int, msgs: list[Message], bad: list[tuple], last: str | None,
+                    phases: BatchPhases = NO_PHASES) -> bool:
+        """Record the bad entries, then bake or run the batch (caller holds batch_lock); True when
+        it ran as master to its end."""
         m = self.m
         if m.stopping.is_set():
             raise PeerStopping(f"batch {batch_id} arrived while stopping; it is read again on restart")
@@ -139,17 +159,19 @@ class BatchIntake:
             record_bad(m.store, m.spec, bad)
             m.state.count(failed=len(bad))
         if last is None:
-            return
+            return False
         try:
-            self._process(batch_id, msgs, last)
+            as_master = self._process(batch_id, msgs, last, phases)
         finally:
             self.holding = False
             took = time.perf_counter() - started
             self.batch_timings.observe(role, took)
         # Only a batch taken whole (committed as master, or baked): one tuple a batch, for status.
         self.last_batch = (m.clock.now(), len(msgs) + len(bad), took)
+        return as_master
 
-    def _process(self, batch_id: int, msgs: list[Message], last: str) -> None:
+    def _process(self, batch_id: int, msgs: list[Message], last: str, phases: BatchPhases = NO_PHASES) -> bool:
+        """Run the batch as master or bake it: True when it ran as master to its end."""
         m = self.m
         while True:
             if m.stopping.is_set():
@@ -157,14 +179,15 @@ class BatchIntake:
             role, epoch = m.state.role_and_epoch()
             if role != MASTER:
                 m.claims.bake(msgs, last)
-                return
+                return False
             if m.leadership.may_write():
-                rest = m.master.run(msgs, epoch, last)
+                rest = m.master.run(msgs, epoch, last, phases)
                 if rest is None:
                     m.state.handled(last)
-                else:  # stepped down part-way: the rest is a worker's
-                    m.claims.bake(rest, last)
-                return
+                    return True
+                # stepped down part-way: the rest is a worker's
+                m.claims.bake(rest, last)
+                return False
             # Master but ZooKeeper is suspended: hold the batch until the
             # connection is back (keep the role) or the session is lost (bake).
             self.holding = True

@@ -69,6 +69,7 @@ from ..runtime.message import Message
 from ..runtime.store.flow_store import FlowStore, chunked
 from ..runtime.store.store_errors import Fenced, GuessWrong, RedisUnavailable
 from ..runtime.store.step import Step
+from .batch_phases import NO_PHASES, BatchPhases
 from .master_flow import MasterFlow, MessageRefused, guards_handlers
 from .uplink_rows import record_bad
 from .warm_state import WarmState
@@ -142,6 +143,7 @@ class MasterSession:
         self.state_loads = 0  # whole-state loads from Redis
         self.guarded = guards_handlers(graph)
         self._ended = threading.Event()
+        self.phases: BatchPhases = NO_PHASES  # the batch being run's phases, if timed (batch_phases.py)
 
     # -- the session ------------------------------------------------------
     @property
@@ -161,7 +163,8 @@ class MasterSession:
             flow = warm.take(deadline_s=self.spec.write_lease) if warm is not None else None
             if flow is None:
                 self.state_loads += 1
-                flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
+                with self.phases.timed("state_load"):
+                    flow = MasterFlow.load(self.graph, self.store, deadline_s=self.spec.write_lease)
             flow.left = self.left
             self.flow = flow
         if self.guarded:
@@ -211,9 +214,18 @@ class MasterSession:
         raise Contended(f"a step was refused as behind Redis {MAX_ROUNDS} times in a row")
 
     # -- batches ----------------------------------------------------------
-    def run_batch(self, msgs: list[Message], last: str, now: Callable[[], float]) -> Outcome:
+    def run_batch(self, msgs: list[Message], last: str, now: Callable[[], float],
+                  phases: BatchPhases = NO_PHASES) -> Outcome:
         """Run ``msgs`` (ending at uplink position ``last``) through the flow; guesses from the
-        flow held, if any, else asks Redis which messages are processed first."""
+        flow held, if any, else asks Redis which messages are processed first. ``phases``: where
+        the batch's time goes is added to it (batch_phases.py)."""
+        self.phases = phases
+        try:
+            return self._run_batch(msgs, last, now)
+        finally:
+            self.phases = NO_PHASES
+
+    def _run_batch(self, msgs: list[Message], last: str, now: Callable[[], float]) -> Outcome:
         out = Outcome()
         sent, rounds = 0, 0
         guess = self.flow is not None and not self.guarded
@@ -316,7 +328,9 @@ class MasterSession:
         while True:
             try:
                 flow = self.load()
-                return flow, flow.run(fresh, now(), self.epoch, mark), fresh
+                with self.phases.timed("graph"):
+                    step = flow.run(fresh, now(), self.epoch, mark)
+                return flow, step, fresh
             except MessageRefused as bad:
                 if not writing.settle():
                     return None
@@ -400,7 +414,8 @@ class _InFlight:
         self._step = None
         session = self.session
         try:
-            future.result()
+            with session.phases.timed("commit"):
+                future.result()
         except GuessWrong:
             session.drop()
             raise _GuessedWrong(self.sent) from None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..runtime.message import Message
 from ..runtime.store.store_errors import Fenced, RedisUnavailable
+from .batch_phases import NO_PHASES, BatchPhases
 from .master_flow import MasterFlow
 from .master_session import MasterSession, Outcome
 from .roles import MASTER, WORKER
@@ -100,15 +101,16 @@ class MasterSide:
         self.m.leadership.step_down(reason)
 
     # -- batches and deadlines -----------------------------------------------------
-    def run(self, msgs: list[Message], epoch: int, last: str) -> list[Message] | None:
+    def run(self, msgs: list[Message], epoch: int, last: str, phases: BatchPhases = NO_PHASES) -> list[Message] | None:
         """Run a batch through the flow as master at ``epoch`` (caller holds batch_lock); None when
         all of it was committed, else the uncommitted rest, after this member stopped being master."""
         session = self.session
         if session is None or session.epoch != epoch or not session.active:
             return msgs
         self.kept_by_executors = False  # the flow is this member's now (held, or loaded when needed)
-        out = session.run_batch(msgs, last, self.m.clock.now)
-        self._act_on(out)
+        out = session.run_batch(msgs, last, self.m.clock.now, phases)
+        with phases.timed("escalation"):
+            self._act_on(out)
         if out.rest is None:
             self.m.wake.set()  # the step may have opened an earlier deadline
         return out.rest

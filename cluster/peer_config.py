@@ -30,3 +30,4 @@ class PeerConfig:
     security: GrpcSecurity = NO_SECURITY  # gRPC TLS and tokens, served and used to escalate
     metrics_listen: str | None = None  # HOST:PORT of the peer's Prometheus metrics (HTTP), or none
     console_listen: str | None = None  # HOST:PORT of the peer's operator console (HTTPS with TLS), or none
+    batch_log: str | None = None       # a file for each master batch's phases, one JSON line each (batch_phases.py)

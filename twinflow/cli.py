@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--console-listen", metavar="HOST:PORT",
                    help="serve the operator console here, and the metrics beside it (HTTPS with the peer's "
                         "certificate; another address than loopback needs TLS and tokens; default: none)")
+    r.add_argument("--batch-log", metavar="FILE",
+                   help="append where each batch run as master spends its time (reading, decoding, the graph, the "
+                        "COMMIT, escalation, idle...) to FILE, one JSON line a batch; {peer} in FILE becomes the peer's ID "
+                        "(default: none, nothing timed)")
     _security_flags(r, serving=True)
     r.set_defaults(fn=cmd_run)
 
@@ -342,13 +346,16 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--json", action="store_true")
     sm.set_defaults(fn=cmd_simulate)
 
-    b = sub.add_parser("bench", help="measure the two-peer cluster against bare Spark on this machine")
+    b = sub.add_parser("bench", help="measure the two-peer cluster against two bare Spark readers on this machine")
     b.add_argument("which", choices=("flow-vs-passthrough",))
     b.add_argument("--messages", type=int, default=50_000, help="messages in the burst (default 50,000)")
     b.add_argument("--rate", type=float, default=2000.0, help="steady rate for latency (default 2,000/s)")
     b.add_argument("--seconds", type=float, default=15.0, help="how long the steady load lasts (default 15)")
-    b.add_argument("--bursts", type=int, default=3,
-                   help="bursts in a row per half; each rate is their median (default 3)")
+    b.add_argument("--rounds", type=int, default=5,
+                   help="rounds of a burst and a steady load on each side, interleaved; every figure is the "
+                        "median and spread of the rounds (default 5)")
+    b.add_argument("--batch-size", type=int, default=10_000,
+                   help="a bare reader's largest batch (default 10,000)")
     b.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     b.set_defaults(fn=cmd_bench)
 

@@ -289,20 +289,36 @@ def _simulate_text(out: dict, failures: list, rerun: str) -> str:
 
 # -- bench -------------------------------------------------------------------
 def cmd_bench(args) -> int:
+    from twinflow.cluster.batch_phases import PHASES
     from twinflow.testing.flow_bench import Load, flow_vs_passthrough
 
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
-    out = flow_vs_passthrough(Load(args.messages, args.rate, args.seconds, args.bursts), say)
+    out = flow_vs_passthrough(Load(args.messages, args.rate, args.seconds, args.rounds, args.batch_size), say)
     if args.json:
         print(json.dumps(out))
         return 0
-    print(_table(["figure", "bare Spark passthrough", "twinflow pair (chained flow)"], [
-        [f"burst of {out['messages']}, msg/s", f"{out['passthrough_msgs_per_s']:,} "
-         f"(batch size {out['passthrough_batch_size']:,})", f"{out['flow_msgs_per_s']:,}"],
-        ["ratio (pair / passthrough)", "", f"{out['ratio']:.2f}"],
-        [f"latency at {out['rate']:.0f} msg/s, p50 / p99 ms", f"{out['passthrough_p50_ms']} / "
-         f"{out['passthrough_p99_ms']}", f"{out['p50_latency_ms']} / {out['p99_latency_ms']}"],
+    fig = out["summary"]
+
+    def cell(key: str) -> str:
+        f = fig.get(key)
+        return "" if f is None else f"{f['median']:,} ({f['min']:,}-{f['max']:,})"
+
+    print(_table([f"median (min-max) of {out['rounds']} rounds", "two bare Spark readers", "twinflow pair (chained flow)",
+                  "pair / bare"], [
+        [f"burst of {out['messages']:,}, msg/s", cell("two_msgs_per_s"), cell("pair_msgs_per_s"), cell("ratio_two")],
+        ["CPU µs per message, Redis included", cell("two_cpu_us_per_msg"), cell("pair_cpu_us_per_msg"),
+         cell("cpu_ratio")],
+        [f"latency p50 at {out['rate']:.0f} msg/s, ms", cell("bare_p50_ms"), cell("pair_p50_ms"), cell("p50_ratio")],
+        [f"latency p99 at {out['rate']:.0f} msg/s, ms", cell("bare_p99_ms"), cell("pair_p99_ms"), ""],
     ]))
+    for when, b in out["breakdown"].items():
+        if b.get("batches"):
+            print(f"\nthe master's batches ({when}: {b['batches']}, {b['entries_p50']:,} entries at p50), ms:")
+            print(_table(["phase", "p50", "p99", "share of the batch thread"],
+                         [[p, b[p]["p50_ms"], b[p]["p99_ms"], b[p].get("share", "")] for p in PHASES]))
+    print()
+    print(_table(["target", "median", "met"], [[f"{k} {t['target']}", t["median"], "yes" if t["met"] else "no"]
+                                              for k, t in out["targets"].items()]))
     return 0
 
 

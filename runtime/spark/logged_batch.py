@@ -21,9 +21,21 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import List, Optional
 
 from twinflow.runtime.spark.packed_rows import Row
+
+# How long the batch being handed to ``on_batch`` on this thread took to read (stream.py sets
+# it on Spark's thread): a batch's first phase (cluster/batch_phases.py).
+delivering = threading.local()
+
+
+def delivered_read_s() -> float:
+    """Seconds the batch ``on_batch`` is being called with on this thread took to read (0
+    outside a delivery, or when nothing set it: the simulator, an executor)."""
+    return getattr(delivering, "read_s", 0.0)
+
 
 # The offset log's format version (Spark's OffsetSeqLog): line 1 "v1", line 2 the batch's
 # metadata, then one line per source.

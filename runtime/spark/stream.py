@@ -64,7 +64,7 @@ from typing import Callable, List, Optional, Tuple
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from twinflow.runtime.spark.logged_batch import LoggedBatches
+from twinflow.runtime.spark.logged_batch import LoggedBatches, delivering
 from twinflow.runtime.spark.packed_rows import unpack_rows
 from twinflow.runtime.spark.reader_gates import write_atomically
 from twinflow.runtime.spark.source import RedisStreamReader
@@ -138,6 +138,7 @@ def start_stream(
     logged = LoggedBatches(checkpoint_dir, RedisStreamReader({k: v for k, v in options.items() if k != "pack"}))
 
     def deliver(batch_df: DataFrame, batch_id: int) -> None:
+        began = time.perf_counter()
         rows = logged.rows(batch_id)
         if rows is None:
             # One partition (SimpleDataSourceStreamReader), so the batch keeps uplink order.
@@ -145,6 +146,7 @@ def start_stream(
             table = batch_df.toArrow()
             positions, bodies, sizes = (table.column(i).to_pylist() for i in range(3))
             rows = unpack_rows(positions, bodies, sizes)
+        delivering.read_s = time.perf_counter() - began
         on_batch(batch_id, rows)
 
     query = _start_query(spark, SOURCE_NAME, options, deliver, checkpoint_dir, query_name, pause_dir)

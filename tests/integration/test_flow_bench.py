@@ -8,13 +8,14 @@ import redis
 
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.store.flow_keys import FlowKeys
-from twinflow.testing.flow_bench import Load, median, per_message_us, settled, two_passthroughs
+from twinflow.testing.bench_stats import median, spread, summarise
+from twinflow.testing.flow_bench import Load, per_message_us, settled, two_passthroughs
 from twinflow.testing.messages import CHAINED
 from twinflow.testing.proc_stats import TICKS
 
 
 def test_two_bare_readers_each_copy_the_whole_uplink_and_their_cpu_is_counted(redis_url):
-    out = two_passthroughs(redis_url, Load(messages=3000, bursts=2), batch_size=1000)
+    out = two_passthroughs(redis_url, Load(messages=3000, rounds=2, batch_size=1000))
     client = redis.Redis.from_url(redis_url)
     # Both bursts, whole, in each sink, in uplink order.
     assert client.xlen("pt:two:sink1") == 6000 and client.xlen("pt:two:sink2") == 6000
@@ -27,10 +28,14 @@ def test_two_bare_readers_each_copy_the_whole_uplink_and_their_cpu_is_counted(re
     assert out["cpu_us_per_msg"] > 0 and out["batch_size"] == 1000
 
 
-def test_a_rate_is_the_median_of_its_bursts_and_a_bench_needs_one():
+def test_a_figure_is_the_median_and_spread_of_its_rounds_and_a_bench_needs_one():
     assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0]) == 2.5
-    with pytest.raises(ValueError, match="one burst"):
-        Load(bursts=0)
+    assert spread([10.0, 8.0, None, 12.0]) == {"median": 10.0, "min": 8.0, "max": 12.0, "spread": 0.4, "runs": 3}
+    assert spread([None]) is None
+    out = summarise([{"a": 1.0, "b": None, "ok": True}, {"a": 3.0, "b": 2.0}])
+    assert out["a"]["median"] == 2.0 and out["b"]["runs"] == 1 and "ok" not in out
+    with pytest.raises(ValueError, match="one round"):
+        Load(rounds=0)
 
 
 def test_cpu_ticks_per_message_in_microseconds():

@@ -12,6 +12,7 @@ summary; a figure with no value at all summarises as None.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 from .proc_stats import TICKS, cpu_ticks
@@ -24,6 +25,15 @@ def median(values: Iterable[float]) -> float:
         raise ValueError("the median of no values")
     half = len(values) // 2
     return values[half] if len(values) % 2 else (values[half - 1] + values[half]) / 2
+
+
+def quantile(values: Iterable[float], q: float) -> float:
+    """The ``q`` quantile by nearest rank: the smallest value with at least ``q`` of them at or
+    below it (p99 of 100 values is the 99th)."""
+    values = sorted(values)
+    if not values:
+        raise ValueError("a quantile of no values")
+    return values[max(0, math.ceil(q * len(values)) - 1)]
 
 
 def spread(values: Iterable[float | None], digits: int = 3) -> dict | None:

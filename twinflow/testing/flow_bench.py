@@ -1,47 +1,39 @@
-"""``twinflow bench flow-vs-passthrough``: the two-peer cluster next to bare Spark, in one run.
+"""``twinflow bench flow-vs-passthrough``: the two-peer cluster next to its floor, two bare Spark
+readers of the same uplink, interleaved in one run.
 
-Both halves run on the same machine, one after the other, against one local
-Redis (and ZooKeeper for the cluster):
+Both run on the same machine at once, against one local Redis (and ZooKeeper for the pair):
 
-- passthrough: twinflow's own Spark session and Redis-stream source, with
-  nothing of the flow: ``foreachBatch`` copies every uplink entry to a Redis
-  stream with one pipeline per batch. It runs in a child process (its own
-  driver and JVM, gone before the cluster starts), once per batch size in
-  ``PASSTHROUGH_BATCH_SIZES``; the best one's burst rate counts.
-- two bare readers: the same passthrough twice at once, each in a child
-  process of its own, reading one uplink and copying it to a sink of its
-  own, at the passthrough's best batch size: the floor of an active-active
-  pair, which reads every uplink entry twice on the same machine. The
-  slower copy's rate counts (``two_passthrough_msgs_per_s``; the pair's
-  over it is ``ratio_two``).
-- flow: two ``twinflow run`` peers on the chained flow
-  (``examples/cluster-chained.yaml``: history -> AND join of an order and
-  its payment -> action, with the claim pair), the messages of ``twinflow
-  demo`` (one order in ten alone, one in ten sent twice).
+- two bare readers (the floor of an active-active pair, which reads every uplink entry twice
+  on the same machine): twinflow's own Spark session and Redis-stream source with nothing of
+  the flow, each in a child process of its own (its own driver and JVM), each copying one
+  uplink to a sink of its own with one pipeline per batch. The slower copy's rate counts.
+- the pair: two ``twinflow run`` peers on the chained flow (``examples/cluster-chained.yaml``:
+  history -> AND join of an order and its payment -> action, with the claim pair), the
+  messages of ``twinflow demo`` (one order in ten alone, one in ten sent twice), each peer
+  writing where its master batches spend their time to a batch log (``--batch-log``,
+  ``cluster/batch_phases.py``).
 
-Figures: a burst of N messages published as fast as Redis pipelines go,
-messages per second from the first publish until every one is done (the
-passthrough's sink holds all N; the flow's processed mark passes the last),
-the median of ``bursts`` bursts one after the other (default 3: one burst
-on 2 shared cores swings by 10-15%, more than most changes measured with
-it; every burst's rate is in ``--json``);
-then latency at a steady rate (2,000 msg/s for 15 s by default): a sink
-entry's Redis time minus the uplink entry's Redis time (for a joined pair,
-its later member), p50 and p99. Each measured span starts from a warm query
-with nothing left to do: the passthrough's on a query of its own; the
-pair's once it has settled after the bursts (``settled``: both readers past
-the last message, the join's groups closed by their time-outs, 10 s on the
-chained flow). The pair's steady load right after the bursts, as the bench
-measured it until 2026-11-28, is reported too (``p50_after_bursts_ms``,
-``p99_after_bursts_ms``): it also meets the bursts' aftermath, 2,500
-time-outs per burst among them.
-CPU: the ticks of every process of the measured trees (a peer or a reader:
-its Python, its JVM, the JVM's Python workers) over the burst, in
-microseconds per message; Redis and the publisher are not counted.
+Both are started once and stay up; then ``rounds`` rounds (default 5) run them in turns, the
+order flipped every round (bare, pair; pair, bare; ...), so that the machine's drift over the
+run falls on both alike. Per round and side: a burst of N messages published as fast as Redis
+pipelines go, messages per second from the first publish until every one is done (both sinks
+hold all N; the pair's processed mark passes the last); CPU per message over the burst, of
+every process of the measured trees (a peer or a reader: its Python, its JVM, the JVM's Python
+workers) and of the servers the side runs on (Redis; ZooKeeper for the pair), the publisher
+not counted; then latency at a steady rate (2,000 msg/s for 15 s by default) on a side with
+nothing left to do (the pair once it has settled: both readers past the last message, the
+join's groups closed by their time-outs): a sink entry's Redis time minus the uplink entry's
+(for a joined pair, its later member's), p50 and p99.
 
-Under failure: a half that does not finish within its deadline raises
-BenchError with what it was waiting for; every process it started is
-stopped by PID (the Cluster and LocalServices own them).
+Each figure, and each round's ratio of the pair's to the floor's, is reported as the median
+and the spread of the rounds (``twinflow.testing.bench_stats``): one burst on 2 shared cores
+swings by 15-30%, and a change smaller than a figure's spread is noise. The master's batch
+log gives the breakdown per batch, p50 and p99 of each phase, over the bursts and over the
+steady load.
+
+Under failure: a side that does not finish within its deadline raises BenchError with what
+it was waiting for; every process it started is stopped by PID (the readers by closing their
+stdin, then a kill; the Cluster and LocalServices own the rest).
 """
 
 from __future__ import annotations
@@ -57,6 +49,7 @@ from dataclasses import dataclass
 
 import redis
 
+from ..cluster.batch_phases import BATCH_PHASES, PHASES, read_batch_log
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.nodes.history import HistoryNode
 from ..runtime.nodes.sort import SortNode
@@ -64,17 +57,20 @@ from ..runtime.positions import position_order
 from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.waiting import wait_for
+from .bench_stats import ServerCpu, median, quantile, ratio, summarise
 from .local_cluster import LocalCluster
 from .messages import CHAINED, order_or_payment
 from .proc_stats import TICKS, cpu_ticks
 from .producers import UplinkPublisher
 from .services import LocalServices
 
-PASSTHROUGH_BATCH_SIZES = (2000, 10_000, 50_000)
+# The issue's targets for the pair, checked on the medians of the rounds.
+TARGETS = {"ratio_two": (">=", 0.85), "p50_ratio": ("<=", 1.1), "pair_p99_ms": ("<=", 100.0),
+           "cpu_ratio": ("<=", 1.25)}
 
 
 class BenchError(RuntimeError):
-    """A half of the bench did not finish in time; the message says what it waited for."""
+    """A side of the bench did not finish in time; the message says what it waited for."""
 
 
 @dataclass
@@ -82,26 +78,17 @@ class Load:
     messages: int = 50_000
     rate: float = 2000.0
     seconds: float = 15.0
-    bursts: int = 3  # each half's rate is the median of this many bursts in a row
+    rounds: int = 5        # bursts and steady loads per side, interleaved
+    batch_size: int = 10_000  # a bare reader's largest batch (the pair's flow file sets its own)
 
     def __post_init__(self) -> None:
-        if self.messages < 1 or self.bursts < 1:
-            raise ValueError(f"a bench needs at least one message and one burst (got {self.messages}, {self.bursts})")
-
-
-def median(values: list[float]) -> float:
-    """The middle value (the mean of the two middle ones for an even count)."""
-    values = sorted(values)
-    half = len(values) // 2
-    return values[half] if len(values) % 2 else (values[half - 1] + values[half]) / 2
+        if self.messages < 1 or self.rounds < 1:
+            raise ValueError(f"a bench needs at least one message and one round (got {self.messages}, {self.rounds})")
 
 
 def percentile_ms(values: list[float], q: float) -> float | None:
     """The ``q`` quantile of seconds, in milliseconds (nearest rank)."""
-    if not values:
-        return None
-    values = sorted(values)
-    return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1)
+    return None if not values else round(quantile(values, q) * 1000, 1)
 
 
 def per_message_us(ticks: int, messages: int) -> float:
@@ -118,57 +105,7 @@ def passthrough_doc(seq: int) -> dict:
     return {"id": f"p{seq}", "seq": seq}
 
 
-# -- the passthrough half (child process) -------------------------------------
-def _passthrough_child(redis_url: str, load: Load, batch_sizes: tuple[int, ...], workdir: str) -> dict:
-    """Run in the child: every batch size's burst, then latency at the best one."""
-    from ..runtime.spark.session import build_session
-    from ..runtime.spark.stream import stop_stream
-
-    spark = build_session("twinflow-bench-passthrough")
-    client = redis.Redis.from_url(redis_url)
-
-    def run(tag: str, batch_size: int, body) -> None:
-        uplink, sink = f"pt:{tag}:uplink", f"pt:{tag}:sink"
-        query = _start_copy(spark, client, redis_url, uplink, sink, batch_size, f"{workdir}/{tag}")
-        try:
-            body(uplink, sink)
-        finally:
-            stop_stream(query, 30)
-
-    def wait_sink(sink: str, n: int, what: str) -> None:
-        if not wait_for(lambda: client.xlen(sink) >= n, 600, 0.01):
-            raise BenchError(f"passthrough: {what}: the sink has {client.xlen(sink)} of {n} in 600 s")
-
-    bursts, cpu = {}, {}
-    for size in batch_sizes:
-        def burst(uplink, sink, size=size):
-            pub = UplinkPublisher(client, uplink, passthrough_doc)
-            rates, ticks = [], cpu_ticks(os.getpid(), reaped=True)
-            for k in range(1, load.bursts + 1):
-                t0 = time.monotonic()
-                pub.publish(load.messages)
-                wait_sink(sink, k * load.messages, f"burst {k} at batch size {size}")
-                rates.append(load.messages / (time.monotonic() - t0))
-            bursts[size] = median(rates)
-            cpu[size] = per_message_us(cpu_ticks(os.getpid(), reaped=True) - ticks, load.messages * load.bursts)
-        run(f"burst{size}", size, burst)
-    best = max(bursts, key=bursts.get)
-    lat: list[float] = []
-
-    def steady(uplink, sink):
-        pub = UplinkPublisher(client, uplink, passthrough_doc)
-        pub.steady(load.rate, load.seconds)
-        wait_sink(sink, pub.seq, "steady load")
-        for sink_id, fields in client.xrange(sink):
-            lat.append((entry_ms(sink_id.decode()) - entry_ms(fields[b"position"].decode())) / 1000)
-
-    run("steady", best, steady)
-    spark.stop()
-    return {"burst_msgs_per_s": {str(k): round(v) for k, v in bursts.items()}, "best_batch_size": best,
-            "msgs_per_s": round(bursts[best]), "cpu_us_per_msg": cpu[best], "p50_ms": percentile_ms(lat, 0.5),
-            "p99_ms": percentile_ms(lat, 0.99), "latency_samples": len(lat)}
-
-
+# -- the floor: two bare readers ---------------------------------------------
 def _start_copy(spark, client: redis.Redis, redis_url: str, uplink: str, sink: str, batch_size: int,
                 checkpoint_dir: str):
     """A bare passthrough query (twinflow's session and source, nothing of the flow) copying
@@ -196,144 +133,215 @@ def _start_copy(spark, client: redis.Redis, redis_url: str, uplink: str, sink: s
     return query
 
 
-def _reader_child(redis_url: str, uplink: str, sink: str, batch_size: int, n: int, workdir: str) -> dict:
-    """Run in a child of :func:`two_passthroughs`: one bare reader copying ``uplink`` to
-    ``sink``; prints "ready" once its query is warm, returns once its sink holds ``n``."""
+def _reader_child(redis_url: str, uplink: str, sink: str, batch_size: int, workdir: str) -> dict:
+    """Run in a child of :class:`BareReaders`: one bare reader copying ``uplink`` to ``sink``;
+    prints "ready" once its query is warm and copies until its stdin closes."""
     from ..runtime.spark.session import build_session
     from ..runtime.spark.stream import stop_stream
 
     spark = build_session("twinflow-bench-reader")
     client = redis.Redis.from_url(redis_url)
-    query = _start_copy(spark, client, redis_url, uplink, sink, batch_size, f"{workdir}/{sink}")
+    query = _start_copy(spark, client, redis_url, uplink, sink, batch_size, f"{workdir}/{sink.replace(':', '-')}")
     try:
         print("ready", flush=True)
-        if not wait_for(lambda: client.xlen(sink) >= n, 600, 0.05):
-            raise BenchError(f"reader {sink}: the sink has {client.xlen(sink)} of {n} in 600 s")
+        sys.stdin.read()  # until the parent closes it: the bench is over
     finally:
         stop_stream(query, 30)
         spark.stop()
     return {"sink": sink}
 
 
-def passthrough(redis_url: str, load: Load, batch_sizes=PASSTHROUGH_BATCH_SIZES) -> dict:
-    """The passthrough half, in a child process with its own Spark driver."""
-    with tempfile.TemporaryDirectory(prefix="twinflow-passthrough-") as workdir:
-        args = json.dumps({"redis_url": redis_url, "load": load.__dict__, "batch_sizes": list(batch_sizes),
-                           "workdir": workdir})
-        proc = subprocess.run([sys.executable, "-m", __name__, args], capture_output=True, text=True,
-                              timeout=1800)
-    if proc.returncode != 0:
-        raise BenchError(f"passthrough child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+class BareReaders:
+    """Two bare readers of one uplink, each in a child process of its own (its own driver and
+    JVM), each copying it to a sink of its own: the floor of an active-active pair. Started
+    once, kept up between bursts; :meth:`stop` closes their stdin, then kills what is left."""
 
+    def __init__(self, redis_url: str, batch_size: int, workdir: str, tag: str = "two"):
+        self.client = redis.Redis.from_url(redis_url)
+        self.uplink = f"pt:{tag}:uplink"
+        self.sinks = (f"pt:{tag}:sink1", f"pt:{tag}:sink2")
+        self.redis_url, self.batch_size, self.workdir = redis_url, batch_size, workdir
+        self.children: list[subprocess.Popen] = []
+        self.pub = UplinkPublisher(self.client, self.uplink, passthrough_doc)
 
-def two_passthroughs(redis_url: str, load: Load, batch_size: int) -> dict:
-    """The floor of an active-active pair: two bare readers, each in its own child process (its
-    own driver and JVM), copying the same uplink to a sink of its own at once. Rate: ``N`` over
-    the time until the slower one's sink holds all; CPU: both readers' process trees, from the
-    first publish until each one's sink is full."""
-    uplink, sinks = "pt:two:uplink", ("pt:two:sink1", "pt:two:sink2")
-    client = redis.Redis.from_url(redis_url)
-    with tempfile.TemporaryDirectory(prefix="twinflow-two-readers-") as workdir:
-        children = []
+    def start(self) -> "BareReaders":
         try:
-            for sink in sinks:
-                args = json.dumps({"reader": True, "redis_url": redis_url, "uplink": uplink, "sink": sink,
-                                   "batch_size": batch_size, "n": load.messages * load.bursts,
-                                   "workdir": workdir})
-                children.append(subprocess.Popen([sys.executable, "-m", __name__, args], stdout=subprocess.PIPE,
-                                                 stderr=subprocess.DEVNULL, text=True))
-            for child in children:  # "ready" once warm; a child that fails ends without it
+            os.makedirs(self.workdir, exist_ok=True)
+            for sink in self.sinks:
+                args = json.dumps({"reader": True, "redis_url": self.redis_url, "uplink": self.uplink,
+                                   "sink": sink, "batch_size": self.batch_size, "workdir": self.workdir})
+                with open(self._log(sink), "w") as err:
+                    self.children.append(subprocess.Popen([sys.executable, "-m", __name__, args],
+                                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                                          text=True))
+            for sink, child in zip(self.sinks, self.children):  # "ready" once warm; one that fails ends without it
                 if not any(line.strip() == "ready" for line in iter(child.stdout.readline, "")):
-                    raise BenchError(f"a bare reader ended before it was ready (exit {child.wait(30)})")
-            ticks = [cpu_ticks(c.pid, reaped=True) for c in children]
-            pub = UplinkPublisher(client, uplink, passthrough_doc)
-            slower, faster, used = [], [], {}
-            for k in range(1, load.bursts + 1):
-                t0 = time.monotonic()
-                pub.publish(load.messages)
-                took = {}
-                deadline = t0 + 600
-                while len(took) < len(sinks) and time.monotonic() < deadline:
-                    for i, sink in enumerate(sinks):
-                        if i not in took and client.xlen(sink) >= k * load.messages:
-                            took[i] = time.monotonic() - t0
-                            used[i] = cpu_ticks(children[i].pid, reaped=True) - ticks[i]
-                    time.sleep(0.01)  # a poll's pace; the deadline bounds the loop
-                if len(took) < len(sinks):
-                    raise BenchError(f"two bare readers, burst {k}: {len(took)} of 2 sinks full in 600 s")
-                slower.append(load.messages / max(took.values()))
-                faster.append(load.messages / min(took.values()))
-            for child in children:
+                    with open(self._log(sink)) as err:
+                        tail = err.read()[-3000:]
+                    raise BenchError(f"a bare reader ended before it was ready (exit {child.wait(30)}):\n{tail}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.pid for c in self.children]
+
+    def _log(self, sink: str) -> str:
+        return os.path.join(self.workdir, f"{sink.replace(':', '-')}.log")
+
+    def burst(self, n: int) -> dict:
+        """Publish ``n`` and wait until both sinks hold them: the slower's and the faster's rate,
+        and the readers' CPU ticks (each until its sink was full)."""
+        before = [self.client.xlen(s) for s in self.sinks]
+        ticks = [cpu_ticks(pid, reaped=True) for pid in self.pids]
+        t0 = time.monotonic()
+        self.pub.publish(n)
+        took, used = {}, {}
+        deadline = t0 + 600
+        while len(took) < len(self.sinks) and time.monotonic() < deadline:
+            for i, sink in enumerate(self.sinks):
+                if i not in took and self.client.xlen(sink) >= before[i] + n:
+                    took[i] = time.monotonic() - t0
+                    used[i] = cpu_ticks(self.pids[i], reaped=True) - ticks[i]
+            time.sleep(0.01)  # a poll's pace; the deadline bounds the loop
+        if len(took) < len(self.sinks):
+            raise BenchError(f"two bare readers: {len(took)} of 2 sinks full in 600 s")
+        return {"msgs_per_s": n / max(took.values()), "faster_msgs_per_s": n / min(took.values()),
+                "ticks": sum(used.values())}
+
+    def steady(self, rate: float, seconds: float) -> list[float]:
+        """Latencies (s) of a steady load, from the first reader's sink."""
+        since = self.client.time()
+        since_ms = since[0] * 1000 + since[1] // 1000
+        before = [self.client.xlen(s) for s in self.sinks]
+        sent = self.pub.seq
+        self.pub.steady(rate, seconds)
+        n = self.pub.seq - sent
+        if not wait_for(lambda: all(self.client.xlen(s) >= b + n for s, b in zip(self.sinks, before)), 300, 0.01):
+            raise BenchError("two bare readers: the steady load was not copied in 300 s")
+        return [(entry_ms(sink_id.decode()) - entry_ms(fields[b"position"].decode())) / 1000
+                for sink_id, fields in self.client.xrange(self.sinks[0], min=f"{since_ms}-0")]
+
+    def stop(self) -> None:
+        for child in self.children:
+            try:
+                child.stdin.close()
+            except OSError:
+                pass
+        for child in self.children:
+            try:
                 child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(10)
+
+
+def two_passthroughs(redis_url: str, load: Load) -> dict:
+    """The floor alone: two bare readers, ``load.rounds`` bursts; the median rate of the slower,
+    and the readers' CPU per message (Redis not counted)."""
+    with tempfile.TemporaryDirectory(prefix="twinflow-two-readers-") as workdir:
+        readers = BareReaders(redis_url, load.batch_size, workdir).start()
+        try:
+            bursts = [readers.burst(load.messages) for _ in range(load.rounds)]
         finally:
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait(10)
-    return {"msgs_per_s": round(median(slower)), "faster_msgs_per_s": round(median(faster)),
-            "burst_msgs_per_s": [round(r) for r in slower],
-            "cpu_us_per_msg": per_message_us(sum(used.values()), load.messages * load.bursts), "batch_size": batch_size}
+            readers.stop()
+    return {"msgs_per_s": round(median(b["msgs_per_s"] for b in bursts)),
+            "faster_msgs_per_s": round(median(b["faster_msgs_per_s"] for b in bursts)),
+            "burst_msgs_per_s": [round(b["msgs_per_s"]) for b in bursts],
+            "cpu_us_per_msg": per_message_us(sum(b["ticks"] for b in bursts), load.messages * load.rounds),
+            "batch_size": load.batch_size}
 
 
-# -- the flow half ------------------------------------------------------------
-def flow(services: LocalServices, load: Load, text: str | None = None, peer_args: tuple[str, ...] = ()) -> dict:
+# -- the pair -----------------------------------------------------------------
+class Pair:
     """The two-peer cluster on the chained flow (``text``: another flow file of orders and
-    payments; ``peer_args``: more ``twinflow run`` arguments for both peers)."""
-    workdir = tempfile.mkdtemp(prefix="twinflow-bench-flow-")
-    name = "benchflow"
-    cluster = LocalCluster(workdir, flow=name, services=services, text=text or CHAINED.read_text(),
-                           peer_args=peer_args).start(peers=False)
-    store = FlowStore(cluster.redis, FlowKeys(name), "bench")
-    pub = UplinkPublisher(cluster.redis, store.keys.uplink, order_or_payment)
+    payments; ``peer_args``: more ``twinflow run`` arguments for both peers), each peer writing
+    its batch log in ``workdir``. Started once, kept up between bursts."""
 
-    def processed_past(position: str) -> bool:
-        mark = store.processed_mark()
+    def __init__(self, services: LocalServices, text: str | None = None, peer_args: tuple[str, ...] = ()):
+        self.workdir = tempfile.mkdtemp(prefix="twinflow-bench-flow-")
+        self.logs = os.path.join(self.workdir, "batches-{peer}.jsonl")
+        self.cluster = LocalCluster(self.workdir, flow="benchflow", services=services,
+                                    text=text or CHAINED.read_text(),
+                                    peer_args=(*peer_args, "--batch-log", self.logs)).start(peers=False)
+        self.store = FlowStore(self.cluster.redis, FlowKeys("benchflow"), "bench")
+        self.pub = UplinkPublisher(self.cluster.redis, self.store.keys.uplink, order_or_payment)
+
+    def start(self) -> "Pair":
+        try:
+            self.cluster.start_peers()
+            self.cluster.wait_ready()
+        except BaseException:
+            self.cluster.stop()
+            raise
+        return self
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.cluster.peers.values()]
+
+    def _processed_past(self, position: str) -> bool:
+        mark = self.store.processed_mark()
         return mark is not None and position_order(mark) >= position_order(position)
 
+    def burst(self, n: int) -> dict:
+        ticks = sum(cpu_ticks(p, reaped=True) for p in self.pids)
+        t0 = time.monotonic()
+        self.pub.publish(n)
+        if not wait_for(lambda: self._processed_past(self.pub.last), 900, 0.01):
+            raise BenchError(f"pair: a burst was not processed in 900 s\n{self.cluster.logs()}")
+        took = time.monotonic() - t0
+        return {"msgs_per_s": n / took, "ticks": sum(cpu_ticks(p, reaped=True) for p in self.pids) - ticks}
+
+    def settle(self) -> None:
+        """Wait until both readers are past the last message and the join's groups are closed."""
+        c = self.cluster
+        if not wait_for(lambda: settled(c.redis, self.store.keys, c.graph, list(c.peers), self.pub.last), 120, 0.05):
+            raise BenchError(f"pair: it did not settle in 120 s\n{c.logs()}")
+
+    def steady(self, rate: float, seconds: float) -> list[float]:
+        """Latencies (s) of a steady load: a sink entry's time minus its (later) member's."""
+        c = self.cluster
+        since = c.redis.time()
+        since_ms = since[0] * 1000 + since[1] // 1000
+        self.pub.steady(rate, seconds)
+        if not wait_for(lambda: self._processed_past(self.pub.last), 300, 0.01):
+            raise BenchError(f"pair: the steady load was not processed in 300 s\n{c.logs()}")
+        lat = []
+        for sink_id, fields in c.redis.xrange(c.sink_key, min=f"{since_ms}-0"):
+            # A joined pair leaves as one message whose ID joins its members' with "+".
+            members = json.loads(fields[b"ids"]) if b"ids" in fields else fields[b"id"].decode().split("+")
+            written = [self.pub.written_ms[m] for m in members if m in self.pub.written_ms]
+            if written:
+                lat.append((entry_ms(sink_id.decode()) - max(written)) / 1000)
+        return lat
+
+    def batches(self, since: float, until: float) -> list[dict]:
+        """Every peer's master batches logged between the wall times ``since`` and ``until``."""
+        out = []
+        for peer in self.cluster.peers:
+            out += [b for b in read_batch_log(self.logs.replace("{peer}", peer)) if since <= b["at"] <= until]
+        return out
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def flow(services: LocalServices, load: Load, text: str | None = None, peer_args: tuple[str, ...] = ()) -> dict:
+    """The pair alone: ``load.rounds`` bursts, then latency once settled; medians over the bursts."""
+    pair = Pair(services, text, peer_args).start()
     try:
-        cluster.start_peers()
-        cluster.wait_ready()
-        pids = [p.pid for p in cluster.peers.values()]
-        ticks, rates = sum(cpu_ticks(p, reaped=True) for p in pids), []
-        for k in range(1, load.bursts + 1):
-            t0 = time.monotonic()
-            pub.publish(load.messages)
-            if not wait_for(lambda: processed_past(pub.last), 900, 0.01):
-                raise BenchError(f"flow: burst {k} was not processed in 900 s\n{cluster.logs()}")
-            rates.append(load.messages / (time.monotonic() - t0))
-        cpu = per_message_us(sum(cpu_ticks(p, reaped=True) for p in pids) - ticks, load.messages * load.bursts)
-
-        def steady_latency(what: str) -> list[float]:
-            since = cluster.redis.time()
-            since_ms = since[0] * 1000 + since[1] // 1000
-            pub.steady(load.rate, load.seconds)
-            if not wait_for(lambda: processed_past(pub.last), 300, 0.01):
-                raise BenchError(f"flow: the steady load {what} was not processed in 300 s\n{cluster.logs()}")
-            lat = []
-            for sink_id, fields in cluster.redis.xrange(cluster.sink_key, min=f"{since_ms}-0"):
-                # A joined pair leaves as one message whose ID joins its members' with "+".
-                members = json.loads(fields[b"ids"]) if b"ids" in fields else fields[b"id"].decode().split("+")
-                written = [pub.written_ms[m] for m in members if m in pub.written_ms]
-                if written:
-                    lat.append((entry_ms(sink_id.decode()) - max(written)) / 1000)
-            return lat
-
-        after_bursts = steady_latency("after the bursts")
-        # The bare reader's steady load meets a query with nothing left to do; the pair's, right
-        # after the bursts, also meets their aftermath (the time-outs of the join's lone orders,
-        # a worker still reading the tail). The same conditions for both: wait until that is done.
-        if not wait_for(lambda: settled(cluster.redis, store.keys, cluster.graph, list(cluster.peers), pub.last),
-                        120, 0.05):
-            raise BenchError(f"flow: the pair did not settle after the bursts in 120 s\n{cluster.logs()}")
-        lat = steady_latency("on the settled pair")
-        return {"msgs_per_s": round(median(rates)), "burst_msgs_per_s": [round(r) for r in rates],
-                "cpu_us_per_msg": cpu, "p50_ms": percentile_ms(lat, 0.5),
-                "p99_ms": percentile_ms(lat, 0.99), "latency_samples": len(lat),
-                "p50_after_bursts_ms": percentile_ms(after_bursts, 0.5),
-                "p99_after_bursts_ms": percentile_ms(after_bursts, 0.99)}
+        bursts = [pair.burst(load.messages) for _ in range(load.rounds)]
+        pair.settle()
+        lat = pair.steady(load.rate, load.seconds)
     finally:
-        cluster.stop()
+        pair.stop()
+    return {"msgs_per_s": round(median(b["msgs_per_s"] for b in bursts)),
+            "burst_msgs_per_s": [round(b["msgs_per_s"]) for b in bursts],
+            "cpu_us_per_msg": per_message_us(sum(b["ticks"] for b in bursts), load.messages * load.rounds),
+            "p50_ms": percentile_ms(lat, 0.5), "p99_ms": percentile_ms(lat, 0.99), "latency_samples": len(lat)}
 
 
 def settled(client: redis.Redis, keys: FlowKeys, graph: FlowGraph, peers: list[str], last: str) -> bool:
@@ -349,46 +357,102 @@ def settled(client: redis.Redis, keys: FlowKeys, graph: FlowGraph, peers: list[s
                if not isinstance(node, (HistoryNode, SortNode)))
 
 
+def breakdown(batches: list[dict]) -> dict:
+    """Per phase of a master batch (batch_phases.PHASES): p50 and p99 over the batches (ms),
+    and the phase's share of the batch thread's time over them all (its lane's phases)."""
+    if not batches:
+        return {"batches": 0}
+    lane = sum(b["idle"] + b["took_ms"] for b in batches) or 1.0
+    out: dict = {"batches": len(batches), "entries_p50": median(b["entries"] for b in batches)}
+    for phase in PHASES:
+        values = [b[phase] for b in batches]
+        q = {"p50_ms": round(median(values), 2), "p99_ms": round(quantile(values, 0.99), 2)}
+        if phase in BATCH_PHASES:
+            q["share"] = round(sum(values) / lane, 3)
+        out[phase] = q
+    return out
+
+
+def met(summary: dict) -> dict:
+    """Each target of ``TARGETS`` against the median of the rounds: the median, the target, met."""
+    out = {}
+    for key, (sense, bound) in TARGETS.items():
+        fig = summary.get(key)
+        value = None if fig is None else fig["median"]
+        ok = value is not None and (value >= bound if sense == ">=" else value <= bound)
+        out[key] = {"median": value, "target": f"{sense} {bound}", "met": ok}
+    return out
+
+
 def flow_vs_passthrough(load: Load, say=lambda text: None) -> dict:
-    """Both halves on fresh local services; the keys of ``twinflow bench flow-vs-passthrough --json``."""
+    """The pair and its floor on fresh local services, interleaved (module doc); the keys of
+    ``twinflow bench flow-vs-passthrough --json``."""
     base = tempfile.mkdtemp(prefix="twinflow-bench-")
     services = LocalServices.start(base_dir=base, deadline_s=60)
+    rcpu, zcpu = ServerCpu(services.redis.pid), ServerCpu(services.zookeeper.pid)
+    runs: list[dict] = []
+    burst_batches: list[dict] = []
+    steady_batches: list[dict] = []
+    readers = pair = None
     try:
-        say(f"passthrough: {load.messages} messages at batch sizes {PASSTHROUGH_BATCH_SIZES}, "
-            f"then {load.rate:.0f} msg/s for {load.seconds:.0f} s")
-        bare = passthrough(services.redis_url, load)
-        say(f"passthrough: {bare['msgs_per_s']} msg/s (batch size {bare['best_batch_size']}), "
-            f"p50 {bare['p50_ms']} ms, p99 {bare['p99_ms']} ms")
-        say(f"two bare readers on one uplink at once: {load.messages} messages at batch size {bare['best_batch_size']}")
-        two = two_passthroughs(services.redis_url, load, bare["best_batch_size"])
-        say(f"two bare readers: {two['msgs_per_s']} msg/s (the slower), {two['cpu_us_per_msg']} µs CPU per message")
-        say("flow: two peers on the chained flow")
-        pair = flow(services, load)
-        say(f"flow: {pair['msgs_per_s']} msg/s, p50 {pair['p50_ms']} ms, p99 {pair['p99_ms']} ms")
+        say(f"starting two bare readers (batch size {load.batch_size:,}) and the pair on the chained flow")
+        readers = BareReaders(services.redis_url, load.batch_size, os.path.join(base, "readers")).start()
+        pair = Pair(services).start()
+        for r in range(load.rounds):
+            run: dict = {"round": r + 1}
+            sides = ("bare", "pair") if r % 2 == 0 else ("pair", "bare")
+            for side in sides:
+                rcpu.start()
+                zcpu.start()
+                began = time.time()
+                b = readers.burst(load.messages) if side == "bare" else pair.burst(load.messages)
+                redis_ticks, zk_ticks = rcpu.stop(), zcpu.stop()
+                if side == "bare":
+                    run["two_msgs_per_s"] = round(b["msgs_per_s"])
+                    run["two_cpu_us_per_msg"] = per_message_us(b["ticks"] + redis_ticks, load.messages)
+                    run["two_redis_cpu_us_per_msg"] = per_message_us(redis_ticks, load.messages)
+                else:
+                    burst_batches += pair.batches(began, time.time())
+                    run["pair_msgs_per_s"] = round(b["msgs_per_s"])
+                    run["pair_cpu_us_per_msg"] = per_message_us(b["ticks"] + redis_ticks + zk_ticks, load.messages)
+                    run["pair_redis_cpu_us_per_msg"] = per_message_us(redis_ticks, load.messages)
+            for side in sides:
+                if side == "bare":
+                    lat = readers.steady(load.rate, load.seconds)
+                    run["bare_p50_ms"], run["bare_p99_ms"] = percentile_ms(lat, 0.5), percentile_ms(lat, 0.99)
+                else:
+                    pair.settle()
+                    began = time.time()
+                    lat = pair.steady(load.rate, load.seconds)
+                    steady_batches += pair.batches(began, time.time())
+                    run["pair_p50_ms"], run["pair_p99_ms"] = percentile_ms(lat, 0.5), percentile_ms(lat, 0.99)
+            run["ratio_two"] = ratio(run["pair_msgs_per_s"], run["two_msgs_per_s"])
+            run["cpu_ratio"] = ratio(run["pair_cpu_us_per_msg"], run["two_cpu_us_per_msg"])
+            run["p50_ratio"] = ratio(run["pair_p50_ms"], run["bare_p50_ms"])
+            runs.append(run)
+            say(f"round {r + 1}: pair {run['pair_msgs_per_s']:,} msg/s, two bare {run['two_msgs_per_s']:,} "
+                f"(ratio_two {run['ratio_two']}); CPU {run['pair_cpu_us_per_msg']} / {run['two_cpu_us_per_msg']} "
+                f"µs per message; p50 {run['pair_p50_ms']} / {run['bare_p50_ms']} ms, p99 {run['pair_p99_ms']} ms")
     finally:
+        for side in (pair, readers):
+            if side is not None:
+                side.stop()
         services.stop()
+    summary = summarise([{k: v for k, v in run.items() if k != "round"} for run in runs])
+    m = {k: (v["median"] if v else None) for k, v in summary.items()}
     return {
-        "messages": load.messages, "rate": load.rate, "bursts": load.bursts,
-        "flow_burst_msgs_per_s": pair["burst_msgs_per_s"], "two_passthrough_burst_msgs_per_s": two["burst_msgs_per_s"],
-        "passthrough_msgs_per_s": bare["msgs_per_s"], "flow_msgs_per_s": pair["msgs_per_s"],
-        "ratio": round(pair["msgs_per_s"] / bare["msgs_per_s"], 3),
-        "passthrough_p50_ms": bare["p50_ms"], "passthrough_p99_ms": bare["p99_ms"],
-        "p50_latency_ms": pair["p50_ms"], "p99_latency_ms": pair["p99_ms"],
-        "p50_after_bursts_ms": pair["p50_after_bursts_ms"], "p99_after_bursts_ms": pair["p99_after_bursts_ms"],
-        "passthrough_batch_size": bare["best_batch_size"], "passthrough_bursts": bare["burst_msgs_per_s"],
-        "two_passthrough_msgs_per_s": two["msgs_per_s"],
-        "ratio_two": round(pair["msgs_per_s"] / two["msgs_per_s"], 3),
-        "flow_cpu_us_per_msg": pair["cpu_us_per_msg"], "passthrough_cpu_us_per_msg": bare["cpu_us_per_msg"],
-        "two_passthrough_cpu_us_per_msg": two["cpu_us_per_msg"],
+        "messages": load.messages, "rate": load.rate, "rounds": load.rounds, "batch_size": load.batch_size,
+        "runs": runs, "summary": summary, "targets": met(summary),
+        "breakdown": {"bursts": breakdown(burst_batches), "steady": breakdown(steady_batches)},
+        # The medians under the names earlier results use (bench/results, docs/performance.md).
+        "flow_msgs_per_s": m["pair_msgs_per_s"], "two_passthrough_msgs_per_s": m["two_msgs_per_s"],
+        "ratio_two": m["ratio_two"], "p50_latency_ms": m["pair_p50_ms"], "p99_latency_ms": m["pair_p99_ms"],
+        "passthrough_p50_ms": m["bare_p50_ms"], "passthrough_p99_ms": m["bare_p99_ms"],
+        "flow_cpu_us_per_msg": m["pair_cpu_us_per_msg"], "two_passthrough_cpu_us_per_msg": m["two_cpu_us_per_msg"],
     }
 
 
-if __name__ == "__main__":  # a passthrough or bare reader child: one JSON argument, one JSON line out
+if __name__ == "__main__":  # a bare reader child: one JSON argument, one JSON line out
     spec = json.loads(sys.argv[1])
-    if spec.get("reader"):
-        result = _reader_child(spec["redis_url"], spec["uplink"], spec["sink"], spec["batch_size"], spec["n"],
-                               spec["workdir"])
-    else:
-        result = _passthrough_child(spec["redis_url"], Load(**spec["load"]), tuple(spec["batch_sizes"]),
-                                    spec["workdir"])
-    print(json.dumps(result))
+    print(json.dumps(_reader_child(spec["redis_url"], spec["uplink"], spec["sink"], spec["batch_size"],
+                                   spec["workdir"])))
