@@ -42,14 +42,17 @@ In Doubt): it asks Redis which messages are processed first. A step built
 again for another reason (a message the flow refused, another writer) finds
 the messages whose handlers ran In Doubt, which is what they are.
 
-Overlap: while one step's COMMIT is in Redis (sent from a writer thread, see
-:func:`write_pool`), the session builds the next step on the flow. At most
-one write is in flight, and the next is sent only after it succeeded, so
-steps commit in order and a refused one is the last: the step built
-meanwhile is dropped with the flow (it was never sent). Claims and counts
-follow a step's COMMIT, never its build. The failover simulator passes an
-executor that runs each write when its schedule says (``chaos/sim``), so
-virtual time stays deterministic.
+Overlap: while a batch's steps are in Redis (sent from writer threads, see
+:func:`write_pool`), the session builds the next step on the flow. Up to
+``STEPS_IN_FLIGHT`` writes of a batch are in flight, chained: each is sent
+only once the one before it succeeded (its writer waits for that first), so
+steps commit in order and a refused one is the last. The steps behind a
+refused one are never sent; they are dropped with the flow. Each step is
+guarded by the mark and names the version the steps before it leave, so a
+step sent behind one still in Redis applies only on what that one wrote.
+Claims and counts follow a step's COMMIT, never its build. The failover
+simulator passes an executor that runs each write when its schedule says
+(``chaos/sim``), so virtual time stays deterministic.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -66,6 +69,7 @@ import redis
 
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.message import Message
+from ..runtime.positions import position_order
 from ..runtime.store.flow_store import FlowStore, chunked
 from ..runtime.store.store_errors import Fenced, GuessWrong, RedisUnavailable
 from ..runtime.store.step import Step
@@ -86,6 +90,12 @@ def write_pool() -> Executor:
         _pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="twinflow-commit"))
     return _pool[1]
 
+
+# How many of a batch's steps may be in Redis at once. Two: the next step is sent while the
+# one before it still waits behind other clients' scripts in Redis (a reader's batch of 10,000
+# entries holds Redis 18-300 ms), so the batch thread builds on instead of waiting for it;
+# one for a flow that guards handlers (the module doc says why).
+STEPS_IN_FLIGHT = 2
 
 # How many times in a row a step may be refused as built on state behind Redis before the
 # batch fails (and Spark runs the task again): each refusal means another writer committed,
@@ -254,14 +264,26 @@ class MasterSession:
                 sent += handled
             guess = False
 
-    def _write(self, flow: MasterFlow, step: Step, guess: bool) -> Future:
-        """Send ``step``'s COMMIT within the write lease, guarded by the mark ``flow`` holds now
-        when ``guess``; the future raises what the store raises (Fenced, GuessWrong,
-        RedisUnavailable)."""
+    def _write(self, flow: MasterFlow, step: Step, guess: bool, mark: str | None = None,
+               after: Future | None = None) -> Future:
+        """Send ``step``'s COMMIT within the write lease, guarded by ``mark`` (default: the one
+        ``flow`` holds now) when ``guess``, and only once ``after`` (the step before it, still in
+        flight) succeeded; the future raises what the store raises (Fenced, GuessWrong,
+        RedisUnavailable), or _NotSent when ``after`` did not succeed."""
         spec = self.spec
-        return self.writes.submit(self.store.commit, self.epoch, step, deadline_s=spec.write_lease,
-                                  replicas=spec.wait_replicas, replica_wait_ms=spec.replica_wait_ms,
-                                  guess=(flow.mark,) if guess else None)
+        store, epoch = self.store, self.epoch
+        guarded = (mark if mark is not None else flow.mark,) if guess else None
+
+        def write() -> None:
+            if after is not None:
+                try:
+                    after.result()
+                except BaseException:
+                    raise _NotSent() from None
+            store.commit(epoch, step, deadline_s=spec.write_lease, replicas=spec.wait_replicas,
+                         replica_wait_ms=spec.replica_wait_ms, guess=guarded)
+
+        return self.writes.submit(write)
 
     def _refuse(self, out: Outcome, exc: Fenced | RedisUnavailable) -> None:
         out.refused = exc
@@ -300,8 +322,8 @@ class MasterSession:
                 mark = last if i == len(chunks) - 1 else chunk[-1].position
                 if self.guarded and not writing.settle():
                     break
-                built = self._build(out, writing, fresh, mark, now)  # while the step before is in Redis
-                if built is None or not writing.settle():
+                built = self._build(out, writing, fresh, mark, now)  # while the steps before are in Redis
+                if built is None or not writing.make_room():
                     break
                 flow, step, fresh = built
                 writing.send(flow, step, guess, chunk, fresh)
@@ -393,45 +415,82 @@ class _GuessedWrong(RuntimeError):
         self.sent = sent
 
 
+class _NotSent(RuntimeError):
+    """A step was not sent: the one before it in flight did not commit."""
+
+
 class _InFlight:
-    """The one step of a batch whose COMMIT may be in Redis, and what follows from its answer."""
+    """The steps of a batch whose COMMITs may be in Redis (oldest first, at most ``depth``),
+    and what follows from their answers."""
 
     def __init__(self, session: MasterSession, out: Outcome):
         self.session, self.out = session, out
+        self.depth = 1 if session.guarded else STEPS_IN_FLIGHT
         self.sent = 0  # messages of the batch whose step committed
-        self._step: tuple | None = None
+        self._steps: deque[tuple] = deque()
 
     def send(self, flow: MasterFlow, step: Step, guess: bool, chunk: list[Message], fresh: list[Message]) -> None:
-        self._step = (self.session._write(flow, step, guess), flow, step, chunk, fresh)
+        before = self._steps[-1] if self._steps else None
+        # The mark Redis holds once the steps in flight commit: the flow's moves only at a commit.
+        mark = flow.mark
+        for _, _, pending, _, _ in self._steps:
+            if pending.mark and (mark is None or position_order(pending.mark) > position_order(mark)):
+                mark = pending.mark
+        future = self.session._write(flow, step, guess, mark, after=before[0] if before else None)
+        self._steps.append((future, flow, step, chunk, fresh))
+
+    def make_room(self) -> bool:
+        """Settle the oldest steps until another may be sent: False when one was refused."""
+        while len(self._steps) >= self.depth:
+            if not self._settle_oldest():
+                return False
+        return True
 
     def settle(self) -> bool:
-        """Wait for the step in flight, if any: True when it committed (counted, its claims kept)
-        or there was none; False when it was refused. GuessWrong (StaleState too) raises
+        """Wait for every step in flight: True when each committed (counted, its claims kept) or
+        there was none; False when one was refused. GuessWrong (StaleState too) raises
         _GuessedWrong."""
-        if self._step is None:
-            return True
-        future, flow, step, chunk, fresh = self._step
-        self._step = None
+        while self._steps:
+            if not self._settle_oldest():
+                return False
+        return True
+
+    def _settle_oldest(self) -> bool:
+        future, flow, step, chunk, fresh = self._steps.popleft()
         session = self.session
         try:
             with session.phases.timed("commit"):
                 future.result()
         except GuessWrong:
+            self._never_sent()
             session.drop()
             raise _GuessedWrong(self.sent) from None
         except (Fenced, RedisUnavailable) as exc:
+            self._never_sent()
             session._refuse(self.out, exc)
             return False
         except UNWRITABLE as exc:
+            self._never_sent()
             session.drop()
             raise _Unwritable(self.sent, exc) from exc
         except BaseException:
+            self._never_sent()
             session.drop()
             raise
         flow.committed(step)
         self.out.committed(chunk, fresh, escalate=session.spec.pair is not None)
         self.sent += len(chunk)
         return True
+
+    def _never_sent(self) -> None:
+        """The oldest step did not commit: the ones behind it are not sent (each waits for it
+        and raises _NotSent); wait for that, so no writer still holds one."""
+        while self._steps:
+            try:
+                self._steps.popleft()[0].result()
+            except _NotSent:
+                continue
+            raise RuntimeError("a step was sent although the one before it did not commit")
 
     def abandon(self) -> None:
         """The batch is failing: the flow goes, a write in flight is still waited for and,

@@ -1,6 +1,6 @@
-"""The master's session against a real redis-server: a step is built while the one before is
-in Redis, steps commit in order, a refused write ends the session with nothing after it sent,
-and what it did comes back as an Outcome."""
+"""The master's session against a real redis-server: a step is sent while the one before is
+in Redis (two at most), steps commit in order, a refused write ends the session with nothing
+after it written, and what it did comes back as an Outcome."""
 
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -23,14 +23,18 @@ DELIVER = parse_graph("flow: f\nuplink: {stream: uplink}\ninput: deliver\nnodes:
 
 
 class GatedWrites(Executor):
-    """Writer threads whose n-th write starts only once the loop has built the step after it
-    (or it is the last), so a loop that waited for each write before building would hang here."""
+    """Writer threads whose n-th write (of the first ``steps``) starts only once the loop has
+    built the step after it (``until="built"``) or sent it (``until="sent"``), or it is the last,
+    so a loop that waited for each write before building (or sending) the next would hang here.
+    The log says when each step was sent, and how each write ended."""
 
-    def __init__(self, steps: int, before_write=None):
-        self.pool = ThreadPoolExecutor(max_workers=2)
-        self.built = [threading.Event() for _ in range(steps + 1)]
-        self.built[steps].set()
+    def __init__(self, steps: int, before_write=None, after_write=None, until: str = "built"):
+        self.pool = ThreadPoolExecutor(max_workers=3)
+        self.steps, self.until = steps, until
+        self.built = [threading.Event() for _ in range(steps + 2)]
+        self.sent = [threading.Event() for _ in range(steps + 2)]
         self.before_write = before_write or (lambda n: None)
+        self.after_write = after_write or (lambda n: None)
         self.log: list[str] = []
         self.n = 0
 
@@ -38,15 +42,22 @@ class GatedWrites(Executor):
         self.n += 1
         n = self.n
         self.log.append(f"send {n}")
+        if n < len(self.sent):
+            self.sent[n].set()
+        gate = (self.sent if self.until == "sent" else self.built)[n + 1] if n < self.steps else None
 
         def gated():
-            if n < len(self.built) and not self.built[n].wait(10):
-                raise AssertionError(f"step {n + 1} was not built while step {n} was in Redis")
+            if gate is not None and not gate.wait(10):
+                raise AssertionError(f"step {n + 1} was not {self.until} while step {n} was in Redis")
             self.before_write(n)
             try:
-                return fn(*args, **kwargs)
-            finally:
-                self.log.append(f"done {n}")
+                out = fn(*args, **kwargs)
+            except BaseException as exc:
+                self.log.append(f"failed {n}: {type(exc).__name__}")
+                raise
+            self.log.append(f"done {n}")
+            self.after_write(n)
+            return out
         return self.pool.submit(gated)
 
 
@@ -58,9 +69,9 @@ class Session(MasterSession):
         self.builds = 0
 
     def load(self):
-        if 0 < self.builds < len(self.writes.built):
-            self.writes.built[self.builds].set()  # the session builds step builds+1 now
         self.builds += 1
+        if self.builds < len(self.writes.built):
+            self.writes.built[self.builds].set()  # the session builds step `builds` now
         return super().load()
 
 
@@ -79,12 +90,13 @@ def batch(n: int) -> list[Message]:
             for i in range(n)]
 
 
-def test_each_step_is_built_while_the_one_before_is_in_redis(store):
+def test_each_step_is_sent_while_the_one_before_is_in_redis_two_at_most(store):
     msgs = batch(2 * DELIVER_MAX_MESSAGES + 5)  # three steps
-    session = Session(store, GatedWrites(3))
+    session = Session(store, GatedWrites(3, until="sent"))
     out = session.run_batch(msgs, msgs[-1].position, now=lambda: 0.0)
     assert out.rest is None and out.refused is None and out.steps == 3 and out.delivered == len(msgs)
-    assert session.writes.log == ["send 1", "done 1", "send 2", "done 2", "send 3", "done 3"]
+    # Step 2 goes while step 1 is in Redis; step 3 only once step 1 is done; they commit in order.
+    assert session.writes.log == ["send 1", "send 2", "done 1", "send 3", "done 2", "done 3"]
     assert claimed(out) == [m.id for m in msgs]  # to escalate in uplink order, each after its COMMIT
     assert store.processed_mark() == msgs[-1].position
     assert store.r.xlen(store.keys.sink) == len(msgs)
@@ -97,28 +109,29 @@ def test_steps_are_as_long_as_the_flow_file_says_and_only_the_last_moves_the_mar
     graph = parse_graph(DELIVER.text + "cluster: {step_messages: 3}\n")
     assert graph.cluster.step_messages == 3
     marks = []
-    session = Session(store, GatedWrites(3, before_write=lambda n: marks.append(store.processed_mark())), graph)
+    session = Session(store, GatedWrites(3, after_write=lambda n: marks.append(store.processed_mark())), graph)
     msgs = batch(8)
     out = session.run_batch(msgs, "20-0", now=lambda: 0.0)  # entries after the last message: bad ones
     assert out.rest is None and out.steps == 3 and out.delivered == 8
-    assert marks == [None, "3-0", "6-0"]
+    assert marks == ["3-0", "6-0", "20-0"]
     assert store.processed_mark() == "20-0"
     assert claimed(out) == [m.id for m in msgs]
 
 
-def test_a_refused_write_ends_the_batch_and_the_step_built_after_it_is_never_sent(store):
+def test_a_refused_write_ends_the_batch_and_the_step_sent_behind_it_is_never_written(store):
     msgs = batch(2 * DELIVER_MAX_MESSAGES + 5)
 
     def newer_master_first(n):
         if n == 2:
             store.raise_epoch(2)
 
-    session = Session(store, GatedWrites(3, before_write=newer_master_first))
+    session = Session(store, GatedWrites(3, before_write=newer_master_first, until="sent"))
     out = session.run_batch(msgs, msgs[-1].position, now=lambda: 0.0)
     first = msgs[:DELIVER_MAX_MESSAGES]
     assert out.rest == msgs[len(first):]
     assert isinstance(out.refused, Fenced) and out.steps == 1
-    assert session.writes.log == ["send 1", "done 1", "send 2", "done 2"]  # step 3 was built, never sent
+    # Step 3 went to a writer behind step 2, which waited for step 2's answer and wrote nothing.
+    assert session.writes.log == ["send 1", "send 2", "done 1", "send 3", "failed 2: Fenced", "failed 3: _NotSent"]
     assert claimed(out) == [m.id for m in first]
     assert store.processed_mark() == first[-1].position
     assert store.r.xlen(store.keys.sink) == len(first)
@@ -136,7 +149,7 @@ class ReloadedMidBatch(Session):
     built on state without step 1."""
 
     def load(self):
-        if self.builds == 1:
+        if self.builds == 1:  # building step 2
             self.flow = MasterFlow.load(self.graph.fresh(), self.store)
         return super().load()
 
