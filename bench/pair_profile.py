@@ -4,15 +4,21 @@ Starts the two-peer cluster on the chained flow (as ``twinflow bench
 flow-vs-passthrough`` does), then sends ``--bursts`` bursts of ``--messages``
 and prints, per burst, the wall time until the master's processed mark
 passes the last message and the CPU seconds (user + system, from /proc) of
-each peer's Python driver, JVM and reader workers. With ``--py-spy PATH``
-the last burst is also sampled with ``py-spy record --gil`` on both drivers
-(raw stacks in ``--out``). Figures: docs/performance.md.
+each peer's Python driver, JVM and reader workers. With ``--flame DIR`` the
+last burst is also sampled by py-spy (``pip install py-spy``; root, or
+ptrace allowed) on both drivers, every thread, waits included (``--idle``:
+the pair waits more than it works, so the waits are what to see), without
+stopping the driver to read it (``--nonblocking``: a peer's 20 threads at
+100 Hz would otherwise fall seconds behind on 2 cores): a flame graph per
+role, ``DIR/flame-master.svg`` and ``DIR/flame-worker.svg``, and the raw
+stacks beside them. Figures: docs/performance.md.
 
-    .venv/bin/python bench/pair_profile.py --messages 50000 --bursts 3
+    .venv/bin/python bench/pair_profile.py --messages 50000 --bursts 3 --flame docs/images
 """
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,8 +52,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--bursts", type=int, default=3)
-    ap.add_argument("--py-spy", help="path of py-spy: sample both drivers in the last burst")
-    ap.add_argument("--out", default=tempfile.gettempdir())
+    ap.add_argument("--flame", metavar="DIR", help="sample both drivers in the last burst: flame graphs here")
+    ap.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")),
+                    help="path of py-spy (default: on PATH, or beside this Python)")
+    ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second (default 100)")
     ap.add_argument("--peer-arg", action="append", default=[], help="a twinflow run argument for both peers")
     args = ap.parse_args()
     cluster = LocalCluster(tempfile.mkdtemp(prefix="twinflow-pair-profile-"), flow="benchflow",
@@ -61,11 +69,15 @@ def main() -> None:
         pub = UplinkPublisher(cluster.redis, store.keys.uplink, order_or_payment)
         for burst in range(args.bursts):
             spies = []
-            if args.py_spy and burst == args.bursts - 1:
-                spies = [subprocess.Popen([args.py_spy, "record", "--gil", "-r", "250", "-f", "raw", "-p", str(pid),
-                                           "-o", f"{args.out}/py-spy-{n}.txt"],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                         for n, pid in pids.items()]
+            if args.flame and burst == args.bursts - 1:
+                Path(args.flame).mkdir(parents=True, exist_ok=True)
+                for n, pid in pids.items():
+                    role = "master" if n == master else "worker"
+                    for fmt, name in (("flamegraph", f"flame-{role}.svg"), ("raw", f"flame-{role}.txt")):
+                        spies.append(subprocess.Popen(
+                            [args.py_spy, "record", "--idle", "--threads", "--nonblocking", "-r", str(args.rate),
+                             "-f", fmt, "-p", str(pid), "-o", f"{args.flame}/{name}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 wait_for(lambda: all(Path(f"/proc/{s.pid}").exists() for s in spies), 10, 0.1)
             before = {n: tree_cpu(pid) for n, pid in pids.items()}
             t0 = time.monotonic()
@@ -78,7 +90,7 @@ def main() -> None:
             after = {n: tree_cpu(pid) for n, pid in pids.items()}
             for s in spies:
                 s.send_signal(2)  # py-spy writes its file on SIGINT
-                s.wait(30)
+                s.wait(60)
             cpu = {n: {k: round((v - before[n].get(k, 0)) / TICKS, 2) for k, v in after[n].items()
                        if v - before[n].get(k, 0) > 1} for n in pids}
             print(json.dumps({"burst": burst, "master": master, "publish_s": round(published, 2),

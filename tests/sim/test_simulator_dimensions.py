@@ -338,7 +338,7 @@ def test_failure_records_written_without_wait_are_caught_as_erased_by_a_failover
 # Steps of 1 message (each COMMIT a chance for something to happen in between), a replica and
 # COMMITs held in flight often, something else happening meanwhile: the seeds below fail so.
 FAILOVER_BETWEEN_STEPS = {"step_messages": 1, "replica": True, "overlap": 0.9, "interleave": 0.7}
-HANDLED_SEED, WORKER_SEED = 793, 71
+HANDLED_SEED, WORKER_SEED = 107, 251
 
 
 def test_a_handled_position_recorded_without_wait_is_caught_as_loss_after_a_failover(monkeypatch):
@@ -346,8 +346,8 @@ def test_a_handled_position_recorded_without_wait_is_caught_as_loss_after_a_fail
     # its checkpoint. Recorded without WAIT, a Redis failover can erase it while the batch's
     # COMMITs are in flight; the master is killed, restarts past the batch (its checkpoint) and,
     # promoted again, catches up only to the older handled_id left: messages never leave.
-    # Pair seed HANDLED_SEED is a seed run as FAILOVER_BETWEEN_STEPS that fails so (rare: the
-    # failover must erase the record, then the same peer be killed and promoted again).
+    # Pair seed HANDLED_SEED is the first seed run as FAILOVER_BETWEEN_STEPS that fails so (rare:
+    # the failover must erase the record, then the same peer be killed and promoted again).
     assert run_once(HANDLED_SEED, kind="pair", only=FAILOVER_BETWEEN_STEPS).passed
     record = FlowStore.record_handled
     monkeypatch.setattr(FlowStore, "record_handled",
@@ -393,3 +393,32 @@ def test_the_cli_runs_a_sharded_flow_file_and_replays_a_seed():
         assert out["passed"] and out["kind"] == "sharded" and "sharded=True" in out["dims"]
         outs.append(proc.stderr)
     assert outs[0] == outs[1] and "(role " in outs[0]
+
+
+# Two of a batch's steps in flight (master_session.STEPS_IN_FLIGHT), held by the schedule.
+TWO_IN_FLIGHT = {"step_messages": 1, "overlap": 0.9, "interleave": 0.7}
+IN_FLIGHT_SEED = 19
+
+
+def test_steps_sent_behind_a_refused_one_counted_as_committed_are_caught_as_loss(monkeypatch):
+    # A step is sent while the one before it is in Redis, and written only once that one
+    # committed. Broken on purpose: when the one before is refused, the step behind it (never
+    # written) is counted as committed, its claims escalated and its messages left out of what
+    # the peer bakes as worker: they never leave. Pair seed IN_FLIGHT_SEED is the first run as
+    # TWO_IN_FLIGHT that fails so.
+    from twinflow.cluster import master_session
+
+    assert run_once(IN_FLIGHT_SEED, kind="pair", only=TWO_IN_FLIGHT).passed
+
+    def counted_anyway(self):
+        while self._steps:
+            future, flow, step, chunk, fresh = self._steps.popleft()
+            try:
+                future.result()
+            except master_session._NotSent:
+                pass
+            self.out.committed(chunk, fresh, escalate=self.session.spec.pair is not None)
+            self.sent += len(chunk)
+    monkeypatch.setattr(master_session._InFlight, "_never_sent", counted_anyway)
+    r = run_once(IN_FLIGHT_SEED, kind="pair", only=TWO_IN_FLIGHT)
+    assert not r.passed and any("never left the flow" in p for p in r.problems), r.problems
