@@ -205,6 +205,7 @@ class FlowMember:
             self.intake.settle_ahead(timeout_s=max(5.0, 2 * self.lease_s))
         except Exception:  # logged by the batch thread; handled_id covers the batch
             pass
+        self.intake.batch_log.close()  # no batch runs any more
         if self.leadership is not None:
             self.leadership.stop()
         if self.sender is not None:
