@@ -164,14 +164,21 @@ def run_partition(plan: ShardPlan, batches: Iterator[Any]) -> Iterator[Any]:
     :class:`ShardResult` per shard out."""
     import pyarrow as pa
 
+    for k, shard_rows in partition_rows(batches).items():
+        result = run_shard(plan, k, shard_rows)
+        yield pa.RecordBatch.from_pydict({"result": [pickle.dumps(result)]}, schema=pa.schema([("result", pa.binary())]))
+
+
+def partition_rows(batches: Iterator[Any]) -> dict[int, list[tuple]]:
+    """A partition's Arrow batches (shard, position, data, size) as ``{shard: [(position, data,
+    size), ...]}``, each shard's rows in uplink order (also what the bare sharded passthrough of
+    ``bench/shards.py`` reads with, so it measures the same read path)."""
     rows: dict[int, list[tuple]] = {}
     for batch in batches:
         shards, positions, bodies, sizes = (batch.column(i).to_pylist() for i in range(4))
         for k, p, d, n in zip(shards, positions, bodies, sizes):
             rows.setdefault(k, []).append((p, d, n))
-    for k, shard_rows in rows.items():
-        result = run_shard(plan, k, shard_rows)
-        yield pa.RecordBatch.from_pydict({"result": [pickle.dumps(result)]}, schema=pa.schema([("result", pa.binary())]))
+    return rows
 
 
 def run_shard(plan: ShardPlan, k: int, rows: list[tuple], process: TaskProcess | None = None) -> ShardResult:
