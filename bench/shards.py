@@ -109,7 +109,8 @@ class Config:
 class FlowConfig(Config):
     """Two peers on the chained flow: sharded on the Spark cluster, or the driver-side pair."""
 
-    def __init__(self, name: str, workdir: Path, shards: int | None, spark: StandaloneSpark | None, cores: int):
+    def __init__(self, name: str, workdir: Path, shards: int | None, spark: StandaloneSpark | None, cores: int,
+                 conf: list[str] = ()):
         self.name, self.shards = name, shards
         text = CHAINED.read_text()
         if shards:
@@ -117,7 +118,7 @@ class FlowConfig(Config):
                                         f'shard_key: "{SHARD_KEY}"}}')
         extra = [] if spark is None else [
             "--spark-master", spark.master_url, "--spark-conf", f"spark.cores.max={cores}",
-            "--spark-conf", "spark.executor.memory=1g"]
+            "--spark-conf", "spark.executor.memory=1g", *conf]
         self.cluster = LocalCluster(str(workdir / name), flow=name, text=text, peers=("a", "b"),
                                     peer_args=extra).start()
         self.redis, self.redis_pid, self.router = self.cluster.redis, self.cluster.services.redis.pid, self.cluster.router
@@ -155,7 +156,8 @@ class FlowConfig(Config):
 class PassthroughConfig(Config):
     """The bare sharded passthrough on the Spark cluster, with a Redis of its own."""
 
-    def __init__(self, name: str, workdir: Path, shards: int, spark: StandaloneSpark, cores: int):
+    def __init__(self, name: str, workdir: Path, shards: int, spark: StandaloneSpark, cores: int,
+                 conf: list[str] = ()):
         import redis as redis_lib
 
         self.name, self.shards = name, shards
@@ -169,7 +171,7 @@ class PassthroughConfig(Config):
         argv = [sys.executable, "-m", "twinflow.testing.shard_passthrough", "--redis-url", self.services.redis_url,
                 "--spark-master", spark.master_url, "--prefix", name, "--shards", str(shards),
                 "--workdir", str(workdir / name), "--spark-conf", f"spark.cores.max={cores}",
-                "--spark-conf", "spark.executor.memory=1g"]
+                "--spark-conf", "spark.executor.memory=1g", *conf]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
@@ -187,8 +189,41 @@ class PassthroughConfig(Config):
         self.services.stop()
 
 
-def burst(cfg: Config, spark: StandaloneSpark | None, seq: int, messages: int) -> dict:
-    """Publish ``messages`` messages (from ``seq``) to ``cfg`` and wait for them; the figures."""
+def python_workers(executors: list[int]) -> list[int]:
+    """The ``pyspark.daemon`` processes under ``executors`` (their workers are its forks)."""
+    from twinflow.testing.proc_stats import process_tree
+
+    out = []
+    for pid in (p for e in executors for p in process_tree(e)):
+        try:
+            if b"pyspark.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def start_py_spy(pids: list[int], out_dir: Path, tag: str):
+    """py-spy sampling each daemon and its forks (200 Hz, without pausing them) until the
+    returned call stops it (SIGINT: py-spy writes its file then)."""
+    import signal
+
+    py_spy = Path(sys.executable).parent / "py-spy"
+    procs = [subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--subprocesses", "--rate", "200",
+                               "--nonblocking", "--idle", "-f", "raw", "-o", str(out_dir / f"{tag}-{pid}.txt")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
+
+    def stop() -> None:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            proc.wait(60)
+    return stop
+
+
+def burst(cfg: Config, spark: StandaloneSpark | None, seq: int, messages: int, py_spy_dir: Path | None = None) -> dict:
+    """Publish ``messages`` messages (from ``seq``) to ``cfg`` and wait for them; the figures.
+    With ``py_spy_dir``, the executors' Python workers are sampled over the burst."""
     docs = [json.dumps(order_or_payment(seq + i), separators=(",", ":")).encode() for i in range(messages)]
     shard_of = [cfg.router.shard_of(b) for b in docs]
     groups = {g: [pid] for g, pid in cfg.driver_pids().items()}
@@ -199,8 +234,13 @@ def burst(cfg: Config, spark: StandaloneSpark | None, seq: int, messages: int) -
     redis_cpu = ServerCpu(cfg.redis_pid)
     before = {g: sum(cpu_ticks(p, reaped=True) for p in pids) for g, pids in groups.items()}
     before_shared = sum(process_ticks(p) for p in shared)  # the daemons alone: executors are counted above
+    stop_py_spy = None
+    if py_spy_dir is not None and "executors" in groups:
+        stop_py_spy = start_py_spy(python_workers(groups["executors"]), py_spy_dir, cfg.name)
+        stop_drivers = start_py_spy(list(cfg.driver_pids().values()), py_spy_dir, f"{cfg.name}-driver")
+        stop_py_spy = (lambda a, b: lambda: (a(), b()))(stop_py_spy, stop_drivers)
     redis_cpu.start()
-    t0 = time.monotonic()
+    t0, started_ms = time.monotonic(), time.time() * 1000
     last: dict[int, str] = {}
     per_shard = [0] * len(cfg.uplinks)
     for i in range(0, messages, PUBLISH_CHUNK):
@@ -220,13 +260,16 @@ def burst(cfg: Config, spark: StandaloneSpark | None, seq: int, messages: int) -
     if not wait_for(processed, 600, 0.01):
         raise RuntimeError(f"{cfg.name}: burst not processed in 600 s")
     wall = time.monotonic() - t0
+    span = (started_ms, time.time() * 1000)
+    if stop_py_spy is not None:
+        stop_py_spy()
     ticks = {g: sum(cpu_ticks(p, reaped=True) for p in pids) - before[g] for g, pids in groups.items()}
     ticks["spark_daemons"] = sum(process_ticks(p) for p in shared) - before_shared
     ticks["redis"] = redis_cpu.stop()
     row = {"config": cfg.name, "messages": messages, "msgs_per_s": round(messages / wall),
            "cpu_us_per_msg": us_per_message(sum(ticks.values()), messages),
            **{f"{g}_cpu_us_per_msg": us_per_message(t, messages) for g, t in ticks.items()},
-           "per_shard": per_shard}
+           "per_shard": per_shard, "span_ms": span}
     return {**row, **cfg.extra()}
 
 
@@ -279,7 +322,15 @@ def main() -> None:
     ap.add_argument("--no-pair", action="store_true", help="leave the driver-side pair out")
     ap.add_argument("--note", default="", help="saved with the figures (what code was measured)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="a directory: Spark event logs (task metrics over the counted bursts) and py-spy "
+                         "samples of the executors' Python workers in the last round")
     args = ap.parse_args()
+    conf = []
+    if args.profile:
+        (args.profile / "eventlog").mkdir(parents=True, exist_ok=True)
+        conf = ["--spark-conf", "spark.eventLog.enabled=true",
+                "--spark-conf", f"spark.eventLog.dir=file://{(args.profile / 'eventlog').resolve()}"]
     names = [n for n in args.configs if not (args.no_pair and n == "pair")]
     workdir = Path(tempfile.mkdtemp(prefix="twinflow-bench-shards-"))
     apps = sum(2 if n.startswith("shards") else 1 for n in names if n != "pair")
@@ -294,14 +345,15 @@ def main() -> None:
             if n == "pair":
                 configs.append(FlowConfig(n, workdir, None, None, args.cores))
             elif n.startswith("shards"):
-                configs.append(FlowConfig(n, workdir, int(n[len("shards"):]), spark, args.cores))
+                configs.append(FlowConfig(n, workdir, int(n[len("shards"):]), spark, args.cores, conf))
             else:
-                configs.append(PassthroughConfig(n, workdir, int(n[len("passthrough"):]), spark, args.cores))
+                configs.append(PassthroughConfig(n, workdir, int(n[len("passthrough"):]), spark, args.cores, conf))
             configs[-1].wait_ready(300)
         seq = 0
         for rnd in range(args.rounds + 1):  # round 0 warms up (each executor's Python workers start)
             for cfg in configs:
-                row = burst(cfg, None if cfg.name == "pair" else spark, seq, args.messages)
+                profiled = args.profile if args.profile and rnd == args.rounds else None
+                row = burst(cfg, None if cfg.name == "pair" else spark, seq, args.messages, profiled)
                 seq += args.messages
                 row["round"] = rnd
                 print(json.dumps(row), flush=True)
@@ -317,6 +369,14 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     out = report(rows, names)
+    if args.profile:
+        from spark_task_metrics import task_metrics
+
+        out["task_metrics"] = {
+            n: task_metrics(args.profile / "eventlog", [tuple(r["span_ms"]) for r in rows if r["config"] == n],
+                            args.messages * args.rounds, f"twinflow-{n}-")
+            for n in names if n != "pair"}
+        print(json.dumps(out["task_metrics"], indent=1))
     print_report(out)
     save("shards", {"note": args.note, "messages": args.messages, "rounds": args.rounds,
                     "cores_per_app": args.cores, **out, "runs": rows})
