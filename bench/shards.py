@@ -190,17 +190,11 @@ class PassthroughConfig(Config):
 
 
 def python_workers(executors: list[int]) -> list[int]:
-    """The ``pyspark.daemon`` processes under ``executors`` (their workers are its forks)."""
+    """The Python processes under ``executors``: each ``pyspark.daemon`` and its forks (the
+    workers, reused from task to task)."""
     from twinflow.testing.proc_stats import process_tree
 
-    out = []
-    for pid in (p for e in executors for p in process_tree(e)):
-        try:
-            if b"pyspark.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            pass
-    return out
+    return [p for e in executors for p in process_tree(e) if p != e]
 
 
 def start_py_spy(pids: list[int], out_dir: Path, tag: str):
@@ -209,8 +203,10 @@ def start_py_spy(pids: list[int], out_dir: Path, tag: str):
     import signal
 
     py_spy = Path(sys.executable).parent / "py-spy"
-    procs = [subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--subprocesses", "--rate", "200",
-                               "--nonblocking", "--idle", "-f", "raw", "-o", str(out_dir / f"{tag}-{pid}.txt")],
+    # Without --idle: the samples of a thread waiting (a worker for its next task) are left
+    # out, so the samples tell where the CPU goes.
+    procs = [subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--rate", "100",
+                               "--nonblocking", "-f", "raw", "-o", str(out_dir / f"{tag}-{pid}.txt")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
 
     def stop() -> None:
@@ -233,6 +229,7 @@ def burst(cfg: Config, spark: StandaloneSpark | None, seq: int, messages: int, p
     shared = [] if spark is None or cfg.name == "pair" else [spark.worker_pid, spark.master_pid]
     redis_cpu = ServerCpu(cfg.redis_pid)
     before = {g: sum(cpu_ticks(p, reaped=True) for p in pids) for g, pids in groups.items()}
+    before_jvm = sum(process_ticks(p) for p in groups.get("executors", []))
     before_shared = sum(process_ticks(p) for p in shared)  # the daemons alone: executors are counted above
     stop_py_spy = None
     if py_spy_dir is not None and "executors" in groups:
@@ -264,12 +261,16 @@ def burst(cfg: Config, spark: StandaloneSpark | None, seq: int, messages: int, p
     if stop_py_spy is not None:
         stop_py_spy()
     ticks = {g: sum(cpu_ticks(p, reaped=True) for p in pids) - before[g] for g, pids in groups.items()}
+    if "executors" in groups:  # of which the executors' JVMs themselves (the rest: their Python)
+        jvm = sum(process_ticks(p) for p in groups["executors"]) - before_jvm
+        split = {"executor_jvms_cpu_us_per_msg": us_per_message(jvm, messages),
+                 "executor_pythons_cpu_us_per_msg": us_per_message(ticks["executors"] - jvm, messages)}
     ticks["spark_daemons"] = sum(process_ticks(p) for p in shared) - before_shared
     ticks["redis"] = redis_cpu.stop()
     row = {"config": cfg.name, "messages": messages, "msgs_per_s": round(messages / wall),
            "cpu_us_per_msg": us_per_message(sum(ticks.values()), messages),
            **{f"{g}_cpu_us_per_msg": us_per_message(t, messages) for g, t in ticks.items()},
-           "per_shard": per_shard, "span_ms": span}
+           **(split if "executors" in groups else {}), "per_shard": per_shard, "span_ms": span}
     return {**row, **cfg.extra()}
 
 
@@ -330,7 +331,8 @@ def main() -> None:
     if args.profile:
         (args.profile / "eventlog").mkdir(parents=True, exist_ok=True)
         conf = ["--spark-conf", "spark.eventLog.enabled=true",
-                "--spark-conf", f"spark.eventLog.dir=file://{(args.profile / 'eventlog').resolve()}"]
+                "--spark-conf", f"spark.eventLog.dir=file://{(args.profile / 'eventlog').resolve()}",
+                "--spark-conf", "spark.eventLog.compress=false"]
     names = [n for n in args.configs if not (args.no_pair and n == "pair")]
     workdir = Path(tempfile.mkdtemp(prefix="twinflow-bench-shards-"))
     apps = sum(2 if n.startswith("shards") else 1 for n in names if n != "pair")
@@ -357,7 +359,7 @@ def main() -> None:
                 seq += args.messages
                 row["round"] = rnd
                 print(json.dumps(row), flush=True)
-                if rnd:
+                if rnd and not profiled:  # py-spy's sampling slows what it samples: not counted
                     rows.append(row)
     finally:
         for cfg in configs:
@@ -374,7 +376,7 @@ def main() -> None:
 
         out["task_metrics"] = {
             n: task_metrics(args.profile / "eventlog", [tuple(r["span_ms"]) for r in rows if r["config"] == n],
-                            args.messages * args.rounds, f"twinflow-{n}-")
+                            args.messages * sum(1 for r in rows if r["config"] == n), f"twinflow-{n}-")
             for n in names if n != "pair"}
         print(json.dumps(out["task_metrics"], indent=1))
     print_report(out)

@@ -25,11 +25,17 @@ TIMES = {"Executor Deserialize Time": "ms", "Executor Deserialize CPU Time": "ns
 
 
 def _events(log_dir: Path, app_prefix: str):
-    for path in sorted(log_dir.iterdir()):
-        try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
+    # One file per application, or (rolling logs, Spark 4's default) one directory per
+    # application holding its events_<n>_... files.
+    for app_path in sorted(log_dir.iterdir()):
+        files = sorted((p for p in app_path.iterdir() if p.name.startswith("events_") and "." not in p.name),
+                       key=lambda p: int(p.name.split("_")[1])) if app_path.is_dir() else [app_path]
+        lines = []
+        for path in files:
+            try:
+                lines += path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
         app = ""
         for line in lines:
             try:
