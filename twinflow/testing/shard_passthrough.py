@@ -6,8 +6,8 @@
 The floor of ``bench/shards.py``'s sharded flow on the same Spark cluster: one driver with
 twinflow's Spark session, the shard source (``runtime/spark/shard_source.py``) over
 ``<prefix>:s<k>:uplink`` through ``stream.start_shard_stream``, and per micro-batch the
-sharded flow's own plumbing (``mapInArrow`` over the frame, the partition's rows as
-``shard_task.partition_rows`` gives them, one pickled result per shard back to the driver by
+sharded flow's own plumbing (``mapInArrow`` over the frame, the partition's packed rows as
+``shard_task.partition_rows`` unpacks them, one pickled result per shard back to the driver by
 ``toArrow``). What each task does in place of the flow: copy every entry's body to
 ``<prefix>:s<k>:sink`` and set ``<prefix>:s<k>:processed`` to the batch's last position, in
 one pipeline (MULTI/EXEC) per shard, from the executor. ``<prefix>:ready`` is set once the
@@ -43,7 +43,7 @@ def copy_partition(redis_url: str, prefix: str, batches: Iterator[Any]) -> Itera
     from twinflow.cluster.shard_task import partition_rows
 
     client = _client(redis_url)
-    for k, rows in partition_rows(batches).items():
+    for k, rows in partition_rows(batches, packed=True).items():
         copied = 0
         if k >= 0:  # not the warm-up row
             _, sink, processed = stream_keys(prefix, k)
@@ -82,7 +82,7 @@ def main() -> None:
     import redis
 
     from twinflow.runtime.spark.session import build_session
-    from twinflow.runtime.spark.stream import start_shard_stream, stop_stream
+    from twinflow.runtime.spark.stream import PACK_ENTRIES, start_shard_stream, stop_stream
 
     conf = dict(item.split("=", 1) for item in args.spark_conf)
     spark = build_session(f"twinflow-{args.prefix}-passthrough", args.spark_master, conf)
@@ -101,7 +101,8 @@ def main() -> None:
         spark, redis_url=args.redis_url,
         shards=[{"stream": stream_keys(args.prefix, k)[0]} for k in range(args.shards)],
         checkpoint_dir=os.path.join(args.workdir, "checkpoint"), on_frame=on_frame,
-        max_batch_size=20_000, query_name=f"{args.prefix}_passthrough")
+        max_batch_size=20_000, query_name=f"{args.prefix}_passthrough",
+        pack=PACK_ENTRIES)  # as a sharded flow's peer reads (shard_reading)
     while not stop.wait(0.5):
         if not query.isActive:
             raise SystemExit(f"the query stopped: {query.exception()}")
