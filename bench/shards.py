@@ -217,27 +217,6 @@ def start_py_spy(pids: list[int], out_dir: Path, tag: str):
     return stop
 
 
-def thread_ticks(pids: list[int]) -> dict[str, int]:
-    """CPU ticks of the JVMs' threads by name (digits dropped: "C2 CompilerThread#" for all)."""
-    import re
-
-    out: dict[str, int] = {}
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            except OSError:
-                continue
-            name = re.sub(r"\d+", "#", raw[raw.index("(") + 1:raw.rindex(")")])
-            fields = raw[raw.rindex(")") + 2:].split()
-            out[name] = out.get(name, 0) + int(fields[11]) + int(fields[12])
-    return out
-
-
 def burst(cfg: Config, spark: StandaloneSpark | None, seq: int, messages: int, py_spy_dir: Path | None = None) -> dict:
     """Publish ``messages`` messages (from ``seq``) to ``cfg`` and wait for them; the figures.
     With ``py_spy_dir``, the executors' Python workers are sampled over the burst."""
@@ -257,7 +236,6 @@ def burst(cfg: Config, spark: StandaloneSpark | None, seq: int, messages: int, p
         stop_py_spy = start_py_spy(python_workers(groups["executors"]), py_spy_dir, cfg.name)
         stop_drivers = start_py_spy(list(cfg.driver_pids().values()), py_spy_dir, f"{cfg.name}-driver")
         stop_py_spy = (lambda a, b: lambda: (a(), b()))(stop_py_spy, stop_drivers)
-    threads_before = thread_ticks(groups["executors"]) if stop_py_spy is not None else {}
     redis_cpu.start()
     t0, started_ms = time.monotonic(), time.time() * 1000
     last: dict[int, str] = {}
@@ -281,11 +259,7 @@ def burst(cfg: Config, spark: StandaloneSpark | None, seq: int, messages: int, p
     wall = time.monotonic() - t0
     span = (started_ms, time.time() * 1000)
     if stop_py_spy is not None:
-        after = thread_ticks(groups["executors"])
         stop_py_spy()
-        threads = {n: us_per_message(t - threads_before.get(n, 0), messages) for n, t in after.items()}
-        (py_spy_dir / f"{cfg.name}-jvm-threads.json").write_text(json.dumps(
-            dict(sorted(threads.items(), key=lambda kv: -kv[1])), indent=1))
     ticks = {g: sum(cpu_ticks(p, reaped=True) for p in pids) - before[g] for g, pids in groups.items()}
     if "executors" in groups:  # of which the executors' JVMs themselves (the rest: their Python)
         jvm = sum(process_ticks(p) for p in groups["executors"]) - before_jvm
