@@ -27,7 +27,7 @@ Python workers start in it, about a CPU-second each). Printed and saved (``resul
 shards.jsonl``): each burst, and per configuration the median and spread of each figure over
 the rounds, with the ratios sharded ÷ passthrough, sharded ÷ pair and 2-shard ÷ 1-shard.
 
-    .venv/bin/python bench/shards.py                  # 5 rounds, about 12 minutes on 2 cores
+    .venv/bin/python bench/shards.py                  # 5 rounds, about 8 minutes on 2 cores
 
 Under failure: a configuration that does not get ready or finish a burst within its deadline
 raises with what it waited for; every process started here is stopped by PID (the clusters,
