@@ -323,6 +323,9 @@ def main() -> None:
     ap.add_argument("--no-pair", action="store_true", help="leave the driver-side pair out")
     ap.add_argument("--note", default="", help="saved with the figures (what code was measured)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    ap.add_argument("--variant", action="append", default=[], metavar="SUFFIX:KEY=VALUE",
+                    help="run each Spark configuration also as NAME+SUFFIX (lower-case letters) with this "
+                         "Spark setting, interleaved with the others; repeat for more settings")
     ap.add_argument("--profile", type=Path, default=None,
                     help="a directory: Spark event logs (task metrics over the counted bursts) and py-spy "
                          "samples of the executors' Python workers in the last round")
@@ -334,6 +337,13 @@ def main() -> None:
                 "--spark-conf", f"spark.eventLog.dir=file://{(args.profile / 'eventlog').resolve()}",
                 "--spark-conf", "spark.eventLog.compress=false"]
     names = [n for n in args.configs if not (args.no_pair and n == "pair")]
+    # --variant SUFFIX:KEY=VALUE: each Spark configuration again as NAME+SUFFIX with that Spark
+    # setting too, interleaved with the others (a setting's effect within one invocation).
+    variants: dict[str, list[str]] = {}
+    for v in args.variant:
+        suffix, setting = v.split(":", 1)
+        variants.setdefault(suffix, []).extend(["--spark-conf", setting])
+    names += [n + suffix for suffix in variants for n in list(names) if n != "pair"]
     workdir = Path(tempfile.mkdtemp(prefix="twinflow-bench-shards-"))
     apps = sum(2 if n.startswith("shards") else 1 for n in names if n != "pair")
     # Standalone cores are slots, not CPUs: offer every application its spark.cores.max.
@@ -342,14 +352,16 @@ def main() -> None:
     rows: list[dict] = []
     try:
         for n in names:
+            base = n.rstrip("abcdefghijklmnopqrstuvwxyz_-") if n != "pair" else n
+            extra = conf + variants.get(n[len(base):], [])
             # One at a time: nine JVMs starting at once on two cores left a Python worker over
             # Spark's time to connect back (its query failed at start-up).
             if n == "pair":
                 configs.append(FlowConfig(n, workdir, None, None, args.cores))
             elif n.startswith("shards"):
-                configs.append(FlowConfig(n, workdir, int(n[len("shards"):]), spark, args.cores, conf))
+                configs.append(FlowConfig(n, workdir, int(base[len("shards"):]), spark, args.cores, extra))
             else:
-                configs.append(PassthroughConfig(n, workdir, int(n[len("passthrough"):]), spark, args.cores, conf))
+                configs.append(PassthroughConfig(n, workdir, int(base[len("passthrough"):]), spark, args.cores, extra))
             configs[-1].wait_ready(300)
         seq = 0
         for rnd in range(args.rounds + 1):  # round 0 warms up (each executor's Python workers start)
