@@ -44,7 +44,7 @@ class ShardReading:
     """The one query that reads every shard of ``peer``'s flow (see the module doc)."""
 
     def __init__(self, spark: Any, peer: "Peer", starts: list[dict]):
-        from ..runtime.spark.stream import start_shard_stream
+        from ..runtime.spark.stream import PACK_ENTRIES, start_shard_stream
 
         self.peer = peer
         self.members = peer.members
@@ -68,6 +68,10 @@ class ShardReading:
             batch_bytes=peer.spec.batch_bytes,
             max_body_bytes=peer.spec.message.max_bytes,
             query_name=f"{peer.name}_{cfg.peer_id}".replace("-", "_").replace(".", "_"),
+            # Each task takes its partition whole (run_partition): rows packed 1,000 entries to a
+            # Spark row took one shard 2,172 -> 4,093 msg/s, 292.5 -> 241 µs of CPU per message
+            # (bench/shards.py, docs/performance.md "Sharded uplinks on a Spark cluster").
+            pack=PACK_ENTRIES,
         )
 
     @property
@@ -92,6 +96,7 @@ class ShardReading:
                 connect_deadline_s=peer.cfg.connect_deadline_s,
                 roles={k: m.executor_role() for k, m in enumerate(self.members)},
                 generations={k: m.driver_steps for k, m in enumerate(self.members)},
+                packed=True,
             )
             table = frame.mapInArrow(partial(run_partition, plan), RESULT_SCHEMA).toArrow()
 

@@ -72,6 +72,7 @@ class ShardPlan:
     connect_deadline_s: float
     roles: dict[int, tuple[str, int]]   # shard -> (role, epoch)
     generations: dict[int, int] = field(default_factory=dict)  # shard -> driver-side steps so far
+    packed: bool = False                # the frame's rows are packed (shard_source "Packed rows")
 
 
 @dataclass
@@ -164,14 +165,27 @@ def run_partition(plan: ShardPlan, batches: Iterator[Any]) -> Iterator[Any]:
     :class:`ShardResult` per shard out."""
     import pyarrow as pa
 
+    for k, shard_rows in partition_rows(batches, plan.packed).items():
+        result = run_shard(plan, k, shard_rows)
+        yield pa.RecordBatch.from_pydict({"result": [pickle.dumps(result)]}, schema=pa.schema([("result", pa.binary())]))
+
+
+def partition_rows(batches: Iterator[Any], packed: bool = False) -> dict[int, list[tuple]]:
+    """A partition's Arrow batches (shard, position, data, size) as ``{shard: [(position, data,
+    size), ...]}``, each shard's rows in uplink order, unpacked when ``packed`` (also what the
+    bare sharded passthrough of ``bench/shards.py`` reads with, so it measures the same path)."""
+    from ..runtime.spark.packed_rows import unpack_rows
+
     rows: dict[int, list[tuple]] = {}
     for batch in batches:
         shards, positions, bodies, sizes = (batch.column(i).to_pylist() for i in range(4))
+        if packed:
+            for k, p, d, n in zip(shards, positions, bodies, sizes):
+                rows.setdefault(k, []).extend(unpack_rows([p], [d], [n]))
+            continue
         for k, p, d, n in zip(shards, positions, bodies, sizes):
             rows.setdefault(k, []).append((p, d, n))
-    for k, shard_rows in rows.items():
-        result = run_shard(plan, k, shard_rows)
-        yield pa.RecordBatch.from_pydict({"result": [pickle.dumps(result)]}, schema=pa.schema([("result", pa.binary())]))
+    return rows
 
 
 def run_shard(plan: ShardPlan, k: int, rows: list[tuple], process: TaskProcess | None = None) -> ShardResult:

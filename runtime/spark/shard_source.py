@@ -24,6 +24,14 @@ holds a JSON list of the shards held (``stream.hold_shards``): a held shard
 plans nothing while the others go on, and ``<hold_file>.ack`` lists the
 shards the planner holds from then on (``stream.shard_hold_state``).
 
+Packed rows (option ``pack``, N > 0), as in ``source.py``: each row carries
+up to N consecutive entries of its shard, ``position`` the last one's ID,
+``size`` how many, ``data`` their ``(position, data, size)`` triples pickled;
+``packed_rows.unpack_rows`` gives them back (the warm-up row stays as it is).
+A sharded flow's tasks take a partition whole (``shard_task``), so Spark's
+per-row work, paid twice on this path (the read's Python worker into the
+JVM, the JVM into the task's ``mapInArrow`` worker), is paid per N entries.
+
 Offsets: ``{"shards": [{"id", "n", "max_body"}, ...], "warm": <query runs>}``,
 one entry per shard in the order of the ``shards`` option (``warm`` grows by
 one at each query run's warm-up batch, whose one row has shard -1); Spark checkpoints
@@ -51,6 +59,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from twinflow.runtime.positions import WARMUP_POSITION
+from twinflow.runtime.spark.packed_rows import pack_rows
 from twinflow.runtime.spark.reader_gates import _Paused, write_atomically
 from twinflow.runtime.spark.redis_wait import _wait_for_entry
 from twinflow.runtime.spark.source import RedisStreamReader
@@ -109,6 +118,7 @@ class RedisShardsReader(DataSourceStreamReader):
         self.max_body = _int_option(options, "max_body_bytes", DEFAULT_MAX_BODY_BYTES, 0)
         self.block_ms = int(options.get("block_ms") or DEFAULT_BLOCK_MS)
         self.hold_file = options.get("hold_file") or None
+        self.pack = _int_option(options, "pack", 0, 0)
         self._warmup_due = options.get("warmup") == "1"
         self._acked: set[int] = set()
         self.readers = []
@@ -116,7 +126,7 @@ class RedisShardsReader(DataSourceStreamReader):
             # Each shard's reader keeps its own client, on the node that owns its
             # slot on a Redis Cluster (each shard has its own hash tag).
             self.readers.append(RedisStreamReader({
-                **{k: v for k, v in options.items() if k not in ("shards", "hold_file", "warmup")},
+                **{k: v for k, v in options.items() if k not in ("shards", "hold_file", "warmup", "pack")},
                 "stream": shard["stream"], "status_key": shard.get("status_key") or "",
                 "start_id": shard.get("start_id") or "0-0", "start_n": str(shard.get("start_n") or 0),
                 "max_batch_size": str(self.max_batch), "batch_size": str(self.max_batch),
@@ -225,7 +235,7 @@ class RedisShardsReader(DataSourceStreamReader):
             rows = reader._read_rows("read a planned batch", after, partition.upto, partition.max_body)
             if not rows:
                 break
-            for position, data, size in rows:
+            for position, data, size in (pack_rows(rows, self.pack) if self.pack else rows):
                 yield (k, position, data, size)
             n += len(rows)
             after = rows[-1][0]

@@ -174,11 +174,14 @@ def start_shard_stream(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     query_name: str | None = None,
     warmup: bool = True,
+    pack: int = 0,
 ) -> StreamingQuery:
     """Start a query over a flow's uplink shards (``shard_source``); ``on_frame(df, batch_id)``
     gets each micro-batch as a DataFrame (shard, position, data, size), one partition per
     shard with new entries, to run work on the executors that read them. ``shards``: per
-    shard ``stream`` and optionally ``status_key``, ``start_id``, ``start_n``.
+    shard ``stream`` and optionally ``status_key``, ``start_id``, ``start_n``. ``pack``:
+    entries per Spark row (the source's "Packed rows"; 0, one row per entry), for a caller
+    that unpacks each partition whole (``packed_rows.unpack_rows``).
     ``stop_stream`` stops it; ``hold_shards`` holds some of its shards."""
     from twinflow.runtime.spark.shard_source import SHARD_SOURCE_NAME
 
@@ -187,7 +190,7 @@ def start_shard_stream(
         "url": redis_url, "shards": json.dumps(shards), "max_batch_size": str(max_batch_size),
         "batch_bytes": str(batch_bytes), "max_body_bytes": str(max_body_bytes),
         "pause_file": os.path.join(pause_dir, PAUSE_FILE), "hold_file": os.path.join(pause_dir, HOLD_FILE),
-        "warmup": "1" if warmup else "0",
+        "warmup": "1" if warmup else "0", "pack": str(pack),
     }
     return _start_query(spark, SHARD_SOURCE_NAME, options, on_frame, checkpoint_dir, query_name, pause_dir)
 

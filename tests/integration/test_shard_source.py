@@ -98,3 +98,37 @@ def test_shards_are_partitions_in_order_held_one_by_one_and_resumed_after_a_rest
         assert [p for p, _ in again.rows(1)] == more and again.rows(0) == []
     finally:
         stop_stream(query, 10.0)
+
+
+def test_packed_rows_carry_every_entry_of_their_shard_in_order(spark, redis_url, tmp_path):
+    """With ``pack``, a partition holds its shard's entries N to a row; unpacked, exactly the
+    entries planned, in uplink order, as a sharded flow's task reads them (``partition_rows``)."""
+    from twinflow.cluster.shard_task import partition_rows
+
+    r = redis.Redis.from_url(redis_url)
+    streams = [f"test:packed:{uuid.uuid4().hex[:8]}:{k}" for k in range(2)]
+    sent = {k: [r.xadd(streams[k], {"data": b"s%d-%d" % (k, i)}).decode() for i in range(25 + 10 * k)]
+            for k in range(2)}
+    seen: dict[int, list[tuple]] = {0: [], 1: []}
+    packed_rows: list[int] = []
+    lock = threading.Lock()
+
+    def on_frame(frame, batch_id: int) -> None:
+        table = frame.toArrow()
+        with lock:
+            packed_rows.append(table.num_rows)
+            for k, rows in partition_rows(table.to_batches(), packed=True).items():
+                if k != WARMUP_SHARD:
+                    seen[k].extend(rows)
+
+    query = start_shard_stream(spark, redis_url=redis_url, shards=[{"stream": s} for s in streams],
+                               checkpoint_dir=str(tmp_path / "checkpoint"), on_frame=on_frame,
+                               max_batch_size=300, pack=4)
+    try:
+        wait_until(lambda: all(len(seen[k]) == len(sent[k]) for k in (0, 1)), 60, what="both shards read")
+    finally:
+        stop_stream(query, 10.0)
+    for k in (0, 1):
+        assert [p for p, _, _ in seen[k]] == sent[k]
+        assert [d for _, d, _ in seen[k]] == [b"s%d-%d" % (k, i) for i in range(len(sent[k]))]
+    assert sum(packed_rows) < sum(len(v) for v in sent.values())  # 4 entries a row, not one
