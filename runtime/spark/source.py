@@ -181,8 +181,9 @@ def _no_pandas_in_the_reader_worker() -> None:
     The worker hands each batch to the JVM as Arrow record batches; pyarrow, building one from
     Python lists, imports pandas to ask whether a column is a pandas object, and keeps it: the
     worker took 156 MiB RSS idle with pandas, 114 without (bench/node_memory.py). Without pandas
-    pyarrow answers "no" and builds the same batches. This module is imported there when the worker unpickles the data source, before
-    its first batch. Other workers and the driver are untouched.
+    pyarrow answers "no" and builds the same batches. This module is imported there when the
+    worker unpickles the data source, before its first batch. Other workers and the driver are
+    untouched.
     """
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
