@@ -136,6 +136,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -160,6 +161,38 @@ from twinflow.runtime.spark.source_options import (
 from twinflow.runtime.waiting import Backoff, retry
 
 log = logging.getLogger(__name__)
+
+_READER_WORKER = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+class _NoPandas:
+    """An import finder that refuses pandas (see ``_no_pandas_in_the_reader_worker``)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"no {name} in twinflow's stream reader worker", name=name)
+        return None
+
+
+def _no_pandas_in_the_reader_worker() -> None:
+    """In the Python worker that runs this reader (PySpark's streaming source runner), and only
+    there, make pandas unimportable.
+
+    The worker hands each batch to the JVM as Arrow record batches; pyarrow, building one from
+    Python lists, imports pandas to ask whether a column is a pandas object, and keeps it: the
+    worker took 156 MiB RSS idle with pandas, 114 without (bench/node_memory.py). Without pandas
+    pyarrow answers "no" and builds the same batches. This module is imported there when the
+    worker unpickles the data source, before its first batch. Other workers and the driver are
+    untouched.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(spec, "name", None) == _READER_WORKER and "pandas" not in sys.modules:
+        if not any(isinstance(f, _NoPandas) for f in sys.meta_path):
+            sys.meta_path.insert(0, _NoPandas())
+
+
+_no_pandas_in_the_reader_worker()
 
 SCHEMA = StructType(
     [
