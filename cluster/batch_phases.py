@@ -22,7 +22,8 @@ On the batch thread (the ``batch`` lane):
 - ``escalation``: reading how far each worker read, and sending the claims over gRPC;
 - ``other``: the rest (guessing what is processed, chunking, counting).
 
-Only a batch run as master is written: a worker's baked batch has none of these phases.
+Each line also has ``began`` and ``at``, the wall times the batch reached ``on_batch`` and its line
+was written (the batch thread done with it). Only a batch run as master is written: a worker's baked batch has none of these phases.
 Timing costs a clock read per phase per step (1,000 messages), none per message; with no file
 named, nothing is timed.
 
@@ -50,13 +51,14 @@ class BatchPhases:
     """One batch's phases, in seconds; filled by one thread at a time (Spark's, then the batch
     thread's), so it needs no lock."""
 
-    __slots__ = ("seconds", "batch_id", "entries", "started")
+    __slots__ = ("seconds", "batch_id", "entries", "started", "began")
 
     def __init__(self, batch_id: int = -1):
         self.seconds: dict[str, float] = {}
         self.batch_id = batch_id
         self.entries = 0
         self.started = 0.0  # when the batch thread took it (perf_counter)
+        self.began = 0.0    # when it reached on_batch (wall clock, for the line)
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
@@ -74,7 +76,8 @@ class BatchPhases:
         phases leave of ``took_s`` (the batch thread's time on it)."""
         named = sum(self.seconds.get(p, 0.0) for p in BATCH_PHASES if p not in ("idle", "other"))
         self.seconds["other"] = max(0.0, took_s - named)
-        return {"at": round(time.time(), 3), "batch": self.batch_id, "entries": self.entries,
+        return {"began": round(self.began, 3), "at": round(time.time(), 3), "batch": self.batch_id,
+                "entries": self.entries,
                 "took_ms": round(took_s * 1000, 3),
                 **{p: round(self.seconds.get(p, 0.0) * 1000, 3) for p in PHASES}}
 
@@ -115,6 +118,7 @@ class BatchLog:
         if self._file is None:
             return NO_PHASES
         phases = BatchPhases(batch_id)
+        phases.began = time.time()
         now = time.perf_counter()
         if self._spark_back is not None:
             phases.add("spark", max(0.0, now - self._spark_back - read_s))

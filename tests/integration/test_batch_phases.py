@@ -12,7 +12,7 @@ import pytest
 from twinflow.cluster.batch_phases import BATCH_PHASES, NO_PHASES, PHASES, BatchLog, read_batch_log
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
-from twinflow.testing.flow_bench import breakdown, met
+from twinflow.testing.flow_bench import breakdown, met, within
 
 from .test_node_parts import FLOW, AheadParts, node
 
@@ -84,3 +84,13 @@ def test_targets_are_judged_on_the_medians():
     out = met(fig)
     assert out["ratio_two"]["met"] and not out["p50_ratio"]["met"] and out["cpu_ratio"]["met"]
     assert out["pair_p99_ms"] == {"median": None, "target": "<= 100.0", "met": False}
+
+
+def test_a_bursts_first_batch_counts_only_the_waits_after_the_burst_began():
+    quiet_then_burst = {p: 0.0 for p in PHASES} | {"began": 100.0, "at": 100.5, "took_ms": 300.0, "read": 20.0,
+                                                   "spark": 30_000.0, "idle": 30_000.0}
+    b = within(quiet_then_burst, since=99.9)
+    # Spark planned it 80 ms after the burst began (100 ms before on_batch, 20 of them reading);
+    # the batch thread waited from the burst's start to taking it at 100.2.
+    assert b["spark"] == pytest.approx(80.0) and b["idle"] == pytest.approx(300.0)
+    assert within(b, since=50.0) == b  # waits that began after `since` are kept whole

@@ -319,10 +319,12 @@ class Pair:
         return lat
 
     def batches(self, since: float, until: float) -> list[dict]:
-        """Every peer's master batches logged between the wall times ``since`` and ``until``."""
+        """Every peer's master batches logged between the wall times ``since`` and ``until``, their
+        waits cut to what fell after ``since`` (:func:`within`)."""
         out = []
         for peer in self.cluster.peers:
-            out += [b for b in read_batch_log(self.logs.replace("{peer}", peer)) if since <= b["at"] <= until]
+            out += [within(b, since) for b in read_batch_log(self.logs.replace("{peer}", peer))
+                    if since <= b["at"] <= until]
         return out
 
     def stop(self) -> None:
@@ -355,6 +357,20 @@ def settled(client: redis.Redis, keys: FlowKeys, graph: FlowGraph, peers: list[s
             return False
     return all(client.hlen(keys.state(name)) == 0 for name, node in graph.nodes.items()
                if not isinstance(node, (HistoryNode, SortNode)))
+
+
+def within(batch: dict, since: float) -> dict:
+    """``batch`` (a batch log line) with the phases that wait for work, ``spark`` on Spark's
+    thread and ``idle`` on the batch thread, cut to what fell after the wall time ``since``: the
+    first batch of a burst otherwise counts the quiet before the burst as its own."""
+    batch = dict(batch)
+    spark_from = batch["began"] - (batch["spark"] + batch["read"]) / 1000
+    if spark_from < since:
+        batch["spark"] = round(max(0.0, (batch["began"] - since) * 1000 - batch["read"]), 3)
+    taken = batch["at"] - batch["took_ms"] / 1000
+    if taken - batch["idle"] / 1000 < since:
+        batch["idle"] = round(max(0.0, (taken - since) * 1000), 3)
+    return batch
 
 
 def breakdown(batches: list[dict]) -> dict:
