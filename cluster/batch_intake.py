@@ -66,11 +66,6 @@ class BatchIntake:
         """Process one batch whole, or raise so that Spark does not commit it; a master's batch
         may run ahead instead (module doc)."""
         phases = self.batch_log.begin(batch_id, delivered_read_s())
-        # Decoded before waiting for the batch before: that one's last COMMITs are in Redis
-        # meanwhile (the batch thread waits for them, holding no GIL), so the decoding costs the
-        # batch thread nothing (docs/performance.md: it was 12% of the batch thread's time).
-        with collector_paused(), phases.timed("decode"):
-            decoded = self.decode(rows)
         with phases.timed("wait_previous"):
             self.settle_ahead()
         handed = False
@@ -81,10 +76,10 @@ class BatchIntake:
             with phases.timed("handled"):
                 ahead = self._may_run_ahead(last)
             if ahead:
-                self._ahead = self.ahead.submit(self._run_ahead, batch_id, decoded, last, phases)
+                self._ahead = self.ahead.submit(self._run_ahead, batch_id, rows, last, phases)
                 handed = True  # the batch thread releases batch_lock
                 return
-            self._take_decoded(batch_id, decoded, last, phases)
+            self._decode_and_take(batch_id, rows, last, phases)
         finally:
             if not handed:
                 lock.release()
@@ -105,12 +100,12 @@ class BatchIntake:
             return False
         return True
 
-    def _run_ahead(self, batch_id: int, decoded: tuple[list[Message], list[tuple]], last: str,
-                   phases: BatchPhases) -> None:
-        """The batch thread: the batch as on_batch would have run it, then batch_lock released."""
+    def _run_ahead(self, batch_id: int, rows: list[tuple], last: str, phases: BatchPhases) -> None:
+        """The batch thread: the batch as on_batch would have run it (decoding too: Spark's
+        thread goes back to Spark sooner), then batch_lock released."""
         m = self.m
         try:
-            self._take_decoded(batch_id, decoded, last, phases)
+            self._decode_and_take(batch_id, rows, last, phases)
         except PeerStopping as exc:  # handled_id covers it: a promoted member delivers it
             log.info("%s: %s", m.cfg.peer_id, exc)
         except BaseException as exc:
@@ -121,9 +116,9 @@ class BatchIntake:
         finally:
             m.batch_lock.release()
 
-    def _take_decoded(self, batch_id: int, decoded: tuple[list[Message], list[tuple]], last: str | None,
-                      phases: BatchPhases = NO_PHASES) -> None:
-        """Take the decoded batch, Python's cyclic collector paused meanwhile (as while decoding).
+    def _decode_and_take(self, batch_id: int, rows: list[tuple], last: str | None,
+                         phases: BatchPhases = NO_PHASES) -> None:
+        """Decode the rows and take the batch, Python's cyclic collector paused meanwhile.
 
         Why paused: a batch's messages live until it ends, so the collector's passes
         during it (one per 700 objects made) promote them and soon start full passes
@@ -132,11 +127,12 @@ class BatchIntake:
         burst of 50,000: 0.28 s of every 1.2 s batch in collections, most of them
         full (docs/performance.md). It runs again once the batch is over.
         """
-        msgs, bad = decoded
-        self.batch_log.taken(phases, len(msgs) + len(bad))
+        self.batch_log.taken(phases, len(rows))
         as_master = False
         try:
             with collector_paused():
+                with phases.timed("decode"):
+                    msgs, bad = self.decode(rows)
                 as_master = self._take_batch(batch_id, msgs, bad, last, phases)
         finally:
             if as_master:

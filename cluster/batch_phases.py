@@ -7,7 +7,6 @@ A batch passes two threads, one after the other. On Spark's thread (the ``spark`
 - ``spark``: Spark's own work since the previous batch was handed on (offsets, planning,
   the checkpoint's logs): the JVM, with nothing of twinflow's;
 - ``read``: reading the batch's entries from Redis by the offsets Spark logged;
-- ``decode``: entries into messages;
 - ``wait_previous``: waiting for the batch before it to finish on the batch thread;
 - ``handled``: recording ``handled_id`` before the batch may run ahead of Spark (with its
   ``WAIT`` for replicas when the flow asks for them).
@@ -15,6 +14,7 @@ A batch passes two threads, one after the other. On Spark's thread (the ``spark`
 On the batch thread (the ``batch`` lane):
 
 - ``idle``: nothing to do, from the end of the batch before to the start of this one;
+- ``decode``: entries into messages;
 - ``state_load``: loading the flow's state from Redis (a new term's first batch, a dropped flow);
 - ``graph``: the flow's nodes building each step;
 - ``commit``: waiting for a step's COMMIT (with its ``WAIT`` for replicas when asked) that
@@ -42,8 +42,8 @@ from typing import Iterator
 
 log = logging.getLogger("twinflow.peer")
 
-SPARK_PHASES = ("spark", "read", "decode", "wait_previous", "handled")
-BATCH_PHASES = ("idle", "state_load", "graph", "commit", "escalation", "other")
+SPARK_PHASES = ("spark", "read", "wait_previous", "handled")
+BATCH_PHASES = ("idle", "decode", "state_load", "graph", "commit", "escalation", "other")
 PHASES = SPARK_PHASES + BATCH_PHASES
 
 
