@@ -58,9 +58,10 @@ from ..runtime.store.flow_keys import FlowKeys
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.waiting import wait_for
 from .bench_stats import ServerCpu, median, quantile, ratio, summarise
+from .bench_stats import us_per_message as per_message_us
 from .local_cluster import LocalCluster
 from .messages import CHAINED, order_or_payment
-from .proc_stats import TICKS, cpu_ticks
+from .proc_stats import cpu_ticks
 from .producers import UplinkPublisher
 from .services import LocalServices
 
@@ -89,11 +90,6 @@ class Load:
 def percentile_ms(values: list[float], q: float) -> float | None:
     """The ``q`` quantile of seconds, in milliseconds (nearest rank)."""
     return None if not values else round(quantile(values, q) * 1000, 1)
-
-
-def per_message_us(ticks: int, messages: int) -> float:
-    """CPU ticks spent on ``messages`` messages, in microseconds per message."""
-    return round(ticks / TICKS / messages * 1e6, 1)
 
 
 def entry_ms(position: str) -> int:
