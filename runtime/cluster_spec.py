@@ -42,7 +42,7 @@ from typing import Mapping
 from .audit_spec import AuditSpec, NoticeSpec, read_audit, read_notices
 from .keys import KEY_TYPES
 from .message import MessageSpec
-from .nodes.sort import read_outlink_names, read_rulesets
+from .nodes.sort import read_outlink_names, read_rulesets, read_xa_mode
 from .nodes.sort.claim_rules import ClaimRules
 from .params import Params, Refusals
 from .stream_spec import StreamsSpec, read_streams
@@ -143,12 +143,23 @@ def read_message(top: Params) -> MessageSpec:
     )
 
 
+# Replay's claim-mode sort options that the pair has no place for, each with where the cluster
+# keeps what it says (a user porting a replay flow is told, not handed "unknown field").
+REPLAY_SORT_ONLY = {
+    "id_ttl": "has no place on the claim pair: the flow's message.id_ttl keeps the cluster's ID cache",
+    "rollback_on": "has no place on the claim pair: on the cluster a promotion is the rollback",
+}
+
+
 def read_pair(sort: Params, kinds: dict[str, str], message: MessageSpec) -> ClaimPair:
     """A sort node's section with ``pairs_with``: the worker's half of the claim pair.
 
     Either ``rulesets`` as the sort node takes them (``runtime/nodes/sort``), or the short
     form, ``key`` (a field path) and ``bake_time``: one baking ruleset, ``all``, whose claim ID
     is the message ID."""
+    for field, reason in REPLAY_SORT_ONLY.items():
+        if sort.has(field):
+            raise sort.error(field, reason)
     sort.only("type", "pairs_with", "key", "key_type", "bake_time", "unclaimed_outlink", "max_pending",
               "rulesets", "xa_mode", "outlinks")
     action = sort.get("pairs_with", str, check=lambda v: kinds.get(v) == "action",
@@ -165,15 +176,7 @@ def read_pair(sort: Params, kinds: dict[str, str], message: MessageSpec) -> Clai
         bake_time = sort.get("bake_time", (int, float), 5.0, check=lambda v: 0 < v <= 86400,
                              why="must be seconds in (0, 86400]") * 1.0
         rules = ClaimRules.short_form(key, key_type, message.id_path, bake_time, message.max_number_digits)
-        xa = sort.get("xa_mode", int, 1, check=lambda v: v in (0, 1), why="must be 1 or 0")
-        rules = replace(rules, rulesets=tuple(replace(r, xa_mode=xa) for r in rules.rulesets))
-    for i, r in enumerate(rules.rulesets):
-        if r.bake_time > 86400:
-            raise sort.doc.error(f"{sort.field_name('rulesets')}[{i}].bake_time", "must be seconds in (0, 86400]")
-        if r.type != "claim" and r.xa_mode == 0:
-            own = sort.has("rulesets") and "xa_mode" in sort.value["rulesets"][i]  # else inherited from the node
-            where = f"{sort.field_name('rulesets')}[{i}].xa_mode" if own else sort.field_name("xa_mode")
-            raise sort.doc.error(where, XA0_REFUSED)
+        read_xa_mode(sort)
     return ClaimPair(
         sort=sort.path.rpartition(".")[2],
         action=action,
@@ -182,16 +185,6 @@ def read_pair(sort: Params, kinds: dict[str, str], message: MessageSpec) -> Clai
         max_pending=sort.integer("max_pending", 1_000_000, minimum=1),
         names=read_outlink_names(sort),
     )
-
-
-# XA mode 0 is QFlow's way for a worker to hold more than its own uplink queue keeps: it takes
-# withheld messages off that queue. Here both peers read one Redis stream, which is trimmed only
-# past what the flow processed and every live peer read, so it already keeps every withheld
-# message for as long as it is withheld (XA mode 1), whatever their number; taking them off it
-# would take them from the master's input too. So 0 is refused, never taken and ignored.
-XA0_REFUSED = ("xa_mode 0 is refused on the cluster: both peers read one uplink, which is never trimmed past a "
-               "message the flow has not processed, so every withheld message stays in it (xa_mode 1); "
-               "removing it would remove it from the master's input too")
 
 
 CLUSTER_SECTIONS = ("cluster", "failure", "security", "audit", "notices", "streams")

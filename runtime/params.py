@@ -200,16 +200,18 @@ class Params:
     def field_path(self, name: str, default: Any = _MISSING) -> FieldPath | None:
         if name not in self.value and default is not _MISSING:
             return default
+        text = self.get(name, str)  # its own refusal as it is: a FlowFileError is a ValueError too
         try:
-            return FieldPath(self.get(name, str))
+            return FieldPath(text)
         except ValueError as exc:
             raise self.error(name, str(exc)) from None
 
     def template(self, name: str, default: Any = _MISSING) -> Template | None:
         if name not in self.value and default is not _MISSING:
             return default
+        text = self.get(name, str)  # its own refusal as it is: a FlowFileError is a ValueError too
         try:
-            return Template(self.get(name, str))
+            return Template(text)
         except ValueError as exc:
             raise self.error(name, str(exc)) from None
 

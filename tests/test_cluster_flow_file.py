@@ -120,7 +120,7 @@ def test_external_completion_runs_on_the_cluster_only_with_a_handler_linked_to_n
     ("pairs_with: act", "pairs_with: nobody", 9, "nodes.sort.pairs_with", "must name an action node"),
     ("key: seq, ", "", 9, "nodes.sort.key", "is required"),
     ("bake_time: 2", "bake_time: 2, rulesets: []", 9, "nodes.sort.key", "only without rulesets"),
-    ("bake_time: 2", "bake_time: 2, xa_mode: 0", 9, "nodes.sort.xa_mode", "xa_mode 0 is refused on the cluster"),
+    ("bake_time: 2", "bake_time: 2, xa_mode: 0", 9, "nodes.sort.xa_mode", "xa_mode 0 is refused: the uplink is never trimmed"),
     ("bake_time: 2", "bake_time: 2, outlinks: [a, b, c]", 9, "nodes.sort.outlinks", "exactly four"),
     ("uplink: {stream: up}", "uplink: {stream: up, extra: 1}", 2, "uplink.extra", "unknown field"),
     ("flow: f1", "flow: 'has space'", 1, "flow", "letters, digits"),
@@ -224,10 +224,10 @@ def test_a_claim_pair_with_rulesets_loads_and_reads_each_message_by_its_ruleset(
     ('id: "o-{n}"}', 'id: "o-{n}", bake_time: 1}', 13, "nodes.sort.rulesets[2].bake_time", "no meaning on a claim"),
     ("name: payments", "name: orders", 12, "nodes.sort.rulesets[1].name", "already named 'orders'"),
     ("name: payments", "name: nohit", 12, "nodes.sort.rulesets[1].name", "implicit ruleset"),
-    ('bake_time: 3}', 'bake_time: 3, xa_mode: 0}', 12, "nodes.sort.rulesets[1].xa_mode", "refused on the cluster"),
+    ('bake_time: 3}', 'bake_time: 3, xa_mode: 0}', 12, "nodes.sort.rulesets[1].xa_mode", "xa_mode 0 is refused"),
     ('bake_time: 3}', 'bake_time: 90000}', 12, "nodes.sort.rulesets[1].bake_time", "(0, 86400]"),
     ("    rulesets:", "    outlinks: [a, b, a, d]\n    rulesets:", 10, "nodes.sort.outlinks", "four different"),
-    ("    rulesets:", "    xa_mode: 0\n    rulesets:", 10, "nodes.sort.xa_mode", "refused on the cluster"),
+    ("    rulesets:", "    xa_mode: 0\n    rulesets:", 10, "nodes.sort.xa_mode", "xa_mode 0 is refused"),
 ])
 def test_a_bad_ruleset_of_the_pair_is_refused_with_line_field_and_reason(old, new, line, field, reason):
     assert_refused(RULESETS, old, new, line, field, reason)

@@ -19,7 +19,8 @@ join together. What it promises:
   starts the time-out; every later message of a listed type with that
   activation ID leaves through ``discarded`` until the time-out elapses, then
   the next one passes and starts a new window. Over one type it dedupes per
-  activation.
+  activation; that type may be listed twice, as webMethods writes it
+  (``types: [documentA, documentA]``).
 - A message whose type is not listed leaves through ``nohit``. A message that
   lacks the type or activation field, or holds a value of the wrong type
   there (the type must be a string; the activation ID a string or an
@@ -325,7 +326,7 @@ def build(name: str, p: Params) -> Node:
     """A join node from its flow-file parameters; see docs/reference/nodes/join.md."""
     p.only("join_type", "types", "type_field", "activation_field", "timeout", "duplicate")
     join_type = p.choice("join_type", JOIN_TYPES, "and")
-    types = _types(p)
+    types = _types(p, join_type)
     type_field = p.field_path("type_field", FieldPath("type"))
     if join_type == "or":
         _refuse(p, ("activation_field", "timeout", "duplicate"), "has no effect when join_type is or "
@@ -343,12 +344,17 @@ def build(name: str, p: Params) -> Node:
                    duplicate=p.choice("duplicate", DUPLICATES, "keep_first"))
 
 
-def _types(p: Params) -> list[str]:
+def _types(p: Params, join_type: str) -> list[str]:
+    """``types``, each once. XOR may list a type more than once, as webMethods writes its one-type
+    condition ("documentA and documentA": one and only one documentA per activation ID and
+    time-out): a type listed again adds nothing, since XOR passes one message of any listed
+    type per window. AND and OR refuse it (AND would wait for a type it already holds)."""
     types = p.str_list("types")
     for i, kind in enumerate(types):
-        if kind in types[:i]:
-            raise p.doc.error(f"{p.field_name('types')}[{i}]", f"'{kind}' is listed twice (list each type once)")
-    return types
+        if kind in types[:i] and join_type != "xor":
+            raise p.doc.error(f"{p.field_name('types')}[{i}]", f"'{kind}' is listed twice (list each type once; "
+                                                               f"only an xor join may repeat a type)")
+    return list(dict.fromkeys(types))
 
 
 def _refuse(p: Params, fields: tuple[str, ...], reason: str) -> None:

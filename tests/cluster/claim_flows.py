@@ -1,7 +1,9 @@
 """A claim flow on a live pair, against replay, through a SIGKILL of the master (the tests:
 test_claim_rulesets.py, the seed's whole claim mode, examples/cluster-claim-rulesets.yaml; and
 test_claim_short_form.py, the short form, examples/cluster.yaml; one file each, so that
-pytest-xdist runs them on two workers).
+pytest-xdist runs them on two workers). The rulesets case reads its keys as floats, time stamps
+with fractions among them, so that a ruleset without ``id`` claims by the key's one text ("12.25",
+"13.0") on the pair as replay's sort does; the short form keeps int keys.
 
 What must hold: the sink and the failure stream hold what ``twinflow replay`` of the same
 events gives (every good message once, the bad ones by failure with their reason); the worker,
@@ -21,7 +23,7 @@ from pathlib import Path
 from tests.conftest import wait_until
 from twinflow.client import peer_status
 from twinflow.runtime.fields import BadInput
-from twinflow.runtime.flowgraph import load_graph
+from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.replay import replay
 from twinflow.testing.local_cluster import LocalCluster
 from twinflow.testing.messages import order_or_payment
@@ -31,7 +33,8 @@ RULESETS, SHORT = EXAMPLES / "cluster-claim-rulesets.yaml", EXAMPLES / "cluster.
 
 
 def rulesets_events(n: int) -> list[dict]:
-    """Orders, payments, acknowledgements and notes in turn; every 25th order's key is a bool."""
+    """Orders, payments, acknowledgements and notes in turn; every 25th order's key is a bool;
+    payments are keyed by time stamps with a fraction, every other one written as text."""
     docs = []
     for i in range(n):
         kind = ("order", "payment", "ack", "note")[i % 4]
@@ -39,7 +42,7 @@ def rulesets_events(n: int) -> list[dict]:
         if kind == "order":
             doc["n"] = True if i % 100 == 0 else i
         elif kind == "payment":
-            doc["pay"] = {"seq": i}
+            doc["pay"] = {"seq": i + 0.25 if i % 8 == 1 else f"{i}.0"}
         elif kind == "ack":
             doc["n"] = i - 2  # acknowledges the order just before it
         docs.append(doc)
@@ -51,17 +54,17 @@ def short_form_events(n: int) -> list[dict]:
     return [{**order_or_payment(i), "seq": "late"} if i % 50 == 7 else order_or_payment(i) for i in range(n)]
 
 
-def replay_of(flow: Path, docs: list[dict]) -> tuple[list[str], dict[int, str]]:
+def replay_of(flow: str, docs: list[dict]) -> tuple[list[str], dict[int, str]]:
     """What replay sends out of the master's graph, and the bad lines (by index) with their reasons."""
     bad: dict[int, str] = {}
     lines = [json.dumps({"at": i * 0.001, **d}) for i, d in enumerate(docs)]
-    out = [e["id"] for e in replay(load_graph(flow), lines, on_bad=lambda n, why: bad.__setitem__(n - 1, why))]
+    out = [e["id"] for e in replay(parse_graph(flow), lines, on_bad=lambda n, why: bad.__setitem__(n - 1, why))]
     return out, bad
 
 
-def held(flow: Path, docs: list[dict]) -> tuple[dict, int]:
+def held(flow: str, docs: list[dict]) -> tuple[dict, int]:
     """RULE_PEND of a worker that read ``docs`` and saw no claim, and how many left by nohit."""
-    rules = load_graph(flow).cluster.message.claim_rules
+    rules = parse_graph(flow).cluster.message.claim_rules
     pending, nohit = dict.fromkeys(rules.baking, 0), 0
     for d in docs:
         try:
@@ -79,18 +82,26 @@ def rule_pending(cluster: LocalCluster, peer: str) -> dict:
     return json.loads(cluster.status(peer).get("rule_pending") or "{}")
 
 
-CASES = {
-    "rulesets": (RULESETS, rulesets_events(600), "ruleset 'orders': key True is not an int", 6),
-    "short-form": (SHORT, short_form_events(600), "ruleset 'all': key 'late' is not an int", 12),
-}
-
-
 def longer_session(flow: Path) -> str:
     """The flow file with a ZooKeeper session long enough that a master stopped for a few
     seconds stays master."""
     text = flow.read_text().replace("session_timeout: 2.0", "session_timeout: 10.0")
     assert text != flow.read_text()
     return text
+
+
+def float_keys(text: str) -> str:
+    """A claim flow's text with every ruleset's key read as a float."""
+    floated = text.replace("key_type: int", "key_type: float")
+    assert floated != text
+    return floated
+
+
+CASES = {  # the flow file as the cluster runs it, its events, the bad ones' reason and number
+    "rulesets": (float_keys(longer_session(RULESETS)), rulesets_events(600),
+                 "ruleset 'orders': key True is not a float", 6),
+    "short-form": (longer_session(SHORT), short_form_events(600), "ruleset 'all': key 'late' is not an int", 12),
+}
 
 
 def run_through_a_master_kill(cluster: LocalCluster, case: str) -> None:

@@ -163,6 +163,34 @@ def test_xor_over_one_type_dedupes_per_activation():
     assert out == ["passed", "discarded", "passed", "discarded", "passed"]
 
 
+def test_xor_of_documenta_and_documenta_as_the_seed_writes_it():
+    # webMethods: "a condition that specified documentA and documentA ... should process one and only
+    # one documentA with a particular activation ID during the join time-out period. Integration
+    # Server discards any other documentA documents with the same activation ID as the first one."
+    graph = parse_graph("""
+flow: once
+nodes:
+  j: {type: join, join_type: xor, types: [documentA, documentA], activation_field: act, timeout: 10}
+""")
+    lines = [{"at": 0.0, "id": "a1", "type": "documentA", "act": 7},
+             {"at": 1.0, "id": "a2", "type": "documentA", "act": 7},
+             {"at": 2.0, "id": "b1", "type": "documentA", "act": 8},
+             {"at": 9.5, "id": "a3", "type": "documentA", "act": 7},
+             {"at": 10.0, "id": "a4", "type": "documentA", "act": 7},   # the time-out elapsed: a new window
+             {"at": 11.0, "id": "x1", "type": "documentB", "act": 7}]
+    out = [(e["id"], e["outlink"]) for e in replay(graph, [json.dumps(d) for d in lines])]
+    assert out == [("a1", "passed"), ("a2", "discarded"), ("b1", "passed"), ("a3", "discarded"),
+                   ("a4", "passed"), ("x1", "nohit")]
+    assert graph.nodes["j"].types == ("documentA",)
+
+
+@pytest.mark.parametrize("join_type, extra", [("and", "activation_field: k\ntimeout: 5"), ("or", "")])
+def test_only_xor_may_list_a_type_twice(join_type, extra):
+    doc = Doc(f"join_type: {join_type}\ntypes: [A, B, A]\n{extra}\n", "f.yaml")
+    with pytest.raises(FlowFileError, match="'A' is listed twice .*only an xor join may repeat a type"):
+        build("j", Params(doc, "", doc.value))
+
+
 def test_xor_unlisted_type_with_an_open_activation_is_nohit_not_discarded():
     node = xor_join()
     node.on_message(m("a", "A", "x"), 0.0)

@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from twinflow.runtime.fields import BadInput
 from twinflow.runtime.flowgraph import parse_graph
+from twinflow.runtime.keys import parse_key
 from twinflow.runtime.nodes.base import Msg
-from twinflow.runtime.nodes.sort import SortNode, build
+from twinflow.runtime.nodes.sort import XA0_REFUSED, SortNode, build
 from twinflow.runtime.params import Doc, FlowFileError, Params
 
 
@@ -483,8 +485,108 @@ def test_outlink_names_are_four_different_ones(names, reason):
         node_from(f"outlinks: {names}\n" + CLAIM)
 
 
-def test_xa_mode_belongs_to_the_cluster_pair_only():
-    with pytest.raises(FlowFileError, match="only on the cluster's claim pair"):
-        node_from("xa_mode: 1\n" + CLAIM)
-    with pytest.raises(FlowFileError, match="only on the cluster's claim pair"):
-        node_from(CLAIM.replace("bake_time: 5}", "bake_time: 5, xa_mode: 1}"))
+# QFlow: "If XAMode is not defined in a ruleset, the ruleset will inherit it from the node, which
+# will be 1 by default." A ruleset that spells it out replays; 0 is refused as on the cluster.
+@pytest.mark.parametrize("where", ["node", "ruleset"])
+def test_xa_mode_1_is_taken_and_0_refused_with_the_clusters_reason(where):
+    def spelled(value: int) -> str:
+        if where == "node":
+            return f"xa_mode: {value}\n" + CLAIM
+        return CLAIM.replace("bake_time: 5}", f"bake_time: 5, xa_mode: {value}}}")
+
+    node = node_from(spelled(1))
+    node.on_message(order(1), 0.0)
+    assert out(node.on_message(esc("o1", 1), 1.0)) == [("bypass", "o1"), ("nohit", "esc-o1")]
+    with pytest.raises(FlowFileError) as refused:
+        node_from(spelled(0))
+    field = "xa_mode" if where == "node" else "rulesets[1].xa_mode"
+    assert refused.value.field == field and refused.value.reason == XA0_REFUSED
+
+
+def test_xa_mode_1_is_taken_outside_claim_mode_too():
+    node = node_from("xa_mode: 1\n" + BAKE)
+    node.on_message(m("a", seq=3), 0.0)
+    assert out(node.on_time(2.0)) == [("done", "a")]
+
+
+# QFlow: "If there is no IDTemplate defined, the ID will be same as the key", and every ruleset
+# shares the node's key type. Time stamps are the common float key.
+FLOAT_CLAIM = """
+key_type: float
+rulesets:
+  - {name: esc, type: claim, match: {field: type, equals: esc}, key: "{at}"}
+  - {name: ticks, match: {field: type, equals: tick}, key: "{at}", bake_time: 5}
+"""
+
+
+def tick(msg_id: str, at) -> Msg:
+    return m(msg_id, type="tick", at=at)
+
+
+def test_float_keys_without_an_id_template_claim_by_the_key():
+    node = node_from(FLOAT_CLAIM)
+    for msg_id, at in (("t1", 1.25), ("t2", 1.5), ("t3", 3.0), ("t4", 7.75)):
+        assert node.on_message(tick(msg_id, at), 0.0) == []
+    # A claim of 1.5 releases 1.25 and 1.5 (at or below its key), then its ID enters the ID cache.
+    assert out(node.on_message(m("e", type="esc", at=1.5), 1.0)) == [("bypass", "t1"), ("bypass", "t2"),
+                                                                       ("nohit", "e")]
+    assert out(node.on_message(tick("t2-again", "1.50"), 2.0)) == [("bypass", "t2-again")]  # ID 1.5, claimed
+
+
+@pytest.mark.parametrize("claimed, held", [(3, 3.0), (3.0, 3), ("3", 3.0), (-0.0, 0.0)])
+def test_equal_float_keys_are_one_claim_id(claimed, held):
+    node = node_from(FLOAT_CLAIM)
+    node.on_message(m("e", type="esc", at=claimed), 0.0)  # nothing held: only its ID is cached
+    assert out(node.on_message(tick("t", held), 1.0)) == [("bypass", "t")]
+
+
+@pytest.mark.parametrize("key_type, at, reason", [
+    ("float", "soon", "key 'soon' is not a float"),
+    ("float", True, "key True is not a float"),
+    ("int", 1.5, "key 1.5 is not an int"),
+    ("str", "", "ID is empty (the ruleset has no id, so the ID is the key, and the key is empty)"),
+])
+def test_a_key_that_makes_no_claim_id_leaves_by_failure_with_the_reason(key_type, at, reason):
+    node = node_from(FLOAT_CLAIM.replace("key_type: float", f"key_type: {key_type}"))
+    emits = node.on_message(tick("t", at), 0.0)
+    assert out(emits) == [("failure", "t")] and emits[0].info == {"reason": reason}
+    assert node.pending() == 0
+
+
+def _claim_rules(key_type: str):
+    """The cluster's claim pair over FLOAT_CLAIM's rulesets, with ``key_type``: its ClaimRules."""
+    section = "\n".join("    " + line for line in FLOAT_CLAIM.replace("float", key_type).strip().splitlines())
+    text = ("flow: f\nuplink: {stream: up}\nnodes:\n  act: {type: action, sink: {stream: out}}\n"
+            "  sort:\n    type: sort\n    pairs_with: act\n" + section)
+    return parse_graph(text).cluster.message.claim_rules
+
+
+_KEYS = st.one_of(st.integers(-10**6, 10**6), st.floats(-1e6, 1e6, allow_nan=False), st.text(max_size=4),
+                  st.sampled_from([0, -0.0, 3, 3.0, "3", "3.0", " 3 ", "1.5", 1.5, ""]))
+
+
+@st.composite
+def _key_pairs(draw):
+    a = draw(_KEYS)
+    b = draw(st.one_of(_KEYS, st.just(a), st.sampled_from([str(a), f" {a} "])))
+    return draw(st.sampled_from(("int", "float", "str"))), a, b
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_key_pairs())
+def test_two_keys_claim_each_other_in_replay_iff_on_the_cluster_iff_they_are_one_key(case):
+    key_type, a, b = case
+    try:
+        same_key = parse_key(key_type, a) == parse_key(key_type, b)
+    except BadInput:
+        return  # a key the type cannot read leaves by failure: test_a_key_that_makes_no_claim_id...
+    rules = _claim_rules(key_type)
+    try:
+        cluster_ids = [rules.classify({"type": kind, "at": k})[2] for kind, k in (("esc", a), ("tick", b))]
+    except BadInput as exc:
+        assert "ID is empty" in str(exc)
+        return
+    node = node_from(FLOAT_CLAIM.replace("float", key_type))
+    assert out(node.on_message(m("e", type="esc", at=a), 0.0)) == [("nohit", "e")]
+    replay_claimed = out(node.on_message(tick("t", b), 1.0)) == [("bypass", "t")]
+    assert replay_claimed == (cluster_ids[0] == cluster_ids[1]) == same_key, (cluster_ids, key_type, a, b)

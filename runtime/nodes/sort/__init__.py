@@ -37,8 +37,12 @@ through ``nohit`` itself). See :class:`ClaimCache` and :class:`ClaimSortNode`
 The four outlinks may carry any names (``outlinks``: done, bypass, failure,
 nohit, in QFlow's order). The cluster's claim pair (a sort with
 ``pairs_with``) reads its rulesets here too (:func:`read_rulesets` with
-``pair=True``: claim mode always, ``xa_mode`` allowed) and classifies each
-uplink message with ``claim_rules.ClaimRules``.
+``pair=True``: claim mode always) and classifies each uplink message with
+``claim_rules.ClaimRules``; both take a ruleset's claim ID from
+``Ruleset.claim_id`` (without ``id``, the key's one text: 3 and 3.0 are one
+ID under ``key_type: float``). ``xa_mode`` (QFlow's XAMode, per node or per
+ruleset) is 1 on both, withheld messages staying in the uplink; 0 is refused
+on both with one reason (:data:`XA0_REFUSED`).
 
 The package, by concern: ``claim`` (the claim logic and the cluster's claim
 node), ``claim_rules`` (the pair's reading of a message), ``rules``
@@ -73,8 +77,9 @@ from .claim import BYPASS, DONE, FAILURE, ClaimCache, ClaimSortNode
 from .node import OUTLINKS, SortNode
 from .rules import KEY_TYPES, NOHIT, ROLLBACK, Pattern, Ruleset
 
-__all__ = ["BYPASS", "DONE", "FAILURE", "NOHIT", "OUTLINKS", "ROLLBACK", "ClaimCache", "ClaimSortNode",
-           "KEY_TYPES", "Pattern", "Ruleset", "SortNode", "build", "read_outlink_names", "read_rulesets"]
+__all__ = ["BYPASS", "DONE", "FAILURE", "NOHIT", "OUTLINKS", "ROLLBACK", "XA0_REFUSED", "ClaimCache",
+           "ClaimSortNode", "KEY_TYPES", "Pattern", "Ruleset", "SortNode", "build", "read_outlink_names",
+           "read_rulesets", "read_xa_mode"]
 
 
 def build(name: str, p: Params) -> SortNode:
@@ -99,16 +104,15 @@ def build(name: str, p: Params) -> SortNode:
 def read_rulesets(p: Params, key_type: str, *, pair: bool = False) -> list[Ruleset]:
     """The node's ``rulesets``, each checked against its mode; ``pair``: the cluster's claim
     pair (the worker's half), which is in claim mode whether or not it lists a claim ruleset
-    (the master's escalations are its claims) and alone knows ``xa_mode``."""
-    node_xa = _xa_mode(p, 1) if pair else 1
-    if not pair and p.has("xa_mode"):
-        raise p.error("xa_mode", _XA_ONLY_PAIR)
+    (the master's escalations are its claims). ``xa_mode`` is read alike with or without
+    ``pair`` (:func:`read_xa_mode`), so a ruleset replay takes, the cluster takes too."""
+    read_xa_mode(p)
     sections = p.sections("rulesets")
     if not sections:
         raise p.error("rulesets", "must list at least one ruleset")
     rulesets: list[Ruleset] = []
     for r in sections:
-        spec = _read_ruleset(r, key_type, node_xa, pair)
+        spec = _read_ruleset(r, key_type)
         if any(s.name == spec.name for s in rulesets):
             raise r.error("name", f"another ruleset is already named {spec.name!r}")
         rulesets.append(spec)
@@ -133,15 +137,28 @@ def read_outlink_names(p: Params) -> tuple[str, str, str, str]:
     return names  # type: ignore[return-value]
 
 
-_XA_ONLY_PAIR = "only on the cluster's claim pair (a sort with pairs_with): replay has no uplink to hold messages in"
+# QFlow's XAMode 0 takes withheld messages off the uplink's queue, for a node that must withhold
+# more than that queue holds. twinflow's uplink is never trimmed past a message the flow has not
+# processed, so it keeps every withheld message for as long as it is withheld (XAMode 1), whatever
+# their number; on the cluster both peers read that one uplink, so taking a message off it would
+# take it from the master's input too. So 0 is refused, in replay as on the cluster (one flow file
+# means one thing on both), never taken and ignored.
+XA0_REFUSED = ("xa_mode 0 is refused: the uplink is never trimmed past a message the flow has not processed, "
+               "so every withheld message stays in it (xa_mode 1); on the cluster both peers read that one "
+               "uplink, and removing a message would remove it from the master's input too")
 
 
-def _xa_mode(p: Params, default: int) -> int:
-    return p.get("xa_mode", int, default, check=lambda v: v in (0, 1),
-                 why="must be 1 (withheld messages stay in the uplink) or 0 (they are taken off it)")
+def read_xa_mode(p: Params) -> int:
+    """``xa_mode`` of a sort node or of one of its rulesets: 1 (the default); 0 is refused with
+    :data:`XA0_REFUSED`, anything else with what it may be."""
+    xa = p.get("xa_mode", int, 1, check=lambda v: v in (0, 1),
+               why="must be 1 (withheld messages stay in the uplink); 0 is refused")
+    if xa == 0:
+        raise p.error("xa_mode", XA0_REFUSED)
+    return xa
 
 
-def _read_ruleset(r: Params, key_type: str, node_xa: int, pair: bool) -> Ruleset:
+def _read_ruleset(r: Params, key_type: str) -> Ruleset:
     r.only("name", "match", "key", "key_type", "type", "bake_time", "session_timeout", "id", "xa_mode")
     name = r.name("name")
     if name == NOHIT:
@@ -149,8 +166,7 @@ def _read_ruleset(r: Params, key_type: str, node_xa: int, pair: bool) -> Ruleset
     if r.has("key_type") and r.get("key_type", str) != key_type:
         raise r.error("key_type", f"must be the node's key_type ({key_type}): every ruleset shares one key "
                                   f"type, so that a claim's key compares with every held key")
-    if not pair and r.has("xa_mode"):
-        raise r.error("xa_mode", _XA_ONLY_PAIR)
+    read_xa_mode(r)
     return Ruleset(
         name=name,
         key=r.template("key"),
@@ -159,8 +175,12 @@ def _read_ruleset(r: Params, key_type: str, node_xa: int, pair: bool) -> Ruleset
         bake_time=r.seconds("bake_time", 0.0),
         session_timeout=r.seconds("session_timeout", 0.0),
         id=r.template("id", None),
-        xa_mode=_xa_mode(r, node_xa),
     )
+
+
+# A day: a claim that has not come within it will not come (the master is gone, and a promotion
+# rolls back what is held); the cluster's ID cache and uplink retention are sized in days.
+MAX_CLAIM_BAKE = 86400.0
 
 
 def _check_mode(r: Params, spec: Ruleset, claim_mode: bool) -> None:
@@ -173,6 +193,8 @@ def _check_mode(r: Params, spec: Ruleset, claim_mode: bool) -> None:
         if spec.bake_time <= 0:
             raise r.error("bake_time", "claim mode needs bake_time > 0 on every sort ruleset "
                                        "(how long a message waits for its claim)")
+        if spec.bake_time > MAX_CLAIM_BAKE:
+            raise r.error("bake_time", f"must be seconds in (0, {MAX_CLAIM_BAKE:.0f}] in claim mode")
         if r.has("session_timeout"):
             raise r.error("session_timeout", "has no meaning in claim mode")
     else:

@@ -15,9 +15,10 @@ and the cluster take one claim flow the same way:
   every group, what its key and ID name (as in replay, where one claim
   releases held messages of any ruleset);
 - the key is the ruleset's ``key`` template read as the node's one key type;
-  the claim ID is its ``id`` template's value, and the key's text where the
+  the claim ID is its ``id`` template's value, and the key's one text where the
   ruleset has no ``id`` (QFlow: "if there is no IDTemplate defined, the ID
-  will be same as the key").
+  will be same as the key"; ``Ruleset.claim_id``: 3 and 3.0 are one ID under
+  ``key_type: float``), as replay's sort gives it.
 
 Under failure: nothing here touches a server or a clock. A message whose
 ruleset's key or ID cannot be built raises :class:`BadInput` with the
@@ -41,7 +42,7 @@ from typing import Any
 from ...fields import BadInput, FieldPath, MissingField, Template
 from ...keys import parse_key
 from .claim import ALL
-from .rules import Ruleset, _ident
+from .rules import Ruleset
 
 CLAIM = "claim"
 
@@ -110,12 +111,10 @@ class ClaimRules:
             raise BadInput(f"ruleset {r.name!r}: message has no key field '{exc.args[0]}'") from None
         except BadInput as exc:
             raise BadInput(f"ruleset {r.name!r}: {exc}") from None
-        if r.id is None:
-            return r.name, key, str(key)
         if is_message_id and message_id is not None:
             return r.name, key, message_id
         try:
-            ident = _ident(r.id.render(doc))
+            ident = r.claim_id(doc, key)
         except MissingField as exc:
             raise BadInput(f"ruleset {r.name!r}: message has no ID field '{exc.args[0]}'") from None
         except BadInput as exc:

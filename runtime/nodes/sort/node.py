@@ -8,7 +8,7 @@ from ...fields import BadInput
 from ..base import Emit, Msg, Node
 from .claim import DONE, FAILURE
 from .rules import (KEY_TYPES, NOHIT, _NO_INFO, Pattern, Ruleset, _Bake, _Claiming, _ClaimBake, _Claims,
-                    _ident, _Session, _Static)
+                    _Session, _Static)
 
 BYPASS, ROLLBACK = "bypass", "rollback"
 OUTLINKS = (DONE, BYPASS, FAILURE, NOHIT, ROLLBACK)  # QFlow's four, in its order, then ours
@@ -78,7 +78,7 @@ class SortNode(Node):
             return [Emit(NOHIT, (msg,), _NO_INFO)]
         try:
             key = self._parse_key(rule.key.render(doc))
-            ident = None if self._claims is None else self._ident(rule.spec, doc, key)
+            ident = None if self._claims is None else rule.spec.claim_id(doc, key)
         except BadInput as exc:
             return [Emit(FAILURE, (msg,), {"reason": str(exc)})]
         self._changed.add(rule.spec.name)
@@ -94,10 +94,6 @@ class SortNode(Node):
         for name, entry in entries.items():
             self._by_name[name].load(entry)
         self._due = None
-
-    @staticmethod
-    def _ident(spec: Ruleset, doc: Any, key: Any) -> str:
-        return _ident(key if spec.id is None else spec.id.render(doc))  # as QFlow: no IDTemplate, ID = key
 
     def on_time(self, now: float) -> list[Emit]:
         out: list[Emit] = []

@@ -27,8 +27,8 @@ _UNCLAIMED_INFO: Any = MappingProxyType({"reason": "not claimed within bake_time
 KEY_TYPES = {name: partial(parse_key, name) for name in KEY_NAMES}
 
 
-def _ident(v: Any) -> str:
-    """A claim ID from its template's value: a non-empty string or an integer (``1`` and ``"1"``
+def claim_id(v: Any) -> str:
+    """A claim ID from an ``id`` template's value: a non-empty string or an integer (``1`` and ``"1"``
     are one ID, as message IDs are). A JSON ``true``/``false`` or a float is refused: ``1.0``
     and ``1`` would be one ID while ``"1.0"`` is another, and a bool is no identity at all."""
     if isinstance(v, str):
@@ -39,6 +39,27 @@ def _ident(v: Any) -> str:
         return str(v)
     shown = repr(v) if len(repr(v)) <= 80 else f"{repr(v)[:40]}..."
     raise BadInput(f"ID {shown} is not a non-empty string or integer")
+
+
+def key_claim_id(key: Any) -> str:
+    """The claim ID of a ruleset without ``id`` (QFlow: "the ID will be same as the key"): the
+    one text of a key as ``parse_key`` read it, so that equal keys are one ID.
+
+    - ``int``: its decimal digits;
+    - ``float``: the shortest text that reads back as the same float (``repr``: ``3.0``,
+      ``1.5``, ``1e-07``), ``-0.0`` as ``0.0``. Under ``key_type: float`` the values 3 and
+      3.0 are one key, 3.0, and so one ID, ``"3.0"``: the text the cluster's claim pair has
+      always given a float key, so IDs written before stay valid;
+    - ``str``: the key itself, refused when empty (an ID is never empty).
+
+    >>> [key_claim_id(k) for k in (7, 3.0, 1.5, -0.0, 1e-07, "a-1")]
+    ['7', '3.0', '1.5', '0.0', '1e-07', 'a-1']
+    """
+    if type(key) is float:
+        return repr(key + 0.0)  # -0.0 + 0.0 is 0.0: equal keys, one text
+    if type(key) is str and not key:
+        raise BadInput("ID is empty (the ruleset has no id, so the ID is the key, and the key is empty)")
+    return str(key)
 
 
 @dataclass(frozen=True)
@@ -72,7 +93,13 @@ class Ruleset:
     bake_time: float = 0.0                # seconds
     session_timeout: float = 0.0          # seconds
     id: Template | None = None            # claim mode: the message's ID; default the key
-    xa_mode: int = 1                      # the cluster's claim pair: 1 held in the uplink, 0 in Redis
+
+    def claim_id(self, doc: Any, key: Any) -> str:
+        """The claim ID of ``doc``, whose key (as ``parse_key`` read it) is ``key``: its ``id``
+        template's value, or without one the key's text (:func:`key_claim_id`). Raises
+        BadInput with the reason when there is none. Replay's sort and the cluster's claim
+        pair both ask here, so one flow file gives one ID per message on both."""
+        return key_claim_id(key) if self.id is None else claim_id(self.id.render(doc))
 
 
 # -- one ruleset's behaviour per mode -------------------------------------------------------------
