@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what twinflow needs on a fresh Debian 12 machine, idempotently:
-# Debian's redis-server, zookeeper, nftables, iproute2, prometheus (for its promtool) and chromium
-# with chromium-driver (the console's browser tests), each
+# Debian's redis-server, zookeeper, nftables, iproute2, prometheus (for its promtool), chromium
+# with chromium-driver (the console's browser tests) and a JDK's javac (openjdk-17-jdk-headless), each
 # only when absent, a virtual environment at .venv/ and the package with its test extras (only when
 # pyproject.toml changed since the last install).
 set -euo pipefail
@@ -18,6 +18,8 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 # The console's browser tests (tests/cluster/test_console_browser.py): Debian's headless Chromium and
 # its driver, the same version (no browser download at test time).
 [ -x /usr/bin/chromedriver ] || need_apt+=(chromium chromium-driver)
+# A JDK's javac: `make test` builds the jar of runtime/spark/local_fs.py with it, and its tests need it.
+command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "bootstrap: installing ${need_apt[*]} with apt" >&2
     sudo_cmd=""

@@ -118,23 +118,6 @@ def test_each_target_gets_only_the_claims_of_messages_it_has_read(servers, sende
     assert balanced(stats) and stats["acked"] == 4 + 15
 
 
-def test_throughput(servers, senders):
-    recorder = Recorder()
-    _, port = servers(recorder)
-    sender = senders(lambda: {"node-b": f"127.0.0.1:{port}"})
-    wait_until(lambda: sender.stats()["targets"]["node-b"]["connected"], 5.0, what="stream open")
-    claims = make_claims(0, 200_000)
-
-    start = time.perf_counter()
-    send_in_chunks(sender, claims)
-    assert sender.flush(30.0)
-    elapsed = time.perf_counter() - start
-
-    assert recorder.count() == len(claims)
-    print(f"\nescalation: {len(claims)} claims in {elapsed:.2f} s = {len(claims) / elapsed:,.0f} claims/s "
-          "(sender and server in one process)")
-
-
 def test_stale_epoch_batches_are_refused_and_dropped(servers, senders):
     newest = 7
     recorder = Recorder()

@@ -20,11 +20,8 @@ def test_two_bare_readers_each_copy_the_whole_uplink_and_their_cpu_is_counted(re
     # Both bursts, whole, in each sink, in uplink order.
     assert client.xlen("pt:two:sink1") == 6000 and client.xlen("pt:two:sink2") == 6000
     assert [e[1][b"position"] for e in client.xrange("pt:two:sink2")] == [e[0] for e in client.xrange("pt:two:uplink")]
-    # The rate is the median of the unrounded bursts; each burst is reported rounded, so with two
-    # bursts (a mean of two) the figures may differ by a half either way.
-    assert len(out["burst_msgs_per_s"]) == 2
-    assert abs(out["msgs_per_s"] - median(out["burst_msgs_per_s"])) <= 1
-    assert 0 < out["msgs_per_s"] <= out["faster_msgs_per_s"]
+    # Each burst was timed, and the readers' CPU was counted (a tree not found would give 0).
+    assert len(out["burst_msgs_per_s"]) == 2 and all(rate > 0 for rate in out["burst_msgs_per_s"])
     assert out["cpu_us_per_msg"] > 0 and out["batch_size"] == 1000
 
 

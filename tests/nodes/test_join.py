@@ -210,7 +210,10 @@ def test_bad_type_field_goes_to_failure_and_the_node_keeps_running(make, kind, r
     assert [(e.outlink, e.info) for e in node.on_message(m("bad", kind, "x"), 0.0)] == [("failure", {"reason": reason})]
     assert node.on_message(m("z", "Z", "x"), 0.0)[0].outlink == "nohit"
     out = node.on_message(m("ok", "A", "x"), 0.0)
-    assert routes(out) == [("passed", ["ok"])] or (out == [] and node.pending() == 1)
+    if isinstance(node, AndJoin):  # held until its group completes
+        assert out == [] and node.pending() == 1
+    else:
+        assert routes(out) == [("passed", ["ok"])]
 
 
 @pytest.mark.parametrize("make", [and_join, xor_join], ids=["and", "xor"])
