@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from twinflow.chaos.sim.simulator import run_once
+from tests.sim.planted import caught
 from twinflow.cluster.promotion import Promotion
 from twinflow.cluster.warm_state import WarmState
 from twinflow.runtime.nodes.history import MemoryHistoryStore
@@ -23,38 +23,26 @@ MESSAGES = 40
 # Readers that skip what the processed mark covers also keep a fenced-off master from running
 # again what its successor processed: a second defence that hides a broken first one (a COMMIT
 # without its fence passed 150 runs with it). The broken versions here run with readers that
-# read every entry, as all did before; the seeded runs above draw both.
-READ_EVERY_ENTRY = {"skip_processed": False}
+# read every entry, as all did before, and so does each one's control run; the seeded runs draw both.
+SETTINGS = {"messages": MESSAGES, "only": {"skip_processed": False}}
+# Each planted bug's seed: the first of seeds 1-150 that shows it (run as SETTINGS).
+SEEDS = {"fence": (148,), "applied twice": (13,), "no id check": (1,), "ids kept": (1,), "no catch-up": (1,),
+         "ahead": (36,), "no history": (2,), "stale copy": (2,), "log gap": (35,)}
 
 
-def _first_failure(runs: int = 150):
-    """The first of seeds 1 .. ``runs`` whose run fails (None when every one passes)."""
-    for seed in range(1, runs + 1):
-        result = run_once(seed, messages=MESSAGES, only=READ_EVERY_ENTRY)
-        if not result.passed:
-            return result
-    return None
-
-
-def test_a_commit_without_its_fence_is_caught(monkeypatch):
-    unfenced = scripts.COMMIT.replace("if epoch < cur then\n  return {-1, cur}\nend", "")
-    assert unfenced != scripts.COMMIT
-    monkeypatch.setitem(scripts.ALL, "commit", unfenced)
-    failed = _first_failure()
-    assert failed is not None, "a cluster without fencing passed every run"
-    assert any("stale write" in p or "two writers" in p or "left the flow" in p for p in failed.problems)
-    assert failed.trace  # the failing seed comes with its steps
-
-
-def _first_failure_with_commit(monkeypatch, part: str, instead: str, *more: tuple[str, str]):
-    """The first failing run with COMMIT's ``part`` replaced by ``instead`` (and each further
-    (part, instead) pair): a broken cluster."""
+def plant_commit(monkeypatch, part: str, instead: str, *more: tuple[str, str]) -> None:
+    """COMMIT with ``part`` replaced by ``instead`` (and each further (part, instead) pair)."""
     broken = scripts.COMMIT
     for was, now in ((part, instead), *more):
         assert was in broken
         broken = broken.replace(was, now)
     monkeypatch.setitem(scripts.ALL, "commit", broken)
-    return _first_failure()
+
+
+def test_a_commit_without_its_fence_is_caught(monkeypatch):
+    plant_commit(monkeypatch, "if epoch < cur then\n  return {-1, cur}\nend", "")
+    failed = caught(monkeypatch, SEEDS["fence"], ("stale write", "two writers", "left the flow"), **SETTINGS)
+    assert failed.trace  # the failing seed comes with its steps
 
 
 _MARKER_CHECK = "if redis.call('EXISTS', KEYS[3]) == 1 then\n  return {2}\nend"
@@ -63,45 +51,35 @@ _VERSION_CHECK = "if ARGV[6] ~= '' and tonumber(ARGV[6]) ~= version then"
 
 def test_a_commit_applied_twice_after_a_lost_reply_is_caught(monkeypatch):
     # The step's marker and the state version each refuse a retry of a step that was applied:
-    # with both gone, a retry after a lost reply applies the step again.
-    failed = _first_failure_with_commit(monkeypatch, _MARKER_CHECK, "", (_VERSION_CHECK, "if false then"))
-    assert failed is not None, "a commit that a retry applies twice passed every run"
-    assert any("left the flow 2 times" in p for p in failed.problems)
-    # The run that shows it reruns exactly: same problems, same steps.
-    again = run_once(failed.seed, failed.steps, MESSAGES, only=READ_EVERY_ENTRY)
-    assert again.problems == failed.problems and again.trace == failed.trace
+    # with both gone, a retry after a lost reply applies the step again. The run replays exactly.
+    plant_commit(monkeypatch, _MARKER_CHECK, "", (_VERSION_CHECK, "if false then"))
+    caught(monkeypatch, SEEDS["applied twice"], ("left the flow 2 times",), replays=True, **SETTINGS)
 
 
 def test_a_guessed_commit_that_does_not_check_the_id_cache_is_caught(monkeypatch):
     # The master's one-round-trip commit must refuse a message re-published with a processed ID.
-    failed = _first_failure_with_commit(monkeypatch, "redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', ARGV[2])",
-                                        "redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[2])")
-    assert failed is not None, "a master that ran re-published messages again passed every run"
-    assert any("left the flow 2 times" in p for p in failed.problems)
+    plant_commit(monkeypatch, "redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', ARGV[2])",
+                 "redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[2])")
+    caught(monkeypatch, SEEDS["no id check"], ("left the flow 2 times",), **SETTINGS)
 
 
 def test_a_refused_commit_that_keeps_the_ids_it_set_is_caught(monkeypatch):
     # COMMIT sets each ID only if absent and refuses the step at the first one present: the
     # IDs it set before that one must be taken back, or their messages count as processed.
-    failed = _first_failure_with_commit(monkeypatch, "redis.call('DEL', KEYS[j])", "")
-    assert failed is not None, "a refused commit that left its IDs in the cache passed every run"
-    assert any("never left the flow" in p for p in failed.problems)
+    plant_commit(monkeypatch, "redis.call('DEL', KEYS[j])", "")
+    caught(monkeypatch, SEEDS["ids kept"], ("never left the flow",), **SETTINGS)
 
 
 def test_a_promotion_that_skips_the_catch_up_is_caught(monkeypatch):
     monkeypatch.setattr(Promotion, "catch_up", lambda self, epoch: 0)
-    failed = _first_failure()
-    assert failed is not None, "a promoted worker that never delivers what the old master left passed"
-    assert any("never left the flow" in p for p in failed.problems)
+    caught(monkeypatch, SEEDS["no catch-up"], ("never left the flow",), **SETTINGS)
 
 
 def test_a_master_that_runs_a_batch_ahead_without_recording_it_is_caught(monkeypatch):
     # Spark (the simulated checkpoint) commits a batch that runs ahead: only handled_id, recorded
     # first, lets a promoted incarnation deliver what a killed or stopped one had not run.
     monkeypatch.setattr(FlowStore, "record_handled", lambda self, position, deadline_s=None, **wait: None)
-    failed = _first_failure()
-    assert failed is not None, "a master that ran batches ahead unrecorded passed every run"
-    assert any("never left the flow" in p for p in failed.problems)
+    failed = caught(monkeypatch, SEEDS["ahead"], ("never left the flow",), **SETTINGS)
     assert any("with a batch running ahead of its checkpoint" in line for line in failed.trace)
 
 
@@ -111,10 +89,8 @@ def test_a_new_master_that_forgets_the_history_is_caught(monkeypatch):
     # new. Only the re-sends (Dims.resend) show it: the producer's own traffic re-sends a
     # document in the message right after the first, which one master nearly always runs.
     monkeypatch.setattr(MemoryHistoryStore, "load", lambda self, entries: None)
-    failed = _first_failure()
-    assert failed is not None, "a new master that forgot every history entry passed every run"
-    assert any("re-sent a document first published" in p or "promoted on a warm copy" in p
-               for p in failed.problems)
+    caught(monkeypatch, SEEDS["no history"],
+           ("re-sent a document first published", "promoted on a warm copy"), **SETTINGS)
 
 
 def test_a_warm_copy_handed_over_without_the_steps_since_its_last_round_is_caught(monkeypatch):
@@ -128,10 +104,9 @@ def test_a_warm_copy_handed_over_without_the_steps_since_its_last_round_is_caugh
         self._version = to_version  # the tail never applied
 
     monkeypatch.setattr(WarmState, "_apply", stale)
-    failed = _first_failure()
-    assert failed is not None, "a warm copy that missed the last steps passed every run"
-    assert any("promoted on a warm copy that is not the state in Redis" in p
-               or "re-sent a document first published" in p for p in failed.problems)
+    caught(monkeypatch, SEEDS["stale copy"],
+           ("promoted on a warm copy that is not the state in Redis", "re-sent a document first published"),
+           **SETTINGS)
 
 
 def test_a_warm_copy_that_applies_across_a_gap_in_the_log_is_caught(monkeypatch):
@@ -146,9 +121,7 @@ def test_a_warm_copy_that_applies_across_a_gap_in_the_log_is_caught(monkeypatch)
             self._version = to_version
 
     monkeypatch.setattr(WarmState, "_apply", across_gaps)
-    failed = _first_failure()
-    assert failed is not None, "a warm copy that skipped a gap in the change log passed every run"
-    assert any("promoted on a warm copy that is not the state in Redis" in p for p in failed.problems)
+    caught(monkeypatch, SEEDS["log gap"], ("promoted on a warm copy that is not the state in Redis",), **SETTINGS)
 
 
 @pytest.mark.parametrize("args", [["--runs", "30", "--jobs", "2"]])

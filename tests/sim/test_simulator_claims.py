@@ -5,16 +5,9 @@ claims themselves (``Schedule._check_claims_released``)."""
 
 from __future__ import annotations
 
+from tests.sim.planted import caught
 from twinflow.chaos.sim.simulator import run_once
 from twinflow.runtime.nodes.sort import ClaimSortNode
-
-
-def _first_failure(runs: int = 150):
-    for seed in range(1, runs + 1):
-        result = run_once(seed, kind="rulesets")
-        if not result.passed:
-            return result
-    return None
 
 
 def test_the_rulesets_kind_passes():
@@ -33,7 +26,6 @@ def test_a_claim_taken_in_the_wrong_rulesets_group_is_caught(monkeypatch):
         return real(self, moved)
 
     monkeypatch.setattr(ClaimSortNode, "take_claims", in_the_next_group)
-    failed = _first_failure()
-    assert failed is not None, "claims taken in the wrong group passed every run"
-    assert any("left their processed messages held" in p for p in failed.problems), failed.problems
+    failed = caught(monkeypatch, (3,), ("left their processed messages held",),  # the first of seeds 1-150
+                    kind="rulesets")
     assert failed.trace

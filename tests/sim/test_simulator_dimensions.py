@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim.planted import caught
 from twinflow.chaos.sim.checker import Checker, DuplicateExit, duplicate_exit
 from twinflow.chaos.sim.simulator import draw_dims, run_once, simulate
 from twinflow.cluster.promotion import Promotion
@@ -179,14 +180,6 @@ def test_write_order_across_streams_keeps_each_streams_order():
 BEFORE_RESENDS = {"resend": 0.0, "log_trim": False, "skip_processed": False}
 
 
-def _first_failure(kind: str, seeds: range, only: dict | None = None, wait: bool = True):
-    for seed in seeds:
-        r = run_once(seed, kind=kind, only=only, wait=wait)
-        if not r.passed:
-            return r
-    return None
-
-
 _VERSION_CHECK = "if ARGV[6] ~= '' and tonumber(ARGV[6]) ~= version then"
 _GUARD = "if ARGV[4] ~= '' and '=' .. (redis.call('GET', KEYS[2]) or '') ~= ARGV[4] then"
 
@@ -198,14 +191,9 @@ def test_sharded_attempts_and_kept_flows_without_the_state_version_are_caught(mo
     broken = scripts.COMMIT.replace(_VERSION_CHECK, "if false then").replace(_GUARD, "if false then")
     assert broken.count("if false then") == 2
     monkeypatch.setitem(scripts.ALL, "commit", broken)
-    failed = _first_failure("sharded", range(1, 41))
-    assert failed is not None, "a sharded flow whose COMMITs check no state version passed every run"
-    assert any("never left the flow" in p or "left the flow 2 times" in p for p in failed.problems)
+    failed = caught(monkeypatch, (4,), ("never left the flow", "left the flow 2 times"), replays=True,  # of 1-40
+                    kind="sharded")
     assert any("role master" in line for line in failed.trace)  # batches ran on the executors
-    again = run_once(failed.seed, kind="sharded")
-    monkeypatch.undo()
-    assert run_once(failed.seed, kind="sharded").passed  # the same seed passes with the real COMMIT
-    assert again.problems == failed.problems  # and the broken run replays exactly
 
 
 def test_a_hostile_value_that_decode_lets_through_is_caught_as_the_flow_stopping(monkeypatch):
@@ -217,12 +205,10 @@ def test_a_hostile_value_that_decode_lets_through_is_caught_as_the_flow_stopping
         # The master loop's backstop, where there is one (a step that cannot be written is run
         # again one message per step, and the one that cannot goes to the failure stream): off.
         monkeypatch.setattr(master_session, "UNWRITABLE", ())
-    failed = _first_failure("chained", range(1, 41), only={"hostile": 0.5, **BEFORE_RESENDS})
-    assert failed is not None, "a decode that lets a lone surrogate through passed every run"
+    failed = caught(monkeypatch, (39,), ("the flow stops",), kind="chained",  # the first of seeds 1-40
+                    only={"hostile": 0.5, **BEFORE_RESENDS})
     assert any("the flow stops" in p and "surrogates not allowed" in p for p in failed.problems)
     assert any("hostile" in line and "\\ud" in line for line in failed.trace)
-    monkeypatch.undo()
-    assert run_once(failed.seed, kind="chained", only={"hostile": 0.5, **BEFORE_RESENDS}).passed
 
 
 def test_a_trim_that_ignores_the_processed_mark_is_caught_as_loss(monkeypatch):
@@ -230,9 +216,7 @@ def test_a_trim_that_ignores_the_processed_mark_is_caught_as_loss(monkeypatch):
     assert head in scripts.TRIM_UPLINK
     monkeypatch.setitem(scripts.ALL, "trim_uplink", scripts.TRIM_UPLINK.replace(head, "local point = ARGV[1]"))
     only = {"retention": 0, "trim_interval_s": 0.5, **BEFORE_RESENDS}
-    failed = _first_failure("chained", range(1, 101), only=only)
-    assert failed is not None, "a trim that cuts unprocessed entries passed every run"
-    assert any("never left the flow" in p for p in failed.problems)
+    caught(monkeypatch, (18,), ("never left the flow",), kind="chained", only=only)  # the first of 1-100
 
 
 def test_readers_that_skip_past_the_processed_mark_are_caught_as_loss(monkeypatch):
@@ -242,22 +226,18 @@ def test_readers_that_skip_past_the_processed_mark_are_caught_as_loss(monkeypatc
     assert mark in scripts.READ_BATCH
     newest = "local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)\n  local mark = top[1] and top[1][1]"
     monkeypatch.setitem(scripts.ALL, "read_batch", scripts.READ_BATCH.replace(mark, newest))
-    failed = _first_failure("chained", range(1, 21), only={"skip_processed": True})
-    assert failed is not None, "readers that skip unprocessed entries passed every run"
-    assert any("never left the flow" in p for p in failed.problems)
-    monkeypatch.setitem(scripts.ALL, "read_batch", scripts.READ_BATCH)
+    failed = caught(monkeypatch, (1,), ("never left the flow",), kind="chained",  # the first of seeds 1-20
+                    only={"skip_processed": True})
     r = run_once(failed.seed, kind="chained", only={"skip_processed": True})
-    assert r.passed, r.problems  # the same seed with the real script
-    assert r.counts["reads_skipping_processed"] > 0
+    assert r.counts["reads_skipping_processed"] > 0  # the real script's readers did skip
 
 
 def test_a_promotion_after_reading_behind_that_does_not_catch_up_is_caught(monkeypatch):
     # A worker that read behind hands its promotion's catch-up everything after the mark, up to
     # the uplink's newest entry; one that skips it leaves what it passed unrun.
     monkeypatch.setattr(Promotion, "catch_up", lambda self, epoch: 0)
-    failed = _first_failure("pair", range(1, 21), only={"skip_processed": True, "read_behind": True})
-    assert failed is not None, "a promotion after reading behind that caught nothing up passed every run"
-    assert any("never left the flow" in p for p in failed.problems)
+    caught(monkeypatch, (1,), ("never left the flow",), kind="pair",  # the first of seeds 1-20
+           only={"skip_processed": True, "read_behind": True})
 
 
 def test_claims_of_messages_a_worker_has_not_read_are_left_out_and_every_promise_holds():
@@ -276,9 +256,7 @@ def test_an_id_cache_that_forgets_before_id_ttl_is_caught(monkeypatch):
     keep = "redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', ARGV[2])"
     assert keep in scripts.COMMIT
     monkeypatch.setitem(scripts.ALL, "commit", scripts.COMMIT.replace(keep, keep.replace("ARGV[2]", "1")))
-    failed = _first_failure("chained", range(1, 31), only={"id_ttl": 60})
-    assert failed is not None, "an ID cache that forgets at once passed every run"
-    assert any("left the flow 2 times" in p for p in failed.problems)
+    caught(monkeypatch, (1,), ("left the flow 2 times",), kind="chained", only={"id_ttl": 60})  # of 1-30
 
 
 def test_a_join_that_leaves_out_the_delete_of_a_stored_group_is_caught(monkeypatch):
@@ -291,18 +269,15 @@ def test_a_join_that_leaves_out_the_delete_of_a_stored_group_is_caught(monkeypat
             self._fresh.add(act)  # broken: even when the group was open, so stored
 
     monkeypatch.setattr(_Timed, "_touch", touch)
-    failed = _first_failure("chained", range(1, 31))
-    assert failed is not None, "a join that never deleted a stored group passed every run"
-    assert any("left the flow 2 times" in p for p in failed.problems)
+    caught(monkeypatch, (1,), ("left the flow 2 times",), kind="chained")  # the first of seeds 1-30
 
 
 def test_commits_that_skip_wait_lose_outputs_in_a_failover(monkeypatch):
     commit = FlowStore.commit
     monkeypatch.setattr(FlowStore, "commit",
                         lambda self, epoch, step, **kw: commit(self, epoch, step, **{**kw, "replicas": 0}))
-    failed = _first_failure("pair", range(1, 31), only={"replica": True})
-    assert failed is not None, "a master that skips WAIT passed every failover"
-    assert any("failover erased" in p or "never left the flow" in p for p in failed.problems)
+    caught(monkeypatch, (6,), ("failover erased", "never left the flow"), kind="pair",  # the first of 1-30
+           only={"replica": True})
 
 
 def test_without_wait_replicas_a_failover_is_counted_not_failed():

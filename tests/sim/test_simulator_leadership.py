@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim.planted import caught
 from twinflow.chaos.sim.simulator import run_once
 from twinflow.cluster.leadership import Leadership
 
 SIM = Path(__file__).resolve().parents[2] / "chaos" / "sim"
-MAX_RUNS = 2_000
 
 
 def _private_uses(path: Path) -> list[str]:
@@ -53,22 +53,11 @@ def test_a_peer_is_the_real_leadership_on_the_kazoo_model():
     assert any("won the election: epoch 1" in line for line in r.trace)
 
 
-def _first_failure(kind: str = "chained"):
-    """The first of seeds 1 .. MAX_RUNS whose run fails, or None."""
-    for seed in range(1, MAX_RUNS + 1):
-        result = run_once(seed, kind=kind)
-        if not result.passed:
-            return result
-    return None
-
-
 def test_a_promotion_that_skips_the_epoch_znode_is_caught(monkeypatch):
     # A promotion must take its epoch by writing the epoch znode (its new version): one that takes
     # the next number after the epoch it last saw (a watch that may lag) can repeat an epoch.
     monkeypatch.setattr(Leadership, "_next_epoch", lambda self: self.current_master()[1] + 1)
-    failed = _first_failure()
-    assert failed is not None, f"a promotion that skips the epoch znode passed {MAX_RUNS} runs"
-    assert any("but the epoch znode is at" in p for p in failed.problems), failed.problems
+    caught(monkeypatch, (1,), ("but the epoch znode is at",), kind="chained")  # the first of seeds 1-2,000
 
 
 def test_a_demotion_that_ignores_a_lost_session_is_caught(monkeypatch):
@@ -80,12 +69,8 @@ def test_a_demotion_that_ignores_a_lost_session_is_caught(monkeypatch):
             real(self, reason)
 
     monkeypatch.setattr(Leadership, "step_down", ignores_lost_sessions)
-    failed = _first_failure()
-    assert failed is not None, f"a master that ignores a lost session passed {MAX_RUNS} runs"
-    assert any("does not hold the election lock" in p for p in failed.problems), failed.problems
-    # The run that shows it reruns exactly.
-    again = run_once(failed.seed)
-    assert again.problems == failed.problems and again.trace == failed.trace
+    caught(monkeypatch, (7,), ("does not hold the election lock",), replays=True,  # the first of seeds 1-2,000
+           kind="chained")
 
 
 @pytest.mark.parametrize("kind", ["pair", "chained", "sharded"])
