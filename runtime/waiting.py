@@ -110,3 +110,29 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0
         if monotonic() >= end:
             return None
         sleep(interval_s)
+
+
+def wait_settled(read: Callable[[], T], quiet_s: float, timeout_s: float, interval_s: float = 0.1,
+                 sleep: Callable[[float], None] = time.sleep,
+                 monotonic: Callable[[], float] = time.monotonic) -> T | None:
+    """Poll ``read`` until its value has stayed the same for ``quiet_s`` (returned), or None at
+    the deadline. What a judge of exactly-once waits for once everything arrived: an output that
+    has stopped changing, so that a duplicate landing late is counted, not missed.
+
+    >>> values, clock = iter([1, 2, 2, 2, 2, 2]), [0.0]
+    >>> wait_settled(lambda: next(values), quiet_s=0.25, timeout_s=5.0, interval_s=0.1,
+    ...              sleep=lambda s: clock.__setitem__(0, clock[0] + s), monotonic=lambda: clock[0])
+    2
+    """
+    end = monotonic() + timeout_s
+    last, since = read(), monotonic()
+    while True:
+        now = monotonic()
+        if now - since >= quiet_s:
+            return last
+        if now >= end:
+            return None
+        sleep(interval_s)
+        value = read()
+        if value != last:
+            last, since = value, monotonic()

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.runtime.waiting import wait_for
+from twinflow.runtime.waiting import wait_for, wait_settled
+from twinflow.testing.checker import SETTLE_S
 from twinflow.testing.services import LocalServices
 
 
@@ -24,6 +25,15 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str 
     value = wait_for(predicate, timeout_s, interval_s)
     if not value:
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return value
+
+
+def settled(read, timeout_s: float = 30, what: str = "the outputs"):
+    """``read()`` once it has stopped changing for ``checker.SETTLE_S``: what a test judges
+    exactly-once on, so that a second copy landing after the last first copy is counted."""
+    value = wait_settled(read, SETTLE_S, timeout_s, 0.1)
+    if value is None:
+        raise AssertionError(f"{what} did not stop changing within {timeout_s} s")
     return value
 
 

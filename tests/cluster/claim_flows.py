@@ -20,7 +20,7 @@ import os
 import signal
 from pathlib import Path
 
-from tests.conftest import wait_until
+from tests.conftest import settled, wait_until
 from twinflow.client import peer_status
 from twinflow.runtime.fields import BadInput
 from twinflow.runtime.flowgraph import parse_graph
@@ -146,6 +146,7 @@ def run_through_a_master_kill(cluster: LocalCluster, case: str) -> None:
     positions += cluster.publish(third)
 
     wait_until(lambda: len(cluster.stream("sink")) >= len(want), 60, interval_s=0.5, what=f"{len(want)} deliveries")
+    settled(lambda: len(cluster.stream("sink")))
     sink = [f["id"] for _, f in cluster.stream("sink")]
     assert sorted(sink) == sorted(want) and len(set(sink)) == len(sink)  # nothing lost, nothing twice
     failures = {f["position"]: f["reason"] for _, f in cluster.stream("failure")}

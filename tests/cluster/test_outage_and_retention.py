@@ -20,7 +20,7 @@ from twinflow.runtime.positions import position_order
 from twinflow.runtime.store.flow_keys import FlowKeys
 from twinflow.runtime.store.flow_store import FlowStore
 from twinflow.runtime.store.step import Step
-from tests.conftest import wait_until
+from tests.conftest import settled, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -71,7 +71,7 @@ def test_redis_stopped_under_load_nodes_wait_report_it_and_resume(tmp_path, flow
         sent += publish(store, 4000, 2000)
         wait_until(lambda: len({e.id for e in read_sink(cluster.redis, cluster.sink_key)}) >= len(sent), 120,
                    interval_s=0.25, what=f"all {len(sent)} messages in the sink")
-        report = check_sink(read_sink(cluster.redis, cluster.sink_key), sent)
+        report = check_sink(settled(lambda: read_sink(cluster.redis, cluster.sink_key)), sent)
         assert report.lost == 0 and report.duplicated == 0, report
         out = status_cli(cluster.flow_path, cluster.services.redis_url, [])
         assert out.returncode == 0 and all(r["redis"] == "ok" for r in json.loads(out.stdout)["peers"])

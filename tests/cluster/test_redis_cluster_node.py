@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.cluster.harness import cluster_on
-from tests.conftest import wait_until
+from tests.conftest import settled, wait_until
 from tests.integration.test_redis_cluster import owner_and_other
 from twinflow.testing.checker import check_outputs, read_outputs
 from twinflow.testing.messages import CHAINED, order_or_payment
@@ -65,8 +65,9 @@ def test_the_chained_flow_on_a_redis_cluster_fails_over_and_loses_nothing(cluste
     def report():
         r = check_outputs(read_outputs(cluster.redis, streams), sent)
         return r if r.lost == 0 else None
-    result = wait_until(report, 60, interval_s=0.25, what=f"all {len(sent)} messages out of the flow")
-    assert result.duplicated == 0, result
+    wait_until(report, 60, interval_s=0.25, what=f"all {len(sent)} messages out of the flow")
+    result = settled(lambda: check_outputs(read_outputs(cluster.redis, streams), sent))
+    assert result.lost == 0 and result.duplicated == 0, result
     outputs = read_outputs(cluster.redis, streams)
     # Joined on both masters, and the lone orders' time-outs fired too.
     assert {e.peer for e in outputs["deliver.done"]} == {"a", "b"}
@@ -83,9 +84,10 @@ def test_the_chained_flow_on_a_redis_cluster_fails_over_and_loses_nothing(cluste
     cluster.redis = cluster.producer = redis.Redis(port=rc.servers[replica].port, socket_timeout=5)
     publish(800, 400)
     try:
-        result = wait_until(report, 60, interval_s=0.25, what=f"all {len(sent)} messages out after the Redis failover")
+        wait_until(report, 60, interval_s=0.25, what=f"all {len(sent)} messages out after the Redis failover")
     except AssertionError:
         print(cluster.logs())
         raise
-    assert result.duplicated == 0 and result.unexpected == 0, result
+    result = settled(lambda: check_outputs(read_outputs(cluster.redis, streams), sent))
+    assert result.lost == 0 and result.duplicated == 0 and result.unexpected == 0, result
     assert cluster.peers["b"].alive(), cluster.logs()

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from tests.cluster.harness import cluster_on
-from tests.conftest import wait_until
+from tests.conftest import settled, wait_until
 from tests.integration.test_metrics import scrape
 from twinflow.testing.local_cluster import LocalCluster
 from twinflow.testing.messages import CHAINED, order_or_payment
@@ -92,10 +92,11 @@ def test_a_two_shard_flow_on_a_spark_cluster_survives_a_master_kill(tmp_path, se
             r = cluster.check(sent)
             return r if r.lost == 0 else None
         try:
-            result = wait_until(report, 90, interval_s=0.25, what=f"all {len(sent)} messages out of the flow")
+            wait_until(report, 90, interval_s=0.25, what=f"all {len(sent)} messages out of the flow")
         except AssertionError:
             raise AssertionError(f"{cluster.check(sent)}; {cluster.describe_shards()}") from None
-        assert result.duplicated == 0, result
+        result = settled(lambda: cluster.check(sent))
+        assert result.lost == 0 and result.duplicated == 0, result
         outputs = cluster.outputs()
         # Joined on both masters, in both shards, and the lone orders' time-outs fired too.
         assert {e.peer for e in outputs["deliver.done"]} == {"a", "b"}

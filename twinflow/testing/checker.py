@@ -17,6 +17,10 @@ within their group, :func:`count_out_of_order`) and ``rto_s`` (for each fault, f
 fault itself to the first write after it, :func:`recovery_after_fault_s`; the largest, and
 none when nothing was written after one of the faults).
 
+A run is judged once its outputs have gone quiet (:func:`wait_judged`: every sent ID left,
+then nothing new for :data:`SETTLE_S`), not the moment the last ID arrives: a second copy
+still on its way would otherwise never be looked for.
+
 The failover simulator feeds its :class:`Tally` step by step and layers its own rules
 on top (an ID that expired from the ID cache may leave again; hostile messages leave by
 the failure path): see ``chaos/sim/checker.py``.
@@ -34,7 +38,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
+
+from ..runtime.waiting import wait_for, wait_settled
+
+# How long a flow's outputs must stay unchanged before exactly-once is judged: longer than a
+# master's batch and a worker's claim round (about a second), so that a second copy already on
+# its way (a promoted worker's rollback, a retried step) lands before the count.
+SETTLE_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -300,3 +311,12 @@ def failover_seconds(entries: list[SinkEntry], old_epoch: int, killed_at: float)
         if e.epoch > old_epoch:
             return e.written_ms / 1000.0 - killed_at
     return None
+
+
+def wait_judged(outputs: Callable[[], dict[str, list[SinkEntry]]], sent_ids: list[str], timeout_s: float,
+                quiet_s: float = SETTLE_S, interval_s: float = 0.5) -> dict[str, list[SinkEntry]]:
+    """``outputs()`` once every ID of ``sent_ids`` has left the flow and nothing new has come for
+    ``quiet_s``: what to judge. At ``timeout_s`` (each wait's own), what there is then: the
+    judge counts what is missing or still arriving."""
+    wait_for(lambda: check_outputs(outputs(), sent_ids).delivered >= len(sent_ids), timeout_s, interval_s)
+    return wait_settled(outputs, quiet_s, max(timeout_s, quiet_s), interval_s) or outputs()

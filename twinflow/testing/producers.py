@@ -16,7 +16,7 @@ import redis
 
 from ..client import publish
 from ..runtime.positions import position_order
-from .checker import SinkReport, check_sink, read_sink
+from .checker import SETTLE_S, SinkReport, check_sink, read_sink
 from .messages import order_or_payment
 
 if TYPE_CHECKING:
@@ -100,14 +100,21 @@ class Producing:
     def sink_ids(self) -> list[str]:
         return [e.id for e in read_sink(self.redis, self.sink_key)]
 
-    def wait_delivered(self, timeout_s: float = 90) -> SinkReport:
-        """Until every ID in ``sent`` is in the sink; returns the exactly-once report."""
-        from ..runtime.waiting import wait_for
+    def wait_delivered(self, timeout_s: float = 90, quiet_s: float = SETTLE_S) -> SinkReport:
+        """Until every ID in ``sent`` is in the sink and the sink has then gone quiet (no new entry
+        for ``quiet_s``); returns the exactly-once report. Judged only once quiet: a duplicate
+        that lands after the last ID is counted, not missed."""
+        from ..runtime.waiting import wait_for, wait_settled
 
+        began = time.monotonic()
         if not wait_for(lambda: set(self.sent) <= set(self.sink_ids()), timeout_s, 0.2):
             missing = sorted(set(self.sent) - set(self.sink_ids()))
             raise RuntimeError(f"{len(missing)} of {len(self.sent)} sent messages not in the sink within "
                                f"{timeout_s:.0f} s: {missing[:10]}\n{self.logs(60)}")
+        left = max(quiet_s, timeout_s - (time.monotonic() - began))
+        if wait_settled(lambda: self.redis.xlen(self.sink_key), quiet_s, left, 0.1) is None:
+            raise RuntimeError(f"the sink did not go quiet for {quiet_s} s within {timeout_s:.0f} s of "
+                               f"the first sends\n{self.logs(60)}")
         return check_sink(read_sink(self.redis, self.sink_key), self.sent)
 
 
