@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..runtime.message import Message
 from ..runtime.store.flow_store import SURFACED
-from .escalation_servicer import StaleEpoch
+from .escalation_servicer import Claim, StaleEpoch
 from .roles import MASTER
 from .uplink_rows import processed_as_worker
 
@@ -159,7 +159,7 @@ class Claims:
                     m.name, from_node, why, from_node=from_node, from_epoch=epoch, reason=why)
         return why
 
-    def on_claims(self, epoch: int, claims: list[tuple[str, str, str, str]]) -> int:
+    def on_claims(self, epoch: int, claims: list[Claim]) -> int:
         """Release the baked messages an escalation claims, once Redis proves them processed
         (ID cache or processed mark, one round trip): a claim is a hint, the ID cache the
         record, so no escalation, forged or buggy, releases a message nobody processed.
@@ -186,7 +186,7 @@ class Claims:
         m.reader.update_hold()
         return released
 
-    def _take_claims_of(self, claims: list[tuple[str, str, str, str]], parse) -> list:
+    def _take_claims_of(self, claims: list[Claim], parse) -> list:
         """The sort's take of the claims whose key reads as the pair's key type (caller holds the
         lock). A key that does not read is a claim no master of this flow made: it releases
         nothing, and what it names bakes on until a good claim, the mark or a rollback."""

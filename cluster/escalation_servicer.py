@@ -11,14 +11,22 @@ open for the batches that follow, and the sender drops the refused batch.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from twinflow.wire import twinflow_pb2 as pb
 from twinflow.wire import twinflow_pb2_grpc as pb_grpc
 
 log = logging.getLogger("twinflow.escalation")
 
-Claim = tuple[str, str, str, str]  # (claim ID, key as text, uplink position, ruleset)
+class Claim(NamedTuple):
+    """One claim as the master escalates it and the worker takes it (the ``Claim`` message of
+    ``proto/twinflow.proto``): the message the master processed, named as the worker's claim
+    pair reads it."""
+
+    ident: str     # the claim ID (``Ruleset.claim_id``)
+    key: str       # the sort key as text, read again as the pair's key type
+    position: str  # the message's uplink position: what the claim may release is at or before it
+    ruleset: str   # the ruleset that took the message: the group it releases in
 
 # The most claims a worker takes in one batch (a flow's escalation_batch is at most 10,000):
 # each costs the worker a bake lookup and an ID-cache read, so a larger batch is refused.
@@ -73,7 +81,7 @@ class EscalationServicer(pb_grpc.EscalationServicer):
         if len(batch.claims) > self.max_claims:
             reason = f"{len(batch.claims)} claims in one batch; at most {self.max_claims}"
             return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
-        claims = [(e.id, e.key, e.position, e.rule) for e in batch.claims]
+        claims = [Claim(e.id, e.key, e.position, e.rule) for e in batch.claims]
         try:
             why = admit(batch.from_node, batch.epoch) if admit is not None else None
             if why is not None:  # logged by admit, which knows this member and its epoch (escalation_refused)

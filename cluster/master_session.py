@@ -74,6 +74,7 @@ from ..runtime.store.flow_store import FlowStore, chunked
 from ..runtime.store.store_errors import Fenced, GuessWrong, RedisUnavailable
 from ..runtime.store.step import Step
 from .batch_phases import NO_PHASES, BatchPhases
+from .escalation_servicer import Claim
 from .master_flow import MasterFlow, MessageRefused, guards_handlers
 from .uplink_rows import record_bad
 from .warm_state import WarmState
@@ -121,7 +122,7 @@ class Outcome:
     steps: int = 0       # steps committed
     # (claim ID, key as text, position, ruleset) to escalate: one per message a claim pair's
     # ruleset takes (a nohit message was never held by the worker, so it needs no claim)
-    claims: list[tuple[str, str, str, str]] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
     refused: Fenced | RedisUnavailable | None = None  # why the session ended here, if it did
     rest: list[Message] | None = None  # run_batch: the uncommitted rest (None: all of it committed)
 
@@ -130,7 +131,7 @@ class Outcome:
         self.delivered += len(fresh)
         self.skipped += len(chunk) - len(fresh)
         if escalate:
-            self.claims.extend((m.cid, str(m.key), m.position, m.rule) for m in chunk if m.rule is not None)
+            self.claims.extend(Claim(m.cid, str(m.key), m.position, m.rule) for m in chunk if m.rule is not None)
 
 
 class MasterSession:
@@ -243,7 +244,7 @@ class MasterSession:
             try:
                 out.rest = self._run_steps(out, msgs[sent:], last, guess, now)
                 return out
-            except _GuessedWrong as wrong:
+            except _GuessRefused as wrong:
                 # A message processed before, or another writer (a second attempt of a shard
                 # task, a process that ran this shard's last batch) committed since the flow
                 # was loaded: ask Redis which of the rest are processed and build on its state.
@@ -330,7 +331,7 @@ class MasterSession:
             else:
                 whole = True
             whole = writing.settle() and whole
-        except (_GuessedWrong, _Unwritable):
+        except (_GuessRefused, _Unwritable):
             raise
         except BaseException:
             writing.abandon()
@@ -375,7 +376,7 @@ class MasterSession:
             try:
                 if self._run_steps(out, [m], m.position, False, now) is not None:
                     return None
-            except _GuessedWrong:
+            except _GuessRefused:
                 return i  # another writer moved the state: the caller carries on from Redis's view
             except _Unwritable as bad:
                 reason = f"a value of this message cannot be written to Redis: {type(bad.exc).__name__}: {bad.exc}"
@@ -407,7 +408,7 @@ class _Unwritable(RuntimeError):
         self.sent, self.exc = sent, exc
 
 
-class _GuessedWrong(RuntimeError):
+class _GuessRefused(RuntimeError):
     """A guarded step was refused; the first ``sent`` messages of the batch are committed."""
 
     def __init__(self, sent: int):
@@ -449,7 +450,7 @@ class _InFlight:
     def settle(self) -> bool:
         """Wait for every step in flight: True when each committed (counted, its claims kept) or
         there was none; False when one was refused. GuessWrong (StaleState too) raises
-        _GuessedWrong."""
+        _GuessRefused."""
         while self._steps:
             if not self._settle_oldest():
                 return False
@@ -464,7 +465,7 @@ class _InFlight:
         except GuessWrong:
             self._never_sent()
             session.drop()
-            raise _GuessedWrong(self.sent) from None
+            raise _GuessRefused(self.sent) from None
         except (Fenced, RedisUnavailable) as exc:
             self._never_sent()
             session._refuse(self.out, exc)

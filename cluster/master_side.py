@@ -32,6 +32,7 @@ from .roles import MASTER, WORKER
 from .timings import LATENESS_BUCKETS, Timings
 
 if TYPE_CHECKING:
+    from .escalation_servicer import Claim
     from .member import FlowMember
     from .shard_task import ShardResult
 
@@ -202,7 +203,7 @@ class MasterSide:
                 "promotion", m.cfg.peer_id, epoch, now - promoted_at, epoch=epoch, first_write_at=round(now, 3),
                 since_promoted_s=round(now - promoted_at, 3))
 
-    def escalate(self, claims: list[tuple[str, str, str, str]]) -> None:
+    def escalate(self, claims: list[Claim]) -> None:
         """Send the claims of committed steps, to each target only those of messages it has
         read (``escalation.read_by``): how far each has handled the uplink is read here, after
         the COMMITs. A worker reading behind has read few of them. Redis unreachable in that

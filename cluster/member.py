@@ -44,6 +44,8 @@ admits one batch or one promotion catch-up at a time.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import os
 import threading
@@ -74,6 +76,9 @@ from .promotion import Promotion
 from .roles import WORKER
 from .start_position import check_redis, check_retention, checkpoint_dir, start_position
 from .warm_state import WarmState
+
+if TYPE_CHECKING:
+    from .escalation_servicer import Claim
 
 log = logging.getLogger("twinflow.peer")
 
@@ -256,7 +261,7 @@ class FlowMember:
     def admit_escalation(self, from_node: str, epoch: int) -> str | None:
         return self.claims.admit_escalation(from_node, epoch)
 
-    def on_claims(self, epoch: int, claims: list[tuple[str, str, str, str]]) -> int:
+    def on_claims(self, epoch: int, claims: list[Claim]) -> int:
         return self.claims.on_claims(epoch, claims)
 
     def escalation_targets(self) -> dict[str, str]:

@@ -45,7 +45,7 @@ import pickle
 from collections import Counter
 from dataclasses import dataclass, field
 from concurrent.futures import Executor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TYPE_CHECKING
 
 from ..runtime.flowgraph import FlowGraph, parse_graph
 from ..runtime.message import Message
@@ -55,6 +55,9 @@ from ..runtime.store.store_errors import Fenced, RedisUnavailable
 from .master_flow import MasterFlow
 from .master_session import MasterSession, Outcome, write_pool
 from .uplink_rows import decode_rows, last_position, processed_as_worker, record_bad
+
+if TYPE_CHECKING:
+    from .escalation_servicer import Claim
 
 MASTER, WORKER = "master", "worker"
 RESULT_SCHEMA = "result binary"
@@ -88,7 +91,7 @@ class ShardResult:
     msgs: list[Message] = field(default_factory=list)  # worker: to bake; master: not committed (no doc)
     rows: list[tuple] = field(default_factory=list)     # "driver": the rows as read, to decode there
     done: list[bool] = field(default_factory=list)      # worker: processed already, per message
-    claims: list[tuple[str, str, str, str]] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
     next_deadline: float | None = None
     fenced_by: int = 0                  # the newer epoch that refused a step
     unreachable: str = ""               # why Redis did not take a step in time

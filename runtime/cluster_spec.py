@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .audit_spec import AuditSpec, NoticeSpec, read_audit, read_notices
-from .keys import KEY_TYPES
+from .sort_keys import KEY_TYPES
 from .message import MessageSpec
 from .nodes.sort import read_outlink_names, read_rulesets, read_xa_mode
 from .nodes.sort.claim_rules import ClaimRules

@@ -60,7 +60,7 @@ from typing import Any
 
 from .fields import BadInput, FieldPath, MissingField
 from .json_text import LONG_RUN, loads_known
-from .keys import parse_key
+from .sort_keys import parse_key
 from .nodes.base import Msg
 from . import resubmit
 
@@ -117,7 +117,7 @@ class MessageSpec:
                                      max_digits=self.max_number_digits)
 
     def parse_key(self, raw: Any) -> Any:
-        """The sort key as ``key_type`` (see ``runtime/keys.py``); raises BadInput when it is not one."""
+        """The sort key as ``key_type`` (see ``runtime/sort_keys.py``); raises BadInput when it is not one."""
         return parse_key(self.key_type, raw, self.max_number_digits)
 
 

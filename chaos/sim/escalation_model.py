@@ -16,9 +16,12 @@ cost latency but must never cost a message or feed one twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TYPE_CHECKING
 
 from ...cluster.escalation import read_by
+
+if TYPE_CHECKING:
+    from ...cluster.escalation_servicer import Claim
 
 
 @dataclass
@@ -26,7 +29,7 @@ class InFlight:
     source: str
     target: str
     epoch: int
-    claims: list[tuple[str, str, str, str]]
+    claims: list[Claim]
 
 
 class EscalationNet:
@@ -63,7 +66,7 @@ class SimSender:
     def target_ids(self) -> list[str]:
         return sorted(self._last)
 
-    def send(self, claims: list[tuple[str, str, str, str]], read_upto: dict[str, str | None] | None = None) -> None:
+    def send(self, claims: list[Claim], read_upto: dict[str, str | None] | None = None) -> None:
         if self.stopped or not claims:
             return
         epoch = self.epoch()

@@ -13,7 +13,7 @@ import pytest
 import trustme
 
 from twinflow.client import Ack, Client, EscalationClient, PublishError, peer_status, publish, request_handover
-from twinflow.cluster.escalation_servicer import EscalationServicer, StaleEpoch
+from twinflow.cluster.escalation_servicer import Claim, EscalationServicer, StaleEpoch
 from twinflow.cluster.grpc_server import PUBLISH_ANSWER_MARGIN_S, AdminServicer, IngestServicer, create_server
 from twinflow.grpc_security import GrpcSecurity, TlsFiles
 
@@ -402,8 +402,8 @@ class Claims:
         return len(claims)
 
 
-def claims(start: int, n: int) -> list[tuple[str, str, str, str]]:
-    return [(f"m{i}", str(1_700_000_000_000 + i), f"{1_700_000_000_000 + i}-0", "all") for i in range(start, start + n)]
+def claims(start: int, n: int) -> list[Claim]:
+    return [Claim(f"m{i}", str(1_700_000_000_000 + i), f"{1_700_000_000_000 + i}-0", "all") for i in range(start, start + n)]
 
 
 def test_escalation_client_sends_batches_acked_in_order(servers):

@@ -13,15 +13,15 @@ import pytest
 
 from tests.conftest import wait_until
 from twinflow.cluster.escalation import MAX_IN_FLIGHT, EscalationSender
-from twinflow.cluster.escalation_servicer import EscalationServicer, StaleEpoch
+from twinflow.cluster.escalation_servicer import Claim, EscalationServicer, StaleEpoch
 from twinflow.cluster.grpc_server import create_server
 from twinflow.testing.servers import free_port
 
 FLOW = "orders"
 
 
-def make_claims(start: int, n: int) -> list[tuple[str, str, str, str]]:
-    return [(f"m{i}", str(1_700_000_000_000 + i), f"{1_700_000_000_000 + i}-0", "all") for i in range(start, start + n)]
+def make_claims(start: int, n: int) -> list[Claim]:
+    return [Claim(f"m{i}", str(1_700_000_000_000 + i), f"{1_700_000_000_000 + i}-0", "all") for i in range(start, start + n)]
 
 
 def send_in_chunks(sender: EscalationSender, claims, chunk: int = 100) -> None:

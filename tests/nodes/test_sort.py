@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from twinflow.runtime.fields import BadInput
 from twinflow.runtime.flowgraph import parse_graph
-from twinflow.runtime.keys import parse_key
+from twinflow.runtime.sort_keys import parse_key
 from twinflow.runtime.nodes.base import Msg
 from twinflow.runtime.nodes.sort import XA0_REFUSED, SortNode, build
 from twinflow.runtime.params import Doc, FlowFileError, Params

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...fields import BadInput, FieldPath, MissingField, Template
-from ...keys import parse_key
+from ...sort_keys import parse_key
 from .claim import ALL
 from .rules import Ruleset
 

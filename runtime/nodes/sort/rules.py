@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ...fields import BadInput, FieldPath, MissingField, Template
-from ...keys import KEY_TYPES as KEY_NAMES, parse_key
+from ...sort_keys import KEY_TYPES as KEY_NAMES, parse_key
 from ..base import Emit, Msg, msg_from_json, msg_json
 from .claim import BYPASS, DONE, NOHIT, ClaimCache
 from .min_queue import MinQueue
