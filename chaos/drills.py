@@ -55,7 +55,7 @@ from ..testing.producers import DrillProducer, PacedProducer
 from ..testing import checker
 from ..testing.checker import check_outputs
 from ..testing.local_cluster import LocalCluster
-from . import guarded_drills
+from . import drill_fit, guarded_drills
 from .report import timeline
 
 RTO_TARGET_S = 3.0
@@ -411,7 +411,8 @@ DRILLS: dict[str, Callable[[Drill], None]] = {
     "redis-cluster-failover": redis_cluster_failover,
 }
 # The drills of a guarded handler: they run the guarded flow (guarded_drills.py), at its rate.
-GUARDED = {"kill-in-handler", "resubmit-in-failover"}
+# Which drills apply to a flow given with --flow: drill_fit.py.
+GUARDED = drill_fit.GUARDED
 # The drills on a Redis with replicas, and which (see LocalCluster's redis_mode).
 REDIS_HA = {"redis-failover": "sentinel", "redis-cluster-failover": "cluster"}
 # The drills that run on a three-server ZooKeeper ensemble (the others on one server).
@@ -437,18 +438,22 @@ class FlowProducer(PacedProducer):
 
 def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str | None = None,
               rate: float = 1000.0, settle_s: float = 90.0, say: Callable[[str], None] = lambda text: None,
-              keep: bool = False, wait_replicas: int | None = None, samples: list[dict] | None = None) -> dict:
+              keep: bool = False, wait_replicas: int | None = None, samples: list[dict] | None = None,
+              books_in_ledger: bool = False) -> dict:
     """Run one drill on a fresh cluster and check it; returns the result (see the module docstring).
 
     ``wait_replicas``: the flow's ``cluster.wait_replicas`` (and the producer's WAIT) for the
     Redis failover drills; None: 1 for them, the flow's own for the others. ``samples``:
     example messages for a ``flow_text`` whose messages cannot all be made up (CannotGenerate,
-    raised before anything starts, names the field)."""
+    raised before anything starts, names the field). ``books_in_ledger``: ``flow_text``'s
+    handler is the ledger's (drill_fit.books_in_ledger), so that any drill of it makes the ledger
+    and puts the handler module beside the flow, as the guarded drills always do, and checks the
+    ledger too."""
     if name not in DRILLS:
         raise KeyError(f"unknown drill {name!r} (known: {', '.join(DRILLS)})")
     workdir = Path(tempfile.mkdtemp(prefix="twinflow-cluster-"))
     ledger = None
-    if name in GUARDED:
+    if name in GUARDED or books_in_ledger:
         ledger = guarded_drills.prepare(workdir)  # the handler module next to the flow, before it is parsed
         flow_text = flow_text or guarded_drills.GUARDED_FLOW.read_text()
         sys.path.insert(0, str(workdir))

@@ -5,8 +5,9 @@ write (when, by which peer), the first write of each epoch (a role change:
 that peer became master) and the fault windows. :func:`timeline_png` draws
 messages per second per peer, a line per role change and a band per fault
 window (matplotlib, no display needed). :func:`write_report` writes one
-PNG per drill and ``report.md`` with the results table, the rerun command
-of every failed drill and the pictures.
+PNG per drill and ``report.md`` with the results table, the drills that did
+not apply to the flow and why, the rerun command of every failed drill and
+the pictures.
 """
 
 from __future__ import annotations
@@ -73,11 +74,14 @@ def timeline_png(result: dict, path: Path) -> Path:
     return path
 
 
-def write_report(results: list[dict], directory: Path, columns: list[str]) -> Path:
-    """A PNG per drill result and ``report.md`` (the table, reruns, pictures); returns the report."""
+def write_report(results: list[dict], directory: Path, columns: list[str],
+                 not_applicable: dict[str, str] | None = None) -> Path:
+    """A PNG per drill result and ``report.md`` (the table, the drills that did not apply to the
+    flow and why, reruns, pictures); returns the report."""
     directory.mkdir(parents=True, exist_ok=True)
     lines = ["# Chaos drills", "", f"Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')}.", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    after_table = [""] + [f"- {name}: not applicable: {why}" for name, why in (not_applicable or {}).items()]
     pictures = []
     for r in results:
         lines.append("| " + " | ".join(str(r.get(c)) for c in columns) + " |")
@@ -87,5 +91,5 @@ def write_report(results: list[dict], directory: Path, columns: list[str]) -> Pa
             if not r.get("passed"):
                 pictures[-1:-1] = [f"FAILED; rerun: `{r['rerun']}`", ""]
     report = directory / "report.md"
-    report.write_text("\n".join(lines + [""] + pictures) + "\n")
+    report.write_text("\n".join(lines + after_table + [""] + pictures) + "\n")
     return report

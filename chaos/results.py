@@ -6,7 +6,8 @@ p50 and max; the Redis failover drills one row per ``wait_replicas``, the clock-
 per skew. When some drill measured more (the drills between hosts: ``max_gap_s``, the
 time-outs' error after a failover), a last column says it, over the drill's runs. A run that
 could not reach its check (``error``) counts as run and not passed, and its reason is listed
-under the table.
+under the table. A drill that did not apply to the flow (a line with ``not_applicable``) was not
+run: it is listed under the table with its reason, once, and counted nowhere.
 
 >>> rows = [{"drill": "kill-master", "seed": s, "lost": 0, "duplicated": 0, "rto_s": r, "passed": True}
 ...         for s, r in ((1, 2.1), (2, 2.5), (3, 1.9))]
@@ -23,6 +24,14 @@ from collections import defaultdict
 
 
 def table(rows: list[dict]) -> str:
+    """The results table of ``rows`` (see the module doc).
+
+    >>> print(table([{"drill": "kill-master", "seed": 1, "lost": 0, "duplicated": 0, "rto_s": 2.0, "passed": True},
+    ...              {"drill": "kill-in-handler", "not_applicable": "no guarded handler"}]).splitlines()[-1])
+    - kill-in-handler: not applicable: no guarded handler
+    """
+    skipped = {r["drill"]: r["not_applicable"] for r in rows if "not_applicable" in r}
+    rows = [r for r in rows if "not_applicable" not in r]
     by_drill: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         name = r["drill"] + (f" (wait_replicas {r['wait_replicas']})" if "wait_replicas" in r else "") + (
@@ -42,7 +51,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {drill} | {len(runs)} | {passed} | {lost} | {dup} | {p50} | {top} |"
                      + (f" {measured(runs) or '-'} |" if more else ""))
         errors += [f"- {drill} seed {r['seed']}: {r['error']}" for r in runs if r.get("error")]
-    return "\n".join(lines + ([""] + errors if errors else []))
+    notes = errors + [f"- {drill}: not applicable: {why}" for drill, why in skipped.items()]
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def measured(runs: list[dict]) -> str:

@@ -2,9 +2,11 @@
 
 Everything is read at scrape time from what the peer keeps anyway: its
 ``status()``, its plain-int counters, its escalation sender's ``stats()``,
-its leadership's and its store's connection counters. Nothing is called per
-message: the master's batch loop runs ~16k messages a second and a Prometheus
-counter increment per message would cost real throughput. Durations (a
+its leadership's and its store's connection counters; and the ends of its TLS
+certificates, read once at its start (twinflow/tls_expiry.py), less the
+scrape's time. Nothing is called per message: the master's batch loop runs
+~16k messages a second and a Prometheus counter increment per message would
+cost real throughput. Durations (a
 batch, a timer's lateness) go into a :class:`~twinflow.cluster.timings.Timings`, observed once per
 batch or per firing round.
 
@@ -27,7 +29,8 @@ read is left out; the scrape still answers.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -36,6 +39,8 @@ from prometheus_client.registry import Collector
 from .timings import BatchTimings
 
 if TYPE_CHECKING:
+    from twinflow.tls_expiry import Expiry
+
     from .member import FlowMember
 
 log = logging.getLogger("twinflow.metrics")
@@ -64,8 +69,10 @@ class PeerCollector(Collector):
     """
 
     def __init__(self, members: Callable[[], list["FlowMember"]], server: Callable[[], Any] | None = None,
-                 frames: tuple[str, BatchTimings] | None = None):
+                 frames: tuple[str, BatchTimings] | None = None, certificates: Sequence["Expiry"] = (),
+                 now: Callable[[], float] = time.time):
         self.members, self.server, self.frames = members, server, frames
+        self.certificates, self.now = tuple(certificates), now
         self._outlinks: dict[str, dict[str, str]] = {}  # flow -> stream -> outlink name
 
     def collect(self):
@@ -91,19 +98,39 @@ class PeerCollector(Collector):
             for role, t in sorted(timings.by_role.items()):
                 buckets, total = t.snapshot()
                 hist.add_metric([flow, members[0].cfg.peer_id, members[0].cfg.peer_id, role], buckets, total)
-        check = getattr(self.server(), "token_check", None) if self.server is not None else None
-        if check is not None and members:
-            refused = family(CounterMetricFamily, "twinflow_grpc_refused",
-                             "gRPC calls refused by the token check", ["reason"])
-            flow = self.frames[0] if self.frames else members[0].name
-            for reason, count in sorted(dict(check.refused).items()):
-                refused.add_metric([flow, members[0].cfg.peer_id, members[0].cfg.peer_id, reason], count)
-            not_first = family(CounterMetricFamily, "twinflow_grpc_accepted_not_first",
-                               "gRPC calls accepted with a token other than the first of its scope's "
-                               "list (a caller still sending a token being rotated out)", ["scope"])
-            for scope, count in sorted(dict(check.accepted_not_first).items()):
-                not_first.add_metric([flow, members[0].cfg.peer_id, members[0].cfg.peer_id, scope], count)
+        if members:
+            # What the process as a whole has (one gRPC server, one certificate): under the peer's
+            # flow name, a sharded flow's own, not a shard's.
+            who = [self.frames[0] if self.frames else members[0].name, members[0].cfg.peer_id,
+                   members[0].cfg.peer_id]
+            self._collect_server(who, family)
+            self._collect_certificates(who, family)
         yield from f.values()
+
+    def _collect_server(self, who: list[str], family) -> None:
+        check = getattr(self.server(), "token_check", None) if self.server is not None else None
+        if check is None:
+            return
+        refused = family(CounterMetricFamily, "twinflow_grpc_refused",
+                         "gRPC calls refused by the token check", ["reason"])
+        for reason, count in sorted(dict(check.refused).items()):
+            refused.add_metric(who + [reason], count)
+        not_first = family(CounterMetricFamily, "twinflow_grpc_accepted_not_first",
+                           "gRPC calls accepted with a token other than the first of its scope's "
+                           "list (a caller still sending a token being rotated out)", ["scope"])
+        for scope, count in sorted(dict(check.accepted_not_first).items()):
+            not_first.add_metric(who + [scope], count)
+
+    def _collect_certificates(self, who: list[str], family) -> None:
+        if not self.certificates:
+            return
+        gauge = family(GaugeMetricFamily, "twinflow_tls_expires_in_seconds",
+                       "Seconds until the peer's own TLS certificate (certificate=\"peer\") and the CA's "
+                       "that signed it (certificate=\"ca\") expire, as the peer loaded them at its start; "
+                       "negative once expired", ["certificate", "subject"])
+        now = self.now()
+        for cert in self.certificates:
+            gauge.add_metric(who + [cert.certificate, cert.subject], round(cert.seconds_left(now), 3))
 
     def _collect_node(self, n: "FlowMember", family) -> None:
         s = n.status()
@@ -261,7 +288,7 @@ def split_address(listen: str) -> tuple[str, int]:
 
 
 def serve(listen: str, members: Callable[[], list["FlowMember"]], *, server: Callable[[], Any] | None = None,
-          frames: tuple[str, BatchTimings] | None = None) -> MetricsServer:
+          frames: tuple[str, BatchTimings] | None = None, certificates: Sequence["Expiry"] = ()) -> MetricsServer:
     """Serve the metrics of ``members`` on ``listen``; the caller stops the result."""
-    return MetricsServer(listen, PeerCollector(members, server=server, frames=frames))
+    return MetricsServer(listen, PeerCollector(members, server=server, frames=frames, certificates=certificates))
 

@@ -29,6 +29,7 @@ from ..logs import event
 from ..runtime.clock import Clock
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.shards import ShardRouter, shard_graph
+from ..tls_expiry import read_expiries
 from .advertise import advertised, check_advertise
 from .health import PeerHealth
 from .member import FlowMember
@@ -283,8 +284,11 @@ class Peer:
 def start_metrics(cfg: PeerConfig, members, server, flow: str, frames=None) -> MetricsServer:
     """Serve the metrics of ``members`` on ``cfg.metrics_listen``; StartRefused when that
     address cannot be bound."""
+    # The certificates as the server will load them in this start (twinflow/tls_expiry.py).
+    certificates = read_expiries(cfg.security.tls, flow=flow, peer=cfg.peer_id)
     try:
-        metrics = serve_metrics(cfg.metrics_listen, members, server=server, frames=frames)
+        metrics = serve_metrics(cfg.metrics_listen, members, server=server, frames=frames,
+                                certificates=certificates)
     except (OSError, ValueError) as exc:
         raise StartRefused(f"cannot serve metrics on {cfg.metrics_listen}: {exc}") from exc
     event(log, logging.INFO, "metrics", "%s serves Prometheus metrics on http://%s/metrics (unauthenticated)",

@@ -60,6 +60,32 @@ def runbook_sections() -> dict[str, str]:
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
+def runbook_anchors() -> dict[str, str]:
+    """Each section's anchor on the site (the toc extension's, as mkdocs.yml configures it) -> its heading."""
+    from markdown.extensions.toc import slugify
+
+    return {slugify(title, "-"): title for title in runbook_sections()}
+
+
+def runbook_base() -> str:
+    """The base of every alert's ``runbook_url``, as "Runbook links" on the runbook page gives it:
+    what its ``sed`` command replaces."""
+    found = re.findall(r'sed -i "s\|([^|]+)\|\$BASE\|"', runbook_sections()["Runbook links"])
+    assert len(found) == 1, f"the runbook links section's sed command: {found}"
+    return found[0]
+
+
+def shell_blocks(text: str) -> list[str]:
+    """The ``sh`` code blocks of a page's text."""
+    return re.findall(r"^```sh\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def markdown_table(text: str) -> list[list[str]]:
+    """The rows of the first table in ``text``, header and rule left out, each a list of cells."""
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+
+
 def untested(rules: list[dict], tests: dict) -> dict[str, list[str]]:
     """Per alert of ``rules``, what its unit tests (``tests``, as the test file holds them)
     lack: a case where it fires, one where it does not."""

@@ -311,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a drill between the hosts of a fresh full lab (root): host-partition, "
                          "asymmetric-partition, host-crash, spark-worker-crash, rolling-restart, clock-skew, or all")
     dr.add_argument("--flow", help="flow file (default: the chained flow); its messages are made from its own "
-                                   "fields (docs/contributing/drills.md)")
+                                   "fields; `all` runs the drills that apply to it and lists the others with "
+                                   "the reason (docs/contributing/drills.md)")
     dr.add_argument("--samples", metavar="FILE",
                     help="with --flow: example messages, one JSON object a line; the producer sends copies of "
                          "them, each with a fresh ID and a growing sort key")

@@ -108,6 +108,7 @@ def cmd_drill(args) -> int:
         return cmd_host_drill(args)
     _need_extra("chaos", "toxiproxy", *(["matplotlib"] if args.report or args.name == "all" else []))
     from twinflow.chaos import guarded_drills
+    from twinflow.chaos.drill_fit import books_in_ledger, not_applicable
     from twinflow.chaos.drills import DRILLS, GUARDED, IN_NETNS, run_drill
     from twinflow.chaos.kernel_faults import KernelFaultsUnavailable, in_private_netns, netns_command
 
@@ -116,7 +117,15 @@ def cmd_drill(args) -> int:
         print(f"twinflow: unknown drill {args.name!r} (known: all, {', '.join(DRILLS)}; "
               f"between hosts, with --hosts: see twinflow drill --help)", file=sys.stderr)
         return EXIT_BAD_FLOW
-    if IN_NETNS & set(names) and not in_private_netns():
+    if args.samples and not args.flow:
+        print("twinflow: --samples goes with --flow (the built-in flow has messages of its own)", file=sys.stderr)
+        return EXIT_BAD_FLOW
+    # Refused here, with file, line and field, before anything starts. Without --flow each drill
+    # runs the flow made for it (the chained flow, the guarded one), which it always applies to.
+    graph = _load_flow(args.flow) if args.flow else None
+    skipped = {name: why for name in names if graph is not None and (why := not_applicable(name, graph))}
+    runnable = [name for name in names if name not in skipped]
+    if IN_NETNS & set(runnable) and not in_private_netns():
         # Kernel faults never touch this machine's own network: run the drills in a namespace of their own.
         try:
             argv = netns_command([sys.executable, "-m", "twinflow.cli", *args.argv])
@@ -128,21 +137,35 @@ def cmd_drill(args) -> int:
         signal.signal(signal.SIGTERM, lambda *_: child.terminate())
         signal.signal(signal.SIGINT, lambda *_: None)
         return child.wait()
-    flow_text, samples = None, None
-    if args.flow:
-        graph = _load_flow(args.flow)  # refused here, with file, line and field, before anything starts
+    if not runnable:  # nothing to run is no pass: say so, and why for each
+        print_not_applicable(args, skipped)
+        what = "no drill applies" if args.name == "all" else f"drill {args.name} does not apply"
+        print(f"twinflow: {what} to {args.flow}", file=sys.stderr)
+        return EXIT_BAD_FLOW
+    flow_text, samples, ledger = None, None, False
+    if graph is not None:
         flow_text = Path(args.flow).read_text()
         samples = _flow_messages(args, graph)
-    elif args.samples:
-        print("twinflow: --samples goes with --flow (the built-in flow has messages of its own)", file=sys.stderr)
-        return EXIT_BAD_FLOW
+        ledger = books_in_ledger(graph)  # its handler writes into the ledger: prepare one, at its rate
+        # The peers run a copy of the file elsewhere: they import its handlers from its folder, as
+        # `twinflow run` of the file itself would (they inherit this environment).
+        folder = str(Path(args.flow).resolve().parent)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p)
 
     def run_one(name: str, seed: int, say) -> dict:
-        rate = args.rate or (guarded_drills.RATE if name in GUARDED else 1000.0)
+        rate = args.rate or (guarded_drills.RATE if name in GUARDED or ledger else 1000.0)
         return run_drill(name, seed=seed, messages=args.messages, flow_text=flow_text, rate=rate,
-                         say=say, wait_replicas=args.wait_replicas, samples=samples)
-    return drill_series(args, names, run_one, lambda name, seed: f"twinflow drill {name} --seed {seed} "
-                                                                  f"--messages {args.messages}")
+                         say=say, wait_replicas=args.wait_replicas, samples=samples, books_in_ledger=ledger)
+    return drill_series(args, runnable, run_one, lambda name, seed: f"twinflow drill {name} --seed {seed} "
+                                                                     f"--messages {args.messages}",
+                        not_applicable=skipped)
+
+
+def print_not_applicable(args, skipped: dict[str, str]) -> None:
+    """A line per drill left out and its reason: ``--json``, an object with ``not_applicable``."""
+    for name, why in skipped.items():
+        print(json.dumps({"drill": name, "not_applicable": why}) if args.json else f"{name}: not applicable: {why}",
+              flush=True)
 
 
 def cmd_host_drill(args) -> int:
@@ -172,12 +195,19 @@ def cmd_host_drill(args) -> int:
         runner.close()
 
 
-def drill_series(args, names: list[str], run_one, rerun, by_drill: bool = False) -> int:
+def drill_series(args, names: list[str], run_one, rerun, by_drill: bool = False,
+                 not_applicable: dict[str, str] | None = None) -> int:
     """Run ``names`` ``args.runs`` times each (``run_one(name, seed, say)`` -> result), round by
     round so a stopped series covers every drill (``by_drill``: a drill's runs one after another);
     print each result (``--json``: a line each), then the table and, when asked, the report.
-    0 when every run passed."""
+    ``not_applicable``: drill -> why it does not apply to the flow; each is said once (``--json``: a
+    line first), never run and left out of the exit status. 0 when every run passed."""
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    skipped = dict(not_applicable or {})
+    if args.json:
+        print_not_applicable(args, skipped)
+    for name, why in skipped.items():
+        say(f"drill {name}: not applicable: {why}")
     results = []
     seeds = range(args.seed, args.seed + args.runs)
     plan = [(seed, name) for name in names for seed in seeds] if by_drill else [
@@ -202,11 +232,12 @@ def drill_series(args, names: list[str], run_one, rerun, by_drill: bool = False)
                 say(f"  rerun: {result['rerun']}")
     if not args.json:
         print(_table(DRILL_COLUMNS, [[r.get(c) for c in DRILL_COLUMNS] for r in results]))
+        print_not_applicable(args, skipped)
     report_dir = args.report or ("drill-report" if args.name == "all" else None)
     if report_dir:
         from twinflow.chaos.report import write_report
 
-        say(f"report: {write_report(results, Path(report_dir), DRILL_COLUMNS)}")
+        say(f"report: {write_report(results, Path(report_dir), DRILL_COLUMNS, not_applicable=skipped)}")
     return 0 if all(r["passed"] for r in results) else 1
 
 

@@ -332,16 +332,17 @@ def admin_status(address: str, token: str | None, security: GrpcSecurity | None 
         return pb_grpc.AdminStub(ch).Status(pb.StatusRequest(), timeout=5, metadata=metadata)
 
 
-def not_first_metric(server) -> dict:
-    """twinflow_grpc_accepted_not_first_total per scope, as a peer's scrape serves it for ``server``."""
+def token_metric(server, name: str = "twinflow_grpc_accepted_not_first_total", label: str = "scope") -> dict:
+    """A token check's counter (default twinflow_grpc_accepted_not_first_total) by ``label``, as a
+    peer's scrape serves it for ``server``."""
     from types import SimpleNamespace
 
     from twinflow.cluster.metrics import PeerCollector
 
     # A member with nothing to read: its own metrics are left out (and logged), the server's stay.
     member = SimpleNamespace(name="f", cfg=SimpleNamespace(peer_id="a"))
-    return {s.labels["scope"]: s.value for family in PeerCollector(lambda: [member], server=lambda: server).collect()
-            for s in family.samples if s.name == "twinflow_grpc_accepted_not_first_total"}
+    return {s.labels[label]: s.value for family in PeerCollector(lambda: [member], server=lambda: server).collect()
+            for s in family.samples if s.name == name}
 
 
 def test_a_token_file_of_several_lines_is_accepted_whole_and_its_first_line_is_sent(tmp_path):
@@ -370,7 +371,9 @@ def test_a_token_file_of_several_lines_is_accepted_whole_and_its_first_line_is_s
         assert check.accepted_not_first["admin"] == 2
         assert admin_status(address, None, GrpcSecurity.from_refs(token_refs={"admin": f"file:{admin}"})).role
         assert check.accepted_not_first["admin"] == 2
-        assert not_first_metric(server) == {"ingest": 0, "escalation": 0, "admin": 2}
+        assert token_metric(server) == {"ingest": 0, "escalation": 0, "admin": 2}
+        assert token_metric(server, "twinflow_grpc_refused_total", "reason") == {"unauthenticated": 1,
+                                                                                "permission_denied": 1}
     finally:
         server.stop(None).wait()
 
@@ -639,7 +642,7 @@ def test_a_read_token_looks_but_may_not_act(read_node, flow_name):
     # The old line of a rotating read file is still taken, and counted under read.
     assert admin_status(address, "read-old").role == "master"
     assert check.accepted_not_first == {"ingest": 0, "escalation": 0, "admin": 0, "read": 1}
-    assert not_first_metric(server) == {"ingest": 0, "escalation": 0, "admin": 0, "read": 1}
+    assert token_metric(server) == {"ingest": 0, "escalation": 0, "admin": 0, "read": 1}
     with pytest.raises(grpc.RpcError) as wrong:
         admin_status(address, "read-older")
     assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED

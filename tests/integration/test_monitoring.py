@@ -17,9 +17,10 @@ from tests.integration.test_metrics import metric, started_pair
 from tests.monitoring import alert_rules, dashboard_queries, metric_names
 
 # What the rules select that a peer of this pair does not serve: Prometheus's own series of a
-# target, and the clock offset (once a flow clock on Redis's time sampled it; the pair runs on a
-# fake clock).
-NOT_FROM_THE_PAIR = {"twinflow_clock_offset_seconds"}
+# target; the clock offset (once a flow clock on Redis's time sampled it; the pair runs on a fake
+# clock); the token check's refusals and the certificates' ends (only with tokens and TLS, which
+# the pair has not: tests/integration/test_grpc_security.py and tests/test_tls_expiry.py scrape them).
+NOT_FROM_THE_PAIR = {"twinflow_clock_offset_seconds", "twinflow_grpc_refused_total", "twinflow_tls_expires_in_seconds"}
 
 
 @pytest.fixture(scope="module")
