@@ -53,7 +53,6 @@ from ..testing.flow_messages import CHAINED_MESSAGES, messages_for
 from ..testing.messages import CHAINED
 from ..testing.producers import DrillProducer, PacedProducer
 from ..testing import checker
-from ..testing.checker import check_outputs
 from ..testing.local_cluster import LocalCluster
 from . import drill_fit, guarded_drills
 from .report import timeline
@@ -483,8 +482,7 @@ def run_drill(name: str, seed: int = 1, messages: int = 10_000, flow_text: str |
         producer.join(timeout=messages / rate + 120)
         if producer.error is not None:
             raise RuntimeError(f"the producer failed: {producer.error}")
-        wait_for(lambda: check_outputs(cluster.outputs(), producer.ids).delivered >= len(producer.ids),
-                 settle_s, 0.5)
+        checker.wait_judged(cluster.outputs, producer.ids, settle_s)
         if name == "resubmit-in-failover":
             resubmitted = _settle_resubmits(cluster, settle_s, say)
             outputs = guarded_drills.without_resubmitted(cluster.outputs(), cluster.redis, cluster.keys)

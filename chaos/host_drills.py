@@ -51,7 +51,7 @@ from typing import Callable
 
 from ..runtime.waiting import wait_for
 from ..testing import checker
-from ..testing.checker import check_outputs, in_time_order, recovery_s
+from ..testing.checker import in_time_order, recovery_s, wait_judged
 from ..testing.lab import Lab, LabError
 from ..testing.lab_faults import HostFirewall, executor_hosts, fake_clock_env, true_clock_java
 from ..testing.lab_hosts import PEERS
@@ -315,8 +315,7 @@ class HostDrillRunner:
             raise LabError(f"the client host's publisher ended with {status}:\n" + lab.logs([publisher], 20))
         sent = acked.read_text().split()
         outputs = lambda: this_run(lab.outputs(), ids)  # noqa: E731
-        wait_for(lambda: check_outputs(outputs(), sent).delivered >= len(sent), self.settle_s, 0.5)
-        out = outputs()
+        out = wait_judged(outputs, sent, self.settle_s)
         result = verdict(checker.check_shards([this_run(o, ids) for o in lab.shard_outputs()], sent, d.faults),
                          spec.kills_master)
         writes = in_time_order(out)
