@@ -43,7 +43,7 @@ Under failure:
 >>> sender.flush(5.0)
 True
 >>> got
-[('m1', '1700000000000', '1700000000000-0', 'orders')]
+[Claim(ident='m1', key='1700000000000', position='1700000000000-0', ruleset='orders')]
 >>> sender.stop(); _ = server.stop(None).wait()
 """
 

@@ -29,21 +29,19 @@ nothing is defaulted from a wrong value.
 Traceback (most recent call last):
 ...
 twinflow.runtime.params.FlowFileError: f.yaml:1: audit.retention: must be seconds, or a number with s, m, h or d \
-such as 7d, in [60 s, 3650 d] (got 'soon')
+such as 90s, 15m or 7d, in [60 s, 3650 d] (got 'soon')
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
+from .durations import FORMS, duration_s
 from .params import Params
 
-__all__ = ["AuditSpec", "NoticeSpec", "read_audit", "read_notices", "duration_s"]
+__all__ = ["AuditSpec", "NoticeSpec", "read_audit", "read_notices"]
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
 MIN_RETENTION_S = 60.0
 MAX_RETENTION_S = 3650 * 86400.0
 MAX_ENTRIES = 10_000_000
@@ -66,23 +64,6 @@ class NoticeSpec:
     max_entries: int = 10_000
 
 
-def duration_s(value: Any) -> float | None:
-    """Seconds from a number or a text such as ``"90"``, ``"15m"``, ``"7d"``; None when it is neither.
-
-    >>> duration_s(30), duration_s("1.5h"), duration_s("7d"), duration_s("week"), duration_s(True)
-    (30.0, 5400.0, 604800.0, None, None)
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        m = _DURATION.fullmatch(value)
-        if m:
-            return float(m[1]) * _UNITS[m[2] or "s"]
-    return None
-
-
 def read_audit(top: Params) -> AuditSpec:
     """The ``audit`` section (defaults when it is absent)."""
     sec = top.section("audit", default={}).only("retention", "max_entries")
@@ -91,8 +72,7 @@ def read_audit(top: Params) -> AuditSpec:
         raw = sec.value["retention"]
         retention = duration_s(raw)
         if retention is None or not MIN_RETENTION_S <= retention <= MAX_RETENTION_S:
-            raise sec.error("retention", f"must be seconds, or a number with s, m, h or d such as 7d, "
-                                         f"in [60 s, 3650 d] (got {raw!r})")
+            raise sec.error("retention", f"must be {FORMS}, in [60 s, 3650 d] (got {raw!r})")
     max_entries = sec.get("max_entries", int, AuditSpec.max_entries, check=lambda v: 1 <= v <= MAX_ENTRIES,
                           why=f"must be 1..{MAX_ENTRIES}")
     return AuditSpec(retention=retention, max_entries=max_entries)

@@ -173,8 +173,7 @@ def read_pair(sort: Params, kinds: dict[str, str], message: MessageSpec) -> Clai
                            message.id_path)
     else:
         key = sort.get("key", str, check=bool, why="must not be empty")
-        bake_time = sort.get("bake_time", (int, float), 5.0, check=lambda v: 0 < v <= 86400,
-                             why="must be seconds in (0, 86400]") * 1.0
+        bake_time = sort.seconds("bake_time", 5.0, check=lambda v: 0 < v <= 86400, why="must be seconds in (0, 86400]")
         rules = ClaimRules.short_form(key, key_type, message.id_path, bake_time, message.max_number_digits)
         read_xa_mode(sort)
     return ClaimPair(
@@ -248,8 +247,8 @@ def _read_uplink(top: Params, message: MessageSpec) -> dict:
         uplink_stream=up.name("stream"),
         batch_size=batch_size,
         max_batch_size=max_batch_size,
-        retention=up.get("retention", (int, float), 3600, check=lambda v: 0 <= v <= 365 * 86400,
-                         why="must be seconds in [0, 31536000]") * 1.0,
+        retention=up.seconds("retention", 3600.0, check=lambda v: 0 <= v <= 365 * 86400,
+                             why="must be seconds in [0, 31536000]"),
         batch_bytes=batch_bytes,
     )
 
@@ -259,15 +258,13 @@ def _read_cluster(top: Params) -> dict:
     cl = top.section("cluster", default={}).only(
         "session_timeout", "escalation_batch", "write_lease", "wait_replicas", "replica_wait_ms", "redis_checks",
         "step_messages")
-    session_timeout = cl.get("session_timeout", (int, float), 2.0, check=lambda v: 1 <= v <= 60,
-                             why="must be seconds in [1, 60]") * 1.0
+    session_timeout = cl.seconds("session_timeout", 2.0, check=lambda v: 1 <= v <= 60, why="must be seconds in [1, 60]")
     return dict(
         session_timeout=session_timeout,
         escalation_batch=cl.get("escalation_batch", int, 500, check=lambda v: 1 <= v <= 10_000,
                                 why="must be 1..10000"),
-        write_lease=cl.get("write_lease", (int, float), session_timeout / 2,
-                           check=lambda v: 0.2 <= v < session_timeout,
-                           why=f"must be seconds in [0.2, session_timeout = {session_timeout})") * 1.0,
+        write_lease=cl.seconds("write_lease", session_timeout / 2, check=lambda v: 0.2 <= v < session_timeout,
+                               why=f"must be seconds in [0.2, session_timeout = {session_timeout})"),
         wait_replicas=cl.integer("wait_replicas", 0, minimum=0),
         replica_wait_ms=cl.integer("replica_wait_ms", 1000, minimum=1),
         redis_checks=cl.choice("redis_checks", ["refuse", "warn"], "refuse"),

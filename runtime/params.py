@@ -26,6 +26,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 import yaml
 
+from .durations import duration_s
+
+DURATION_FORMS = "a number, or a number with s, m, h or d such as 90s, 15m or 7d"
 from .fields import FieldPath, Template
 
 _MISSING: Any = ...
@@ -168,13 +171,27 @@ class Params:
         return self.get(name, str, default, check=lambda v: bool(NAME.fullmatch(v)),
                         why="must be 1-64 letters, digits, '_', '-' or '.'")
 
-    def seconds(self, name: str, default: Any = _MISSING, *, positive: bool = False, maximum: float = 10 * 365 * 86400) -> float:
-        """A duration in seconds: >= 0 (or > 0 with ``positive``)."""
+    def seconds(self, name: str, default: Any = _MISSING, *, positive: bool = False, maximum: float = 10 * 365 * 86400,
+                check: Callable[[float], bool] | None = None, why: str = "") -> float:
+        """A duration (``durations.duration_s``: seconds, or text such as ``15m`` or ``7d``) in
+        seconds: >= 0 (or > 0 with ``positive``) and at most ``maximum``, or, with ``check``,
+        what it accepts (``why`` says what that is)."""
+        if name not in self.value:
+            if default is _MISSING:
+                raise self.error(name, "is required")
+            return default if default is None else float(default)
+        raw = self.value[name]
+        v = duration_s(raw)
+        if v is None:
+            raise self.error(name, f"must be seconds: {DURATION_FORMS} (got {raw!r})")
+        if check is not None:
+            if not check(v):
+                raise self.error(name, f"{why} (got {raw!r})")
+            return v
         lo = "> 0" if positive else ">= 0"
-        v = self.get(name, (int, float), default,
-                     check=lambda v: (v > 0 if positive else v >= 0) and v <= maximum,
-                     why=f"must be seconds {lo} and <= {maximum:g}")
-        return v if v is None else float(v)
+        if not (v > 0 if positive else v >= 0) or v > maximum:
+            raise self.error(name, f"must be seconds {lo} and <= {maximum:g} (got {raw!r})")
+        return v
 
     def integer(self, name: str, default: Any = _MISSING, *, minimum: int | None = None) -> int:
         why = f"must be >= {minimum}" if minimum is not None else ""

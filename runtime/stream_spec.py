@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from .audit_spec import duration_s
+from .durations import FORMS, duration_s
 from .nodes.action import ActionNode
 from .nodes.base import Node
 from .params import Params
@@ -135,8 +135,8 @@ def _bounds(sec: Params, inherit: Retention, known: tuple[str, ...] = ("max_entr
         raw = sec.value["retention"]
         retention = None if raw is None else duration_s(raw)
         if raw is not None and (retention is None or not MIN_RETENTION_S <= retention <= MAX_RETENTION_S):
-            raise sec.error("retention", f"must be seconds, or a number with s, m, h or d such as 7d, "
-                                         f"in [60 s, 3650 d], or null for no age bound (got {raw!r})")
+            raise sec.error("retention", f"must be {FORMS}, in [60 s, 3650 d], or null for no age bound "
+                                         f"(got {raw!r})")
     if max_entries is None and retention is None:
         raise sec.error("max_entries" if sec.has("max_entries") else "retention",
                         "max_entries and retention cannot both be null: the stream would grow without bound")

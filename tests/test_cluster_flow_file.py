@@ -116,7 +116,7 @@ def test_external_completion_runs_on_the_cluster_only_with_a_handler_linked_to_n
 
 @pytest.mark.parametrize("old, new, line, field, reason", [
     ("bake_time: 2", "bake_time: 0", 9, "nodes.sort.bake_time", "must be seconds"),
-    ("bake_time: 2", "bake_time: soon", 9, "nodes.sort.bake_time", "must be a int or float"),
+    ("bake_time: 2", "bake_time: soon", 9, "nodes.sort.bake_time", "(got 'soon')"),
     ("pairs_with: act", "pairs_with: nobody", 9, "nodes.sort.pairs_with", "must name an action node"),
     ("key: seq, ", "", 9, "nodes.sort.key", "is required"),
     ("bake_time: 2", "bake_time: 2, rulesets: []", 9, "nodes.sort.key", "only without rulesets"),

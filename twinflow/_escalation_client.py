@@ -85,7 +85,7 @@ class EscalationClient:
     ...     esc.send(7, [("o1", "1700000000000", "1700000000000-0")])
     Ack(seq=1, accepted=True, claimed=1, reason='')
     >>> got
-    [('o1', '1700000000000', '1700000000000-0', '')]
+    [Claim(ident='o1', key='1700000000000', position='1700000000000-0', ruleset='')]
     >>> _ = server.stop(None).wait()
     """
 

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import getpass
 import json
-import re
 import sys
 import time
 from datetime import datetime, timezone
 
+from twinflow.runtime.durations import UNITS, duration_s
 from twinflow.cli_common import EXIT_UNAVAILABLE, _grpc_security, _load_flow, _table
 
 REDIS_DEADLINE_S = 10.0  # a command's Redis call waits at most this long for Redis
 GRPC_TIMEOUT_S = 60.0
-_AGO = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 COLUMNS = ["audit_id", "status", "at", "node", "outlink", "id", "reason"]
 
 
@@ -43,9 +41,9 @@ def moment(text: str, now: float | None = None) -> float:
         return float(text)
     except ValueError:
         pass
-    ago = _AGO.fullmatch(text)
-    if ago:
-        return (time.time() if now is None else now) - float(ago[1]) * _UNITS[ago[2]]
+    ago = duration_s(text) if text[-1:] in UNITS else None  # a plain number was epoch seconds, above
+    if ago is not None:
+        return (time.time() if now is None else now) - ago
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -367,7 +367,7 @@ def test_build_defaults():
     ("    completion: strict\n    timeout: 30\n", 3, "nodes.agg.completion", "must be one of"),
     ("    completion: general\n", 3, "nodes.agg.timeout", "is required"),
     ("    timeout: 0\n", 3, "nodes.agg.timeout", "must be seconds > 0"),
-    ("    timeout: soon\n", 3, "nodes.agg.timeout", "must be a int or float"),
+    ("    timeout: soon\n", 3, "nodes.agg.timeout", "(got 'soon')"),
     ("    timeout: {general: 5}\n", 3, "nodes.agg.timeout.timely_and_reliable", "is required"),
     ("    timeout: {general: 5, timely_and_reliable: 5, other: 1}\n", 3, "nodes.agg.timeout.other", "unknown field"),
     ("    timeout: {general: -1, timely_and_reliable: 5}\n", 3, "nodes.agg.timeout.general", "must be seconds > 0"),

@@ -405,7 +405,7 @@ def test_build_takes_a_store():
     ("retention: 5\nttl: 3", 4, "nodes.x.ttl", "unknown field"),
     ("retention: 0", 3, "nodes.x.retention", "must be seconds > 0"),
     ("uuid: a\nretention: -4", 4, "nodes.x.retention", "must be seconds > 0"),
-    ("retention: soon", 3, "nodes.x.retention", "must be a int or float"),
+    ("retention: soon", 3, "nodes.x.retention", "(got 'soon')"),
     ("completion: later", 3, "nodes.x.completion", "must be one of immediate, external"),
     ("uuid: 3", 3, "nodes.x.uuid", "must be a str"),
     ("uuid: './'", 3, "nodes.x.uuid", "empty field path"),

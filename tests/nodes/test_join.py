@@ -274,7 +274,7 @@ def test_build_defaults_and_each_join_type():
     ("types: [A, B]\nactivation_field: ''\ntimeout: 5", 4, "nodes.j.activation_field", "empty field path"),
     ("types: [A, B]\nactivation_field: k", 3, "nodes.j.timeout", "is required"),
     ("types: [A, B]\nactivation_field: k\ntimeout: 0", 5, "nodes.j.timeout", "must be seconds > 0"),
-    ("types: [A, B]\nactivation_field: k\ntimeout: soon", 5, "nodes.j.timeout", "must be a int or float"),
+    ("types: [A, B]\nactivation_field: k\ntimeout: soon", 5, "nodes.j.timeout", "(got 'soon')"),
     ("types: [A, B]\nactivation_field: k\ntimeout: 5\nduplicate: newest", 6, "nodes.j.duplicate",
      "keep_first, keep_last"),
     ("join_type: or\ntypes: [A]\ntimeout: 5", 5, "nodes.j.timeout", "has no effect when join_type is or"),

@@ -328,7 +328,7 @@ def test_a_flow_file_refusal_names_the_full_path():
     text = "flow: f\nnodes:\n  s:\n    type: sort\n    rulesets:\n      - {name: a, key: '{k}', bake_time: x}\n"
     with pytest.raises(FlowFileError) as exc:
         parse_graph(text, "flow.yaml")
-    assert str(exc.value).startswith("flow.yaml:6: nodes.s.rulesets[0].bake_time: must be a int or float")
+    assert str(exc.value).startswith("flow.yaml:6: nodes.s.rulesets[0].bake_time: must be seconds: a number, or")
 
 
 # -- properties -------------------------------------------------------------------
