@@ -57,7 +57,7 @@ from ..runtime.clock import Clock, SystemClock
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.nodes.sort import ClaimSortNode
 from ..runtime.store.flow_store import FlowStore
-from .backpressure import ReaderControl
+from .reader_control import ReaderControl
 from .batch_intake import BatchIntake
 from .claims import Claims, NoPair
 from .escalation import EscalationSender
@@ -70,7 +70,7 @@ from .member_timers import MemberTimers
 from .audit_upkeep import AuditUpkeep
 from .stream_upkeep import StreamUpkeep
 from .on_cluster import cluster_flow, flow_keys
-from .parts import MemberParts
+from .collaborators import MemberParts
 from .peer_config import PeerConfig
 from .promotion import Promotion
 from .roles import WORKER

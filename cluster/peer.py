@@ -38,7 +38,7 @@ from .console.server import ConsoleServer
 from .metrics import MetricsServer
 from .metrics import serve as serve_metrics
 from .on_cluster import StartRefused, cluster_flow
-from .parts import PeerParts, UplinkReading
+from .collaborators import PeerParts, UplinkReading
 from .peer_config import PeerConfig
 from .flow_failures import FlowFailures
 from .ingest_bodies import read_bodies

@@ -1,5 +1,5 @@
 """A peer's and its members' real collaborators: Redis, ZooKeeper, the gRPC server and Spark, as
-``twinflow run`` uses them (the contracts they fill are ``parts.PeerParts`` and ``parts.MemberParts``).
+``twinflow run`` uses them (the contracts they fill are ``collaborators.PeerParts`` and ``collaborators.MemberParts``).
 
 Under failure: every connection waits for its server up to the peer's
 ``connect_deadline_s`` and then raises ServiceUnavailable naming it. The JVM
@@ -27,7 +27,7 @@ from .leadership import Leadership
 from .master_session import write_pool
 from .connect import open_store
 from .on_cluster import flow_keys
-from .parts import UplinkReading
+from .collaborators import UplinkReading
 from .peer_config import PeerConfig
 from .shard_reading import ShardReading
 from .spark_reading import SparkReading

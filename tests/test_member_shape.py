@@ -15,7 +15,7 @@ import pytest
 
 CLUSTER = Path(__file__).resolve().parent.parent / "cluster"
 PARTS = ("member", "member_state", "member_events", "batch_intake", "master_side", "promotion", "claims",
-         "backpressure", "member_timers", "start_position")
+         "reader_control", "member_timers", "start_position")
 
 
 def tree(name: str) -> ast.Module:

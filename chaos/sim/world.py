@@ -31,7 +31,7 @@ from ...cluster.peer_config import PeerConfig
 from ...runtime.clock import FakeClock
 from ...runtime.flowgraph import FlowGraph
 from .escalation_model import EscalationNet
-from .parts import SimParts, SimStream
+from .simulated_parts import SimParts, SimStream
 from .redis_model import RedisLink, Replica, SimRedis
 from .turns import SimLock, Turns
 from .zookeeper_model import ZkModel

@@ -1,4 +1,4 @@
-"""A peer and its member driven without Spark or ZooKeeper: their collaborators are passed in (cluster.parts).
+"""A peer and its member driven without Spark or ZooKeeper: their collaborators are passed in (cluster.collaborators).
 
 The store is real (the session's redis-server); the stream, the leadership,
 the escalation sender and the gRPC server are small stand-ins the test

@@ -38,7 +38,7 @@ def _private_uses(path: Path) -> list[str]:
 
 def test_the_simulator_runs_the_real_leadership_and_no_copy_of_cluster_code():
     modules = sorted(SIM.glob("*.py"))
-    assert [m.name for m in modules if "from ...cluster.leadership import Leadership" in m.read_text()] == ["parts.py"]
+    assert [m.name for m in modules if "from ...cluster.leadership import Leadership" in m.read_text()] == ["simulated_parts.py"]
     for m in modules:
         classes = [n.name for n in ast.walk(ast.parse(m.read_text())) if isinstance(n, ast.ClassDef)]
         assert not [c for c in classes if c.endswith("Leadership")], m.name

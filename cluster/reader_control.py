@@ -23,7 +23,7 @@ from .roles import MASTER
 
 if TYPE_CHECKING:
     from .member import FlowMember
-    from .parts import UplinkReading
+    from .collaborators import UplinkReading
 
 log = logging.getLogger("twinflow.peer")
 

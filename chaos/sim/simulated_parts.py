@@ -1,4 +1,4 @@
-"""The collaborators a simulated peer and its member are built from (``cluster.parts``).
+"""The collaborators a simulated peer and its member are built from (``cluster.collaborators``).
 
 The peer and its member are the real :class:`twinflow.cluster.peer.Peer` and
 :class:`twinflow.cluster.member.FlowMember`, started with the peer's real
