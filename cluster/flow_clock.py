@@ -37,12 +37,11 @@ import time
 from typing import Callable, Union
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from ..logs import event
 from ..runtime.store.redis_auth import client_options, connect_error
-from ..runtime.store.redis_slot import client_from_url, relocate
+from ..runtime.store.redis_caller import RedisCaller
+from ..runtime.store.redis_slot import client_from_url
 
 log = logging.getLogger("twinflow.clock")
 
@@ -180,45 +179,28 @@ class RedisTime:
 
     def __init__(self, url: str, slot_key: str | None = None, timeout_s: float = 1.0):
         self.url, self.slot_key, self.timeout_s = url, slot_key, timeout_s
-        self._client: redis.Redis | None = None
+        # One sample, one attempt: the clock owns retrying (RedisTimeClock.retry_s); the caller
+        # moves to wherever the flow's primary is after a connection error.
+        self._caller = RedisCaller(lambda: client_from_url(
+            self.url, socket_connect_timeout=self.timeout_s, socket_timeout=self.timeout_s, slot_key=self.slot_key))
         self._closed = False
 
     def __call__(self) -> tuple[int, int]:
         if self._closed:  # the peer stopped: a late sample must not connect again
             raise redis.ConnectionError("the peer's Redis TIME client is closed")
         try:
-            client = self._client
-            if client is None:
-                client = self._client = _no_retries(client_from_url(
-                    self.url, socket_connect_timeout=self.timeout_s, socket_timeout=self.timeout_s,
-                    slot_key=self.slot_key))
-            try:
-                return client.time()
-            except (redis.ConnectionError, redis.TimeoutError):
-                self._relocate(client)
-                raise
+            return self._caller.attempt(lambda client: client.time())
         except Exception as exc:  # logged by the clock: take out any password redis-py echoes
             raise _scrubbed(exc, self.url) from None
 
-    def _relocate(self, failed: redis.Redis) -> None:
-        """On a Redis Cluster, the next call goes to the slot's owner now (a crashed primary)."""
-        try:
-            moved = relocate(failed)
-        except redis.RedisError:
-            return  # looked for again after the next failure
-        if moved is not failed:
-            self._client = _no_retries(moved)
+    @property
+    def client(self) -> redis.Redis:
+        """The client the next sample goes to (made on first use): which server the clock reads."""
+        return self._caller.client
 
     def close(self) -> None:
         self._closed = True
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-
-def _no_retries(client: redis.Redis) -> redis.Redis:
-    client.set_retry(Retry(NoBackoff(), 0))  # the clock owns retrying (RedisTimeClock.retry_s)
-    return client
+        self._caller.close()
 
 
 def _scrubbed(exc: Exception, url: str) -> Exception:

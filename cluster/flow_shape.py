@@ -39,7 +39,7 @@ def check_shape(graph: FlowGraph, store: "FlowStore") -> None:
     """Refuse (StartRefused) a start that would misread or orphan the flow's state; else record
     this peer's format and nodes (see the module doc)."""
     keys = store.keys
-    recorded = store._call("read the flow's shape", lambda: store.r.hgetall(keys.shape))
+    recorded = store.call("read the flow's shape", lambda: store.r.hgetall(keys.shape))
     fmt = int(recorded.get(b"format", 0) or 0)
     if fmt > STATE_FORMAT:
         raise StartRefused(f"flow {graph.name!r}: its state in Redis was written by a newer twinflow (state format "
@@ -50,7 +50,7 @@ def check_shape(graph: FlowGraph, store: "FlowStore") -> None:
     for name in sorted(set(before) | _nodes_with_state(store)):
         if name in now and (name not in before or before[name] == now[name]):
             continue
-        held = store._call("count a node's state", lambda name=name: store.r.hlen(keys.state(name)))
+        held = store.call("count a node's state", lambda name=name: store.r.hlen(keys.state(name)))
         if held:
             what = (f"drops node {name!r}" if name not in now
                     else f"changes node {name!r} from {before[name]} to {now[name]}")
@@ -59,7 +59,7 @@ def check_shape(graph: FlowGraph, store: "FlowStore") -> None:
                 f"held messages, retries or history): they would belong to no node. Keep the node until it holds "
                 f"nothing (let its groups complete or time out), then change it (docs/operations/deploy.md, "
                 f"changing a running flow)")
-    store._call("record the flow's shape", lambda: store.r.hset(
+    store.call("record the flow's shape", lambda: store.r.hset(
         keys.shape, mapping={"format": STATE_FORMAT, "nodes": json.dumps(now, sort_keys=True)}))
 
 
@@ -67,6 +67,6 @@ def _nodes_with_state(store: "FlowStore") -> set[str]:
     """The nodes whose state hash exists in Redis (one slot: every key shares the flow's hash tag).
     Names starting with ``~`` are the flow's own records, not a node's."""
     prefix = store.keys.state("")
-    found = store._call("list the nodes' state", lambda: list(store.r.scan_iter(match=prefix + "*", count=1000)))
+    found = store.call("list the nodes' state", lambda: list(store.r.scan_iter(match=prefix + "*", count=1000)))
     names = {(k.decode() if isinstance(k, bytes) else k)[len(prefix):] for k in found}
     return {n for n in names if n and not n.startswith("~")}

@@ -144,7 +144,8 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from twinflow.runtime.store.scripts import READ_BATCH, counted_from, read_batch_args, read_batch_result
-from twinflow.runtime.store.redis_slot import client_from_url, follow_moved, relocate
+from twinflow.runtime.store.redis_caller import RedisCaller
+from twinflow.runtime.store.redis_slot import client_from_url
 from twinflow.runtime.positions import WARMUP_POSITION, skipped_row
 from twinflow.runtime.spark.packed_rows import Row, pack_rows
 from twinflow.runtime.spark.reader_gates import ReaderGates, _Held, _Paused
@@ -158,7 +159,7 @@ from twinflow.runtime.spark.source_options import (
     SOURCE_NAME,
     _int_option,
 )
-from twinflow.runtime.waiting import Backoff, retry
+from twinflow.runtime.waiting import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
         self.start_id = options.get("start_id") or "0-0"
         self.start_n = int(options.get("start_n") or 0)
         self._warmup_due = options.get("warmup") == "1"
-        self._client = None
+        self._caller: Optional[RedisCaller] = None  # made on the first call (see _redis)
         self._script = None
         self._recorded_n = -1
         self._reading_from: dict = {}
@@ -281,7 +282,7 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
     def __getstate__(self) -> dict:
         # Spark pickles readers to ship them to workers; sockets don't travel.
         state = self.__dict__.copy()
-        state["_client"] = None
+        state["_caller"] = None
         state["_script"] = None
         return state
 
@@ -447,8 +448,6 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
 
         ``pausable`` calls give up waiting (raise _Paused) once a pause is asked.
         """
-        import redis
-
         began = time.monotonic()
         waiting = {"next_log": began, "logged": False}
 
@@ -467,54 +466,23 @@ class RedisStreamReader(ReaderGates, SimpleDataSourceStreamReader):
             return RuntimeError(f"{SOURCE_NAME}: gave up after {waited:.0f}s waiting for Redis at "
                                 f"{_where(self.url)} to {what} on stream {self.stream!r}: {exc}")
 
-        def attempt():
-            if self._client is None:
-                self._connect()
-            client = self._client
-            try:
-                return call(client)
-            except redis.exceptions.MovedError as moved:
-                self._use(follow_moved(client, moved))  # the uplink's slot moved: go to its owner
-                raise
-            except (redis.ConnectionError, redis.TimeoutError):
-                # A Redis Cluster primary that crashed answers nothing, not MOVED: ask the
-                # cluster nodes known who serves the slot now (store/redis_slot.py).
-                try:
-                    found = relocate(client)
-                except redis.RedisError:
-                    found = client
-                if found is not client:
-                    self._use(found)
-                raise
-
-        from twinflow.runtime.store.store_errors import transient
-
-        # Connection trouble, MOVED, and the replies a Redis gives while it cannot serve for
-        # now (CLUSTERDOWN during a cluster failover, TRYAGAIN, READONLY, LOADING...).
-        result = retry(attempt,
-                       retryable=lambda exc: isinstance(exc, redis.RedisError) and transient(exc),
-                       deadline_s=self.connect_deadline_s, give_up=give_up, on_retry=before_pause,
-                       backoff=Backoff(max_s=_MAX_BACKOFF_S))
+        # Connection trouble, MOVED, and the replies a Redis gives while it cannot serve for now
+        # (CLUSTERDOWN during a cluster failover, TRYAGAIN, READONLY, LOADING...): the one policy
+        # of store/redis_caller.py, which also follows the uplink's primary.
+        if self._caller is None:
+            self._caller = RedisCaller(self._connect, on_client=self._registered, backoff=Backoff(max_s=_MAX_BACKOFF_S))
+        result = self._caller.call(call, deadline_s=self.connect_deadline_s, give_up=give_up, on_retry=before_pause)
         if waiting["logged"]:
             log.warning("%s: Redis at %s answers again after %.1fs", SOURCE_NAME, _where(self.url),
                         time.monotonic() - began)
         return result
 
+    def _connect(self) -> Any:
+        # On a Redis Cluster the client is on the primary that owns the uplink's slot (see
+        # store/redis_slot.py), which asks that node, so connecting is part of the waiting too.
+        return client_from_url(self.url, socket_timeout=10, socket_connect_timeout=2, decode_responses=False,
+                               slot_key=self.stream)
 
-    def _connect(self) -> None:
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        # No client-side retries: the caller's loop owns waiting, so it can log
-        # and keep to one deadline. On a Redis Cluster the client is on the
-        # primary that owns the uplink's slot (see store/redis_slot.py), which
-        # asks that node, so connecting is part of the waiting too.
-        self._use(client_from_url(
-            self.url, retry=Retry(NoBackoff(), 0), socket_timeout=10, socket_connect_timeout=2,
-            decode_responses=False, slot_key=self.stream,
-        ))
-
-    def _use(self, client: Any) -> None:
-        self._client = client
+    def _registered(self, client: Any) -> None:
         self._script = client.register_script(READ_BATCH)
 

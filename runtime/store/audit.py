@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import resubmit
 from ..json_text import loads
+from . import scripts
 
 if TYPE_CHECKING:
     from .flow_store import FlowStore
@@ -184,7 +185,7 @@ class AuditStore:
             marks = r.hmget(keys.audit_marks, [i for i, _ in rows]) if rows else []
             return rows, marks
 
-        rows, marks = self.store._call("read the audit", read, deadline_s)
+        rows, marks = self.store.call("read the audit", read, deadline_s)
         return [self._entry(i, f, m) for (i, f), m in zip(rows, marks)]
 
     @staticmethod
@@ -207,7 +208,7 @@ class AuditStore:
             pipe.hget(keys.audit_outcomes, audit_id)
             return pipe.execute()
 
-        rows, mark, outcome = self.store._call("read an audit entry", read, deadline_s)
+        rows, mark, outcome = self.store.call("read an audit entry", read, deadline_s)
         return self._entry(rows[0][0], rows[0][1], mark, outcome) if rows else None
 
     def counts(self, deadline_s: float | None = None) -> dict[str, int]:
@@ -223,7 +224,7 @@ class AuditStore:
             pipe.get(keys.notices_removed)
             return pipe.execute()
 
-        entries, marked, (removed, unhandled), notices = self.store._call("audit counts", read, deadline_s)
+        entries, marked, (removed, unhandled), notices = self.store.call("audit counts", read, deadline_s)
         return {"entries": int(entries), "failed": max(0, int(entries) - int(marked)),
                 "removed": int(removed or 0), "removed_unhandled": int(unhandled or 0),
                 "notices_removed": int(notices or 0)}
@@ -259,9 +260,9 @@ class AuditStore:
         store = self.store
 
         def write(pipe):
-            store._scripts["audit_mark"](keys=keys, args=args, client=pipe)
+            scripts.queue(pipe, store.scripts["audit_mark"], keys, args)
 
-        (reply,) = store._write(f"{status.lower()} an audit entry", write, deadline_s, replicas=replicas,
+        (reply,) = store.write_durably(f"{status.lower()} an audit entry", write, deadline_s, replicas=replicas,
                                 wait_ms=replica_wait_ms)
         code = int(reply[0])
         if code == 0:
@@ -318,7 +319,7 @@ class AuditStore:
         those still FAILED in Redis (``audit_scripts.TRIM_AUDIT``)."""
         cutoff = f"{max(0, int((now_s - retention_s) * 1000))}-0"
         keys = [self.keys.audit, self.keys.audit_marks, self.keys.audit_outcomes, self.keys.audit_counts]
-        reply = self.store._call("trim the audit", lambda: self.store._scripts["trim_audit"](
+        reply = self.store.call("trim the audit", lambda: self.store.scripts["trim_audit"](
             keys=keys, args=[cutoff, max_entries, budget]), deadline_s)
         removed, unhandled, more, entries, failed = (int(x) for x in reply)
         return TrimResult(removed, unhandled, bool(more), entries, failed)

@@ -72,11 +72,11 @@ class ReplicasShort(redis.ResponseError):
 
 class DurableWrites:
     """The durable write of a :class:`~.flow_store.FlowStore` (see the module doc); the store
-    provides ``r``, ``keys``, ``peer_id``, ``call_deadline_s``, ``_scripts``, ``_monotonic`` and
-    ``_call``."""
+    provides ``r``, ``keys``, ``peer_id``, ``call_deadline_s``, ``scripts``, ``_monotonic`` and
+    ``call``; a script in ``write`` is queued with ``scripts.queue``."""
 
-    def _write(self, what: str, write: WriteFn, deadline_s: float | None = None, *, replicas: int = 0,
-               wait_ms: int = 1000, refused: Callable[[list], None] | None = None, alone: bool = False) -> list:
+    def write_durably(self, what: str, write: WriteFn, deadline_s: float | None = None, *, replicas: int = 0,
+                      wait_ms: int = 1000, refused: Callable[[list], None] | None = None, alone: bool = False) -> list:
         """Send ``write(pipe)`` (which queues its commands on a pipeline) so that it survives a
         Redis failover when ``replicas`` > 0; returns the replies of what it queued. With
         ``alone``, ``write`` gets the client instead and sends its one command itself, and the
@@ -113,7 +113,7 @@ class DurableWrites:
                 raise ReplicasShort(int(acked), replicas, wait)
             return sent
 
-        return self._call(what, attempt, deadline_s)
+        return self.call(what, attempt, deadline_s)
 
     def _send(self, write: WriteFn | None, *commands: tuple) -> list:
         """One pipeline: what ``write`` queues (None: nothing), then ``commands``; returns its
@@ -122,7 +122,7 @@ class DurableWrites:
         try:
             return self._pipeline(write, commands)
         except NoScriptError:
-            for script in self._scripts.values():
+            for script in self.scripts.values():
                 self.r.script_load(script.script)
         return self._pipeline(write, commands)
 
@@ -132,5 +132,4 @@ class DurableWrites:
             write(pipe)
         for command in commands:
             pipe.execute_command(*command)
-        pipe.scripts = set()  # EVALSHA alone: redis-py would ask SCRIPT EXISTS first, a round trip more
         return pipe.execute()

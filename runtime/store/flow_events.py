@@ -71,12 +71,12 @@ class FlowEvents:
             pipe.execute()
 
         try:
-            self._call("add events", write, deadline_s=0)
+            self.call("add events", write, deadline_s=0)
         except Exception:  # Redis down, slow, closed: the records wait for the caller's next round
             return False
         return True
 
     def events(self, count: int = 50, deadline_s: float | None = None) -> list[dict[str, Any]]:
         """The newest ``count`` records of the events stream, newest first (see :func:`read_entry`)."""
-        raw = self._call("read events", lambda: self.r.xrevrange(self.keys.events, count=count), deadline_s)
+        raw = self.call("read events", lambda: self.r.xrevrange(self.keys.events, count=count), deadline_s)
         return [read_entry(entry_id, fields) for entry_id, fields in raw]

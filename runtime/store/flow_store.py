@@ -34,6 +34,7 @@ import redis
 from ..json_text import compact, loads
 from ..message import Message
 from ..positions import position_order
+from . import scripts
 from .change_log import ChangesRead, LogEntry, parse_entry
 from .flow_keys import FlowKeys
 from .durable import DurableWrites
@@ -84,17 +85,9 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
     ):
         self.keys = keys
         self.call_deadline_s = call_deadline_s
-        self._relocating = threading.Lock()  # one thread at a time looks for the flow's primary
         self.peer_id = peer_id
         self.id_ttl = id_ttl
-        self._sleep = sleep
-        self._monotonic = monotonic
-        self._closed = threading.Event()
-        self._use(client)
-        self.last_ok = monotonic()  # when a call last got an answer from Redis
-        self.failing_since: float | None = None  # when calls began to fail, while they fail
-        self.outages = 0  # times calls began to fail (redis_down), for the metrics
-        self._outage = threading.Lock()  # several threads call at once: one redis_down/redis_back line each
+        self._calls_through(client, sleep, monotonic)
         self.epoch_seen = 0  # the newest fencing epoch this store read or set (for the log)
 
     # -- start-up checks --------------------------------------------------
@@ -106,7 +99,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
         CONFIG (a managed service) is reported as unverifiable.
         """
         try:
-            conf = self._call("CONFIG GET", lambda: {
+            conf = self.call("CONFIG GET", lambda: {
                 **self.r.config_get("maxmemory-policy"), **self.r.config_get("appendonly"),
                 **self.r.config_get("save")})
         except redis.ResponseError as exc:
@@ -134,15 +127,15 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
         cannot bring back the old epoch, under which the old master's COMMITs would pass.
         """
         def write(pipe):
-            self._scripts["raise_epoch"](keys=[self.keys.epoch], args=[epoch], client=pipe)
+            scripts.queue(pipe, self.scripts["raise_epoch"], [self.keys.epoch], [epoch])
 
-        (raised,) = self._write("raise_epoch", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
+        (raised,) = self.write_durably("raise_epoch", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
         in_force = int(raised)
         self.epoch_seen = max(self.epoch_seen, in_force)
         return in_force
 
     def current_epoch(self, deadline_s: float | None = None) -> int:
-        epoch = int(self._call("current_epoch", lambda: self.r.get(self.keys.epoch), deadline_s) or 0)
+        epoch = int(self.call("current_epoch", lambda: self.r.get(self.keys.epoch), deadline_s) or 0)
         self.epoch_seen = max(self.epoch_seen, epoch)
         return epoch
 
@@ -168,7 +161,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
                                       guess)
 
         def write(pipe):
-            self._scripts["commit"](keys=keys, args=args, client=pipe)
+            scripts.queue(pipe, self.scripts["commit"], keys, args)
 
         def refused(replies):
             res = replies[0]
@@ -180,7 +173,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
             if int(res[0]) == 4:
                 raise StaleState(step.version, int(res[1]))
 
-        self._write("commit", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms, refused=refused)
+        self.write_durably("commit", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms, refused=refused)
 
     def record_started(self, epoch: int, node: str, key: str, at: float, *, deadline_s: float | None = None,
                        replicas: int = 0, replica_wait_ms: int = 1000) -> None:
@@ -189,14 +182,14 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
         in Redis (on ``replicas`` replicas) before the handler it guards runs. Raises Fenced
         (nothing written) or RedisUnavailable past ``deadline_s``."""
         def write(pipe):
-            self._scripts["started"](keys=[self.keys.epoch, self.keys.state(node)], args=[epoch, key, compact(at)],
-                                     client=pipe)
+            scripts.queue(pipe, self.scripts["started"], [self.keys.epoch, self.keys.state(node)],
+                          [epoch, key, compact(at)])
 
         def refused(replies):
             if int(replies[0][0]) == -1:
                 raise Fenced(epoch, int(replies[0][1]))
 
-        self._write("started", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms, refused=refused)
+        self.write_durably("started", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms, refused=refused)
 
     def load_state_version(self, nodes: Iterable[str], deadline_s: float | None = None
                            ) -> tuple[dict[str, dict[str, Any]], str | None, int]:
@@ -212,7 +205,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
                 pipe.hgetall(self.keys.state(node))
             return pipe.execute()
 
-        raw_version, raw_mark, *out = self._call("load state", read, deadline_s)
+        raw_version, raw_mark, *out = self.call("load state", read, deadline_s)
         mark = raw_mark.decode() if isinstance(raw_mark, bytes) else raw_mark
         # orjson first (json_text.loads): a history's hash is tens of thousands of entries, read on promotion.
         entries = {node: {k.decode(): loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}
@@ -232,7 +225,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
                 pipe.hgetall(self.keys.state(node))
             return pipe.execute()
 
-        raw_version, last, *out = self._call("load logged state", read, deadline_s)
+        raw_version, last, *out = self.call("load logged state", read, deadline_s)
         entries = {node: {k.decode(): loads(v) for k, v in raw.items()} for node, raw in zip(nodes, out)}
         return entries, int(raw_version or 0), parse_entry(*last[0]) if last else None
 
@@ -254,7 +247,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
                 pipe.hgetall(self.keys.state(node))
             return pipe.execute()
 
-        out = self._call("read the change log", read, deadline_s)
+        out = self.call("read the change log", read, deadline_s)
         raw_version, raw_mark = out[0], out[1]
         anchor_raw = out[2] if after is not None else None
         tail_raw = out[3] if after is not None else out[2]
@@ -268,7 +261,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
 
     def processed_mark(self, deadline_s: float | None = None) -> str | None:
         """The position up to which every uplink entry was processed, or None before the first delivery."""
-        raw = self._call("processed mark", lambda: self.r.get(self.keys.processed), deadline_s)
+        raw = self.call("processed mark", lambda: self.r.get(self.keys.processed), deadline_s)
         return raw.decode() if isinstance(raw, bytes) else raw
 
     # -- worker: the ID cache ---------------------------------------------
@@ -290,12 +283,12 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
         """
         def write(pipe):
             if handled_upto:  # first: see above
-                self._scripts["record_handled"](keys=[self.keys.read(self.peer_id)], args=[handled_upto], client=pipe)
+                scripts.queue(pipe, self.scripts["record_handled"], [self.keys.read(self.peer_id)], [handled_upto])
             pipe.get(self.keys.processed)
             if messages:
                 pipe.mget([self.keys.id_prefix + m.id for m in messages])
 
-        out = self._write("processed", write, deadline_s, replicas=replicas if handled_upto else 0,
+        out = self.write_durably("processed", write, deadline_s, replicas=replicas if handled_upto else 0,
                           wait_ms=replica_wait_ms)
         if not messages:
             return []
@@ -317,9 +310,9 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
         adds per batch run ahead is the replica's acknowledgement, not a second round trip.
         """
         def write(pipe):
-            self._scripts["record_handled"](keys=[self.keys.read(self.peer_id)], args=[position], client=pipe)
+            scripts.queue(pipe, self.scripts["record_handled"], [self.keys.read(self.peer_id)], [position])
 
-        self._write("record handled", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
+        self.write_durably("record handled", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
 
     def handled_position(self, peer_id: str | None = None) -> str | None:
         """How far ``peer_id`` (default: this peer) has handled the uplink in any role, or None."""
@@ -333,7 +326,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
                 pipe.hget(self.keys.read(peer_id), "handled_id")
             return pipe.execute()
 
-        raw = self._call("handled positions", read, deadline_s)
+        raw = self.call("handled positions", read, deadline_s)
         return {p: v.decode() if isinstance(v, bytes) else v for p, v in zip(peer_ids, raw)}
 
     def read_position(self, peer_id: str | None = None) -> str | None:
@@ -341,7 +334,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
         return self._read_field(peer_id, "read_id")
 
     def _read_field(self, peer_id: str | None, name: str) -> str | None:
-        raw = self._call(name, lambda: self.r.hget(self.keys.read(peer_id or self.peer_id), name))
+        raw = self.call(name, lambda: self.r.hget(self.keys.read(peer_id or self.peer_id), name))
         return raw.decode() if isinstance(raw, bytes) else raw
 
     # -- outlinks ---------------------------------------------------------
@@ -368,7 +361,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
             args += [pos, reason, body[:max_body], -1 if size is None else size]
         # Alone, not in a pipeline: the failover simulator's Redis model (chaos/sim/redis_model.py)
         # sees a failure record only in a call of its own.
-        (n,) = self._write("record_failure", lambda r: self._scripts["record_failure"](keys=keys, args=args, client=r),
+        (n,) = self.write_durably("record_failure", lambda r: self.scripts["record_failure"](keys=keys, args=args, client=r),
                            deadline_s, replicas=replicas, wait_ms=replica_wait_ms, alone=True)
         return int(n)
 
@@ -388,7 +381,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
                           maxlen=cap, approximate=True)
             pipe.execute()
 
-        self._call("surface_unclaimed", write)
+        self.call("surface_unclaimed", write)
 
     # -- restores (twinflow restore, cluster/flow_restore.py) ---------------
     def restore_marks(self, deadline_s: float | None = None) -> tuple[dict | None, dict | None]:
@@ -400,7 +393,7 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
             pipe.hgetall(self.keys.restored)
             return pipe.execute()
 
-        raw_mark, raw_done = self._call("read the restore marks", read, deadline_s)
+        raw_mark, raw_done = self.call("read the restore marks", read, deadline_s)
         mark = loads(raw_mark) if raw_mark else None
         done = {k.decode(): v.decode() for k, v in raw_done.items()} if raw_done else None
         return mark, done
@@ -419,13 +412,13 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
             pipe.expire(key, ttl_s)
             pipe.execute()
 
-        self._call("write_status", write, deadline_s=0)
+        self.call("write_status", write, deadline_s=0)
 
     def drop_status(self) -> None:
         """One attempt to remove this peer's status (a peer stopping): `twinflow status` stops
         showing it at once, and a wait for it to stream again sees only its next process's.
         Raises when Redis does not answer (the status then lapses by its TTL)."""
-        self._call("drop_status", lambda: self.r.delete(self.keys.peer(self.peer_id)), deadline_s=0)
+        self.call("drop_status", lambda: self.r.delete(self.keys.peer(self.peer_id)), deadline_s=0)
 
     def read_statuses(self, deadline_s: float | None = None) -> list[dict]:
         """The live status of every peer of the flow (stale peers drop out by TTL)."""
@@ -445,4 +438,4 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
                 out.append(row)
             return out
 
-        return self._call("read_statuses", read, deadline_s)
+        return self.call("read_statuses", read, deadline_s)

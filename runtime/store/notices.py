@@ -58,7 +58,7 @@ def read_notices(store: "FlowStore", publisher: str | None, after: str | None = 
                 break
         return found, cursor
 
-    return store._call("read notices", read, deadline_s)
+    return store.call("read notices", read, deadline_s)
 
 
 def _text(raw: Any) -> str:

@@ -2,8 +2,10 @@
 writes for now, with a deadline, moving to the flow's primary when it moved, the outage logged.
 
 It holds :class:`RedisCalls`, the part of ``FlowStore`` (``flow_store.py``) that its other
-methods call through (``_call``), and its health (``health``,
-``silent_s``, ``ping``).
+methods, and the store's other parts (the audit, notices, stream trims), call through
+(:meth:`~RedisCalls.call`), and its health (``health``, ``silent_s``, ``ping``). Where the
+primary is and what is retried are the one policy of ``redis_caller.py``; this module adds
+the store's deadlines, its close and its outage log.
 
 Under failure: when Redis is down, times out, is out of memory or read-only
 (a replica after a failover), a call waits and retries with a bounded
@@ -12,11 +14,9 @@ closed (:class:`StoreClosed`) or the call's deadline passes
 (:class:`RedisUnavailable`); it never drops a write silently. Every call
 has a deadline: the caller's, else the store's ``call_deadline_s`` (300 s by
 default, as the Spark reader's), so no thread waits for Redis for ever.
-Where the flow's primary is can change: on a Redis Cluster a crashed
-primary gives only connection errors until its replica takes over, so on a
-connection error the store asks every cluster node it knows who owns the
-flow's slot now and moves there (``redis_slot.relocate``); with Sentinel
-the client asks the Sentinels for the primary as it reconnects. The first
+Where the flow's primary is can change (``redis_caller.py``): after a
+connection error the store looks for it again and, when it moved, tries
+there at once. The first
 call that fails logs the outage once (``redis_down``), the first answer
 after it its end and length (``redis_back``), whichever thread sees them.
 """
@@ -24,15 +24,13 @@ after it its end and length (``redis_back``), whichever thread sees them.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable, TypeVar
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from ...logs import event
-from ..waiting import retry
-from .redis_slot import follow_moved, relocate
+from .redis_caller import RedisCaller
 from .store_errors import RedisUnavailable, StoreClosed, transient
 from . import scripts
 
@@ -43,78 +41,56 @@ DEFAULT_CALL_DEADLINE_S = 300.0  # a call's deadline when its caller gives none 
 
 
 class RedisCalls:
-    """The retrying calls of a :class:`~.flow_store.FlowStore`, whose ``__init__`` sets what
-    they use (the client ``r``, ``keys``, ``peer_id``, the clock, the locks and the outage
-    record)."""
+    """The retrying calls of a :class:`~.flow_store.FlowStore`, whose ``__init__`` calls
+    :meth:`_calls_through` and sets what they report with (``keys``, ``peer_id``)."""
 
-    def _use(self, client: redis.Redis) -> None:
-        # This store owns waiting and deadlines: redis-py's own retries (ten by
-        # default in redis-py 8, with back-off) would stretch every deadline.
-        client.set_retry(Retry(NoBackoff(), 0))
-        self.r = client
-        self._scripts = scripts.register(client)
+    def _calls_through(self, client: redis.Redis, sleep: Callable[[float], None],
+                       monotonic: Callable[[], float]) -> None:
+        self._closed = threading.Event()
+        self._monotonic = monotonic
+        self.caller = RedisCaller(client=client, on_client=self._registered, again_at_once=True,
+                                  sleep=sleep, monotonic=monotonic)
+        self.last_ok = monotonic()  # when a call last got an answer from Redis
+        self.failing_since: float | None = None  # when calls began to fail, while they fail
+        self.outages = 0  # times calls began to fail (redis_down), for the metrics
+        self._outage = threading.Lock()  # several threads call at once: one redis_down/redis_back line each
+
+    def _registered(self, client: redis.Redis) -> None:
+        self.scripts = scripts.register(client)  # each client its own: a script runs where it is registered
+
+    @property
+    def r(self) -> redis.Redis:
+        """The client on the flow's primary now (it may change between calls: read it in each)."""
+        return self.caller.client
 
     def close(self) -> None:
         self._closed.set()
 
     # -- retry ------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[[], T], deadline_s: float | None = None) -> T:
-        """``fn()``, retried while Redis is unreachable or refuses writes for now.
+    def call(self, what: str, fn: Callable[[], T], deadline_s: float | None = None) -> T:
+        """``fn()`` (which reads :attr:`r` when it runs), retried while Redis is unreachable or
+        refuses writes for now.
 
         ``deadline_s`` None waits up to the store's ``call_deadline_s`` (or until
         closed); 0 tries once; otherwise RedisUnavailable once that many seconds
-        have passed. A connection error makes the store look for the flow's
-        primary again (see module) and, when it moved, try there at once.
+        have passed.
         """
-        if deadline_s is None:
-            deadline_s = self.call_deadline_s
-
-        def attempt() -> T:
-            client = self.r
-            try:
-                try:
-                    result = fn()
-                except (redis.ConnectionError, redis.TimeoutError):
-                    if not self._relocate(client):
-                        raise
-                    result = fn()  # the flow's primary is elsewhere now: once more, there
-            except redis.exceptions.MovedError as moved:
-                # The flow's slot has a new owner (a cluster failover or a reshard): go there.
-                log.warning("Redis Cluster moved the flow's slot to %s:%s; reconnecting", moved.host, moved.port)
-                self._use(follow_moved(self.r, moved))
-                raise
-            except redis.RedisError as exc:
-                if transient(exc) and self.failing_since is None:
-                    self._went_down(what, exc)
-                raise
-            self.last_ok = self._monotonic()
-            if self.failing_since is not None:
-                self._came_back()
-            return result
+        def failed(exc: BaseException) -> None:
+            if transient(exc) and self.failing_since is None:
+                self._went_down(what, exc)
 
         def before_pause(exc: BaseException, waited: float, pause: float) -> None:
             if self._closed.is_set():
                 raise StoreClosed(what) from exc
             log.warning("Redis unavailable during %s (%s); retrying in %.2f s", what, exc, pause)
 
-        return retry(attempt, retryable=lambda exc: isinstance(exc, redis.RedisError) and transient(exc),
-                     deadline_s=deadline_s, give_up=lambda exc, waited: RedisUnavailable(what, waited, exc),
-                     on_retry=before_pause, sleep=self._sleep, monotonic=self._monotonic)
-
-    def _relocate(self, failed: redis.Redis) -> bool:
-        """After ``failed`` gave a connection error: True when the store now uses a client on
-        another node (the primary that serves the flow now), else False."""
-        with self._relocating:
-            if self.r is not failed:  # another thread moved the store already
-                return True
-            try:
-                moved = relocate(failed)
-            except redis.RedisError:
-                return False
-            if moved is failed:
-                return False
-            self._use(moved)
-            return True
+        result = self.caller.call(lambda client: fn(), deadline_s=self.call_deadline_s if deadline_s is None
+                                  else deadline_s, give_up=lambda exc, waited: RedisUnavailable(what, waited, exc),
+                                  on_retry=before_pause, on_failure=failed)
+        self.last_ok = self._monotonic()
+        if self.failing_since is not None:
+            self._came_back()
+        return result
 
     def _went_down(self, what: str, exc: BaseException) -> None:
         with self._outage:
@@ -145,7 +121,7 @@ class RedisCalls:
     def ping(self) -> bool:
         """One PING, no retry: whether Redis answers now."""
         try:
-            self._call("ping", lambda: self.r.ping(), deadline_s=0)
+            self.call("ping", lambda: self.r.ping(), deadline_s=0)
             return True
         except (RedisUnavailable, redis.RedisError):
             return False

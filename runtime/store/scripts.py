@@ -3,8 +3,8 @@
 All keys of a flow share the hash tag ``{<flow>}``, so every script touches
 one cluster slot, and every script declares every key it touches in KEYS
 (none builds a key name itself), as Redis Cluster requires. Scripts are
-registered once per client (``register``) and called with ``client=pipe``
-where they batch.
+registered once per client (``register``); in a durable write's pipeline
+each is queued by ``EVALSHA`` alone (:func:`queue`).
 
 Two rules live here rather than in any caller, so that every writer keeps
 them (promises 2 and 3, docs/concepts/promises.md):
@@ -450,3 +450,11 @@ ALL = {"raise_epoch": RAISE_EPOCH, "commit": COMMIT, "started": STARTED, "record
 def register(client) -> dict:
     """The scripts bound to ``client`` (redis-py Script objects, loaded lazily by SHA)."""
     return {name: client.register_script(src) for name, src in ALL.items()}
+
+
+def queue(pipe, script, keys: list, args: list) -> None:
+    """Queue ``script`` (one of :func:`register`'s) on ``pipe`` by ``EVALSHA`` alone. Called with
+    ``client=pipe``, redis-py would first ask ``SCRIPT EXISTS`` (a round trip more); a Redis that
+    does not know the script answers ``NOSCRIPT``, and the durable write loads the scripts and
+    sends the pipeline again (``durable.py``)."""
+    pipe.evalsha(script.sha, len(keys), *keys, *args)

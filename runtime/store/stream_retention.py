@@ -173,13 +173,13 @@ def trim_streams(store: "FlowStore", bounds: Iterable[tuple[str, "Retention"]], 
     def run():
         pipe = store.r.pipeline(transaction=False)
         for name, b in plans:
-            store._scripts["trim_stream"](
+            store.scripts["trim_stream"](
                 keys=[keys.stream(name), keys.streams_trimmed, keys.streams_unread],
                 args=[name, cutoff_id(b.retention, now_s), "" if b.max_entries is None else b.max_entries,
                       budget, SCAN_PAGE], client=pipe)
         return pipe.execute()
 
-    replies = store._call("trim the flow's streams", run, deadline_s)
+    replies = store.call("trim the flow's streams", run, deadline_s)
     return [StreamTrim(name, *(int(x) for x in reply[:2]), bool(reply[2]), bool(reply[3]),
                        *(int(x) for x in reply[4:]))
             for (name, _), reply in zip(plans, replies)]

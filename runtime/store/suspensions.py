@@ -31,7 +31,7 @@ class Suspensions:
 
     def suspensions(self, deadline_s: float | None = None) -> dict[str, dict]:
         """Every suspended action node of the flow: name -> id, reason, since, until."""
-        raw = self._call("suspensions", lambda: self.r.hgetall(self.keys.suspended), deadline_s)
+        raw = self.call("suspensions", lambda: self.r.hgetall(self.keys.suspended), deadline_s)
         return {k.decode(): json.loads(v) for k, v in raw.items()}
 
     def request_resume(self, by: str, now: float | None = None, deadline_s: float | None = None) -> dict[str, dict]:
@@ -41,13 +41,13 @@ class Suspensions:
         if held:
             request = {"nodes": {node: s["since"] for node, s in held.items()}, "by": by,
                        "at": time.time() if now is None else now}
-            self._call("request resume", lambda: self.r.set(self.keys.resume, compact(request),
+            self.call("request resume", lambda: self.r.set(self.keys.resume, compact(request),
                                                            ex=RESUME_REQUEST_TTL_S), deadline_s)
         return held
 
     def resume_requested(self, held: dict[str, dict], deadline_s: float | None = None) -> bool:
         """Whether a resume request names one of the suspensions ``held`` (node -> record)."""
-        raw = self._call("resume request", lambda: self.r.get(self.keys.resume), deadline_s)
+        raw = self.call("resume request", lambda: self.r.get(self.keys.resume), deadline_s)
         if raw is None:
             return False
         try:

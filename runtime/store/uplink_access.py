@@ -42,7 +42,7 @@ class UplinkAccess:
             for key in owned:
                 pipe.set(key, publisher, ex=self.id_ttl)
 
-        positions = self._write("publish", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
+        positions = self.write_durably("publish", write, deadline_s, replicas=replicas, wait_ms=replica_wait_ms)
         return [p.decode() if isinstance(p, bytes) else p for p in positions[:len(bodies)]]
 
     def read_uplink(self, after: str | None, upto: str, count: int, max_body: int, *,
@@ -52,13 +52,13 @@ class UplinkAccess:
         as (position, data, size) rows bounded like a Spark batch: at most ``count``
         entries and ``max_bytes`` of bodies, a body over ``max_body`` withheld (data None)."""
         args = scripts.read_batch_args(after or "0-0", upto, count, max_bytes, max_body)
-        reply = self._call("read uplink", lambda: self._scripts["read_batch"](keys=[self.keys.uplink], args=args),
+        reply = self.call("read uplink", lambda: self.scripts["read_batch"](keys=[self.keys.uplink], args=args),
                            deadline_s)
         return scripts.read_batch_rows(reply)
 
     def newest_position(self, deadline_s: float | None = None) -> str | None:
         """The position of the uplink's newest entry, or None when it has none."""
-        entries = self._call("read uplink", lambda: self.r.xrevrange(self.keys.uplink, "+", "-", count=1), deadline_s)
+        entries = self.call("read uplink", lambda: self.r.xrevrange(self.keys.uplink, "+", "-", count=1), deadline_s)
         return entries[0][0].decode() if entries else None
 
     def read_uplink_after_processed(self, after: str | None, count: int, max_body: int, *,
@@ -74,7 +74,7 @@ class UplinkAccess:
         args = scripts.read_batch_args(after or "0-0", "+", count, max_bytes, max_body,
                                        skip_processed=skip_at_most or True, counted=counted)
         keys = [self.keys.uplink, self.keys.processed]
-        reply = self._call("read uplink", lambda: self._scripts["read_batch"](keys=keys, args=args), deadline_s)
+        reply = self.call("read uplink", lambda: self.scripts["read_batch"](keys=keys, args=args), deadline_s)
         return scripts.read_batch_result(reply)
 
     def entries_upto(self, position: str) -> int:
@@ -93,7 +93,7 @@ class UplinkAccess:
                     return max(0, added - n)
                 after = page[-1][0].decode()
 
-        return self._call("count uplink entries", count)
+        return self.call("count uplink entries", count)
 
     def trim_uplink(self, live_nodes: Iterable[str], retention_s: float, now_s: float,
                     deadline_s: float | None = 0) -> tuple[int, str | None]:
@@ -103,19 +103,19 @@ class UplinkAccess:
         cutoff = f"{max(0, int((now_s - retention_s) * 1000))}-0"
         keys = [self.keys.uplink, self.keys.processed, self.keys.trimmed,
                 *(self.keys.read(n) for n in sorted(live_nodes))]
-        n, kept = self._call("trim uplink", lambda: self._scripts["trim_uplink"](keys=keys, args=[cutoff]),
+        n, kept = self.call("trim uplink", lambda: self.scripts["trim_uplink"](keys=keys, args=[cutoff]),
                              deadline_s)
         return int(n), kept.decode() if isinstance(kept, bytes) else (kept or None)
 
     def trimmed_before(self) -> str | None:
         """The first uplink entry the last trim kept (entries before it are gone), or None."""
-        raw = self._call("trim record", lambda: self.r.get(self.keys.trimmed))
+        raw = self.call("trim record", lambda: self.r.get(self.keys.trimmed))
         return raw.decode() if isinstance(raw, bytes) else raw
 
     def oldest_after(self, after: str | None) -> str | None:
         """The position of the first uplink entry after ``after`` (None: the first of all), or None."""
         low = "-" if after is None else "(" + after
-        entries = self._call("read uplink", lambda: self.r.xrange(self.keys.uplink, low, "+", count=1))
+        entries = self.call("read uplink", lambda: self.r.xrange(self.keys.uplink, low, "+", count=1))
         return entries[0][0].decode() if entries else None
 
     def uplink_lag(self, peer_id: str) -> int:

@@ -206,8 +206,8 @@ def test_a_mark_sent_again_after_a_lost_reply_answers_as_the_first_and_writes_on
     (entry,) = audit.entries()
     args = [entry.id, "RESUBMITTED", "ops", "token-1", b'{"twinflow_resubmit": {}}']
     keys = [store.keys.audit, store.keys.audit_marks, store.keys.uplink]
-    first = store._scripts["audit_mark"](keys=keys, args=args)
-    again = store._scripts["audit_mark"](keys=keys, args=args)
+    first = store.scripts["audit_mark"](keys=keys, args=args)
+    again = store.scripts["audit_mark"](keys=keys, args=args)
     assert first == again and int(first[0]) == 1
     assert store.r.xlen(store.keys.uplink) == 2  # the message, and one envelope
 

@@ -59,7 +59,7 @@ def store_on(port: int, flow_name: str, clock: FakeClock | None = None, on_sleep
 
     store = FlowStore(Recording(port=port, socket_timeout=5), FlowKeys(flow_name), "node-a",
                       sleep=sleep, monotonic=clock.now)
-    for script in store._scripts.values():  # loaded, as on a Redis the flow has run on
+    for script in store.scripts.values():  # loaded, as on a Redis the flow has run on
         store.r.script_load(script.script)
     store.r.sent.clear()
     return store
@@ -167,5 +167,5 @@ def test_a_script_redis_does_not_know_is_loaded_and_sent_again(own_redis, flow_n
     store.r.script_flush()  # as on a Redis just promoted or restarted
     store.r.sent.clear()
     assert store.raise_epoch(2) == 2
-    loads = [["SCRIPT LOAD"]] * len(store._scripts)
+    loads = [["SCRIPT LOAD"]] * len(store.scripts)
     assert store.r.names() == [["EVALSHA"], *loads, ["EVALSHA"]]

@@ -146,7 +146,7 @@ def test_under_sentinel_it_follows_the_primary_through_a_failover(sentinel_group
     source = parts._redis_time  # noqa: SLF001 (which server it reads)
 
     def served_by() -> int:
-        return source._client.connection_pool.get_master_address()[1]  # noqa: SLF001
+        return source.client.connection_pool.get_master_address()[1]
 
     try:
         assert group.primary() == 0
@@ -158,7 +158,7 @@ def test_under_sentinel_it_follows_the_primary_through_a_failover(sentinel_group
         wait_until(lambda: group.primary() == 1, 30.0, what="the Sentinels to promote the replica")
         wait_until(lambda: clock.sample() and served_by() == group.servers[1].port, 30.0, interval_s=0.2,
                    what="the clock to read the new primary")
-        role = source._client.execute_command("ROLE")[0]  # noqa: SLF001 (the connection TIME used)
+        role = source.client.execute_command("ROLE")[0]  # the connection TIME used
         assert role in (b"master", "master")
         assert_near_redis(clock, redis.Redis(port=group.servers[1].port, password=group.password))
     finally:

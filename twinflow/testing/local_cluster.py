@@ -227,27 +227,11 @@ class LocalCluster(Producing):
         """``call(client)`` on the checker's or producer's client (``which``), following a Redis
         failover: on a connection error the client looks for the primary again; retried up to the
         deadline."""
-        from ..runtime.store.store_errors import transient
-        from ..runtime.store.redis_slot import follow_moved, relocate
+        from ..runtime.store.redis_caller import RedisCaller
 
-        end = time.monotonic() + deadline_s
-        while True:
-            client = getattr(self, which)
-            try:
-                return call(client)
-            except redis.exceptions.MovedError as moved:
-                setattr(self, which, follow_moved(client, moved))
-            except (redis.ConnectionError, redis.TimeoutError):
-                try:
-                    setattr(self, which, relocate(client))
-                except redis.RedisError:
-                    pass
-            except redis.RedisError as exc:
-                if not transient(exc):
-                    raise
-            if time.monotonic() > end:
-                raise RuntimeError(f"Redis did not answer the drill's {which} within {deadline_s:.0f} s")
-            time.sleep(0.1)
+        caller = RedisCaller(client=getattr(self, which), on_client=lambda client: setattr(self, which, client))
+        return caller.call(call, deadline_s=deadline_s, give_up=lambda exc, waited: RuntimeError(
+            f"Redis did not answer the drill's {which} within {deadline_s:.0f} s ({exc})"))
 
     def _start_proxy(self) -> None:
         from toxiproxy import Toxiproxy
