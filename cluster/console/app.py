@@ -14,7 +14,7 @@ Routes (all under ``/console``):
 - ``GET /console/api/drills``: the drill results found in the reports directory.
 
 Under failure: every API answer is JSON; a refused request is 401 or 403 with the reason
-(:mod:`.access`); Redis not answering is 503 with the reason, and changes nothing; an
+(:mod:`.access`); a bad parameter is 400 naming it; Redis not answering is 503 with the reason, and changes nothing; an
 action answers each audit ID with ``ok`` or its refusal, as the CLI does. Every action,
 done or refused for its scope, is logged (event ``console_action``) with who asked.
 """
@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, unquote
 import redis
 
 from ...logs import event
-from ...runtime.store.audit import AuditError, AuditFilter
+from ...runtime.store.audit import STATUSES, AuditError, AuditFilter
 from ...runtime.store.store_errors import RedisUnavailable
 from .access import ACT, READ, ConsoleAccess
 from .drill_reports import drill_reports
@@ -62,6 +62,8 @@ class ConsoleApp:
         method = environ.get("REQUEST_METHOD", "GET")
         try:
             status, ctype, body = self._route(method, path, environ)
+        except _BadRequest as exc:
+            status, ctype, body = exc.status, "application/json", _json({"error": exc.why})
         except _UNAVAILABLE as exc:
             status, ctype, body = 503, "application/json", _json({"error": f"Redis did not answer: {exc}"})
         except Exception:  # the console must answer, and say so, whatever broke
@@ -108,10 +110,7 @@ class ConsoleApp:
         if api == "snapshot":
             return 200, "application/json", _json(self.view.snapshot())
         if api == "failures":
-            try:
-                return 200, "application/json", _json(self._failures(parse_qs(environ.get("QUERY_STRING", ""))))
-            except ValueError as exc:  # a limit that is not a number, a status that is not one
-                return 400, "application/json", _json({"error": str(exc)})
+            return 200, "application/json", _json(self._failures(parse_qs(environ.get("QUERY_STRING", ""))))
         if api.startswith("failures/"):
             ref = unquote(api[len("failures/"):])
             try:
@@ -127,9 +126,15 @@ class ConsoleApp:
             return (query.get(name) or [""])[0].strip() or None
 
         status = one("status") or "FAILED"
+        if status != "ANY" and status not in STATUSES:
+            raise _BadRequest(400, f"status must be {', '.join(STATUSES)} or ANY, not {status[:40]!r}")
         filt = AuditFilter(node=one("node"), reason=one("reason"), status="" if status == "ANY" else status)
         wanted = one("id")
-        limit = max(1, min(LIST_LIMIT, int(one("limit") or LIST_LIMIT)))
+        limit_text = one("limit") or str(LIST_LIMIT)
+        if not limit_text.isdecimal() or len(limit_text) > 9:
+            raise _BadRequest(400, f"limit must be a whole number of entries (1 to {LIST_LIMIT}), "
+                                   f"not {limit_text[:40]!r}")
+        limit = max(1, min(LIST_LIMIT, int(limit_text)))
         # A search by message ID reads the filtered audit and keeps the entries whose ID has it.
         rows = self.view.failures.list(filt, limit=limit if not wanted else 10_000)
         if wanted:
@@ -157,6 +162,14 @@ class ConsoleApp:
                   action="handover", by=who, results=results, ok=all(r.get("ok") for r in results))
             return 200, "application/json", _json({"results": results})
         return 404, "application/json", _json({"error": f"no such action: {api}"})
+
+
+class _BadRequest(Exception):
+    """A request refused for what it sent: ``status`` and why, naming the parameter."""
+
+    def __init__(self, status: int, why: str):
+        super().__init__(why)
+        self.status, self.why = status, why
 
 
 def _body(environ: dict) -> dict:

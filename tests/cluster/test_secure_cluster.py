@@ -133,7 +133,8 @@ def test_a_secured_pair_fails_over_with_nothing_lost(secured, flow_name):
 
     status, body = get("/console/api/snapshot", f"read-{flow_name}")
     assert status == 200 and {p["peer_id"] for p in json.loads(body)["peers"]} == {"a", "b"}
-    assert get("/console/api/snapshot")[0] == 401 and get("/console/api/snapshot", f"ingest-{flow_name}")[0] == 403
+    assert get("/console/api/snapshot") == get("/console/api/snapshot", f"ingest-{flow_name}")  # one refusal
+    assert get("/console/api/snapshot")[0] == 401
     status, metrics = get("/metrics")
     assert status == 200 and b"twinflow_role" in metrics
 
