@@ -35,12 +35,13 @@ from ...runtime.store.audit import STATUSES, AuditError, AuditFilter
 from ...runtime.store.store_errors import RedisUnavailable
 from .access import ACT, READ, ConsoleAccess
 from .drill_reports import drill_reports
+from .headers import SECURITY_HEADERS, reason
 from .snapshot import ConsoleView
 
 log = logging.getLogger("twinflow.console")
 
 STATIC = {"console.js": "text/javascript", "console.css": "text/css", "index.html": "text/html"}
-MAX_BODY = 1 << 20        # an action's request body: a list of audit IDs
+MAX_BODY = 1 << 20        # an action's request body: a list of audit IDs (request_bounds.Bounds: the same)
 LIST_LIMIT = 200          # entries one listing shows at most
 _UNAVAILABLE = (redis.RedisError, RedisUnavailable, OSError)
 
@@ -70,9 +71,8 @@ class ConsoleApp:
             log.exception("console request %s %s failed", method, path)
             status, ctype, body = 500, "application/json", _json({"error": "the console failed; see its log"})
         headers = [("Content-Type", f"{ctype}; charset=utf-8"), ("Content-Length", str(len(body))),
-                   ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
-                   ("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'")]
-        start_response(f"{status} {_REASONS.get(status, 'Error')}", headers)
+                   *SECURITY_HEADERS]
+        start_response(f"{status} {reason(status)}", headers)
         return [body]
 
     def _route(self, method: str, path: str, environ: dict) -> tuple[int, str, bytes]:
@@ -173,8 +173,14 @@ class _BadRequest(Exception):
 
 
 def _body(environ: dict) -> dict:
+    """The request's JSON object body, read to its Content-Length and never past ``MAX_BODY``."""
+    length = str(environ.get("CONTENT_LENGTH") or "0").strip()
+    if not length.isdecimal():
+        raise _BadRequest(400, f"Content-Length must be a number of bytes, not {length[:20]!r}")
+    size = int(length)
+    if size > MAX_BODY:
+        raise _BadRequest(413, f"the body is {size} bytes; at most {MAX_BODY} are taken")
     try:
-        size = min(int(environ.get("CONTENT_LENGTH") or 0), MAX_BODY)
         body = json.loads(environ["wsgi.input"].read(size) or b"{}")
     except (ValueError, KeyError):
         return {}
@@ -184,6 +190,3 @@ def _body(environ: dict) -> dict:
 def _json(value) -> bytes:
     return json.dumps(value, default=str).encode()
 
-
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 500: "Internal Server Error", 503: "Service Unavailable"}
