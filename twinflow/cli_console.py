@@ -38,7 +38,7 @@ def cmd_console(args) -> int:
                      handover=lambda: [a.as_dict() for a in ask_masters(stores, security, args.handover_timeout)],
                      reports=Path(args.reports) if args.reports else None)
     try:
-        server = ConsoleServer(app, args.listen, security=security, cert=cert, key=key)
+        server = ConsoleServer(app, args.listen, security=security, cert=cert, key=key, hosts=args.allow_host or ())
     except (SecurityConfigError, OSError, ValueError) as exc:
         print(f"twinflow console: refused to start: {exc}", file=sys.stderr)
         return EXIT_REFUSED

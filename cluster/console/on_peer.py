@@ -45,7 +45,7 @@ def serve_console(peer: "Peer") -> ConsoleServer:
                      handover=lambda: [a.as_dict() for a in ask_masters(stores, security, HANDOVER_TIMEOUT_S)])
     tls = security.tls
     try:
-        server = ConsoleServer(app, cfg.console_listen, security=security,
+        server = ConsoleServer(app, cfg.console_listen, security=security, hosts=cfg.console_hosts,
                                cert=tls.cert if tls else None, key=tls.key if tls else None,
                                metrics=make_wsgi_app(peer.metrics.registry) if peer.metrics else None)
     except (OSError, ValueError, SecurityConfigError) as exc:

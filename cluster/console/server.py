@@ -6,8 +6,11 @@ has a deadline and every request a size (its module doc says what each limit is)
 certificate and key it serves HTTPS. A peer's console also answers its Prometheus metrics on
 every path outside ``/console`` (``metrics``): one port to reach for both.
 
-Every answer, the metrics' and the server's own refusals included, carries the console's
-security headers (:mod:`.headers`).
+Every request must name this console in its ``Host`` (:mod:`.host_check`: the address it
+was dialled at, ``localhost`` on loopback, its certificate's names, the names given in
+``hosts``), the metrics' too: a page of another site that rebinds its name to this address
+is refused (421). Every answer, the metrics' and the refusals' included, carries the
+console's security headers (:mod:`.headers`).
 
 Under failure: an address that cannot be bound raises OSError at start, a TLS file that
 cannot be read SecurityConfigError naming it; a non-loopback address without TLS and
@@ -21,25 +24,26 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-from typing import Callable
+from typing import Callable, Iterable
 
 from ...grpc_security import GrpcSecurity, SecurityConfigError
 from ..metrics import split_address
 from .access import check_console_bind
 from .bounded_http import BoundedHttpServer, Limits
-from .headers import with_security
+from .headers import reason, with_security
+from .host_check import AllowedHosts, certificate_names
 
 log = logging.getLogger("twinflow.console")
 
 
 class ConsoleServer:
     """``app`` served on ``listen`` (``HOST:PORT``; port 0 picks one), HTTPS when ``cert`` and ``key``
-    are given; paths outside ``/console`` go to ``metrics`` when given; ``limits``: the server's
-    bounds. ``url`` is where it listens."""
+    are given; paths outside ``/console`` go to ``metrics`` when given. ``hosts``: more names a
+    request's ``Host`` may give; ``limits``: the server's bounds. ``url`` is where it listens."""
 
     def __init__(self, app: Callable, listen: str, *, security: GrpcSecurity | None = None,
                  cert: str | None = None, key: str | None = None, metrics: Callable | None = None,
-                 limits: Limits = Limits()):
+                 hosts: Iterable[str] = (), limits: Limits = Limits()):
         tls = bool(cert and key)
         check_console_bind(listen, security, tls=tls)
         host, port = split_address(listen)
@@ -51,11 +55,14 @@ class ConsoleServer:
                 context.load_cert_chain(cert, key)
             except (OSError, ssl.SSLError) as exc:
                 raise SecurityConfigError(f"console TLS: cannot use {cert} and {key}: {exc}") from None
+        self.hosts = AllowedHosts(host, [*hosts, *(certificate_names(cert) if tls else [])])
 
         def routed(environ, start_response):
             def secured(status, headers, exc_info=None):
                 return start_response(status, with_security(list(headers)), exc_info)
 
+            if not self.hosts.allows(environ.get("HTTP_HOST"), environ.get("twinflow.server_ip")):
+                return _refuse_host(environ, secured, self.hosts)
             path = environ.get("PATH_INFO", "/")
             if metrics is not None and not (path == "/console" or path.startswith("/console/")):
                 return metrics(environ, secured)
@@ -85,3 +92,15 @@ def _bind_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple]:
     found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, address = found[0]
     return family, address[:2]
+
+
+def _refuse_host(environ: dict, start_response, hosts: AllowedHosts) -> list[bytes]:
+    # Not the Host sent back: the refusal names what the console takes, nothing the client chose.
+    body = (f"this console does not answer to the Host this request names; it answers to "
+            f"{hosts.describe()} (twinflow console --allow-host NAME, twinflow run --console-allow-host NAME)\n"
+            ).encode()
+    log.info("console refused a request from %s for another Host: %s", environ.get("REMOTE_ADDR", "?"),
+             environ.get("HTTP_HOST", "(none)"))
+    start_response(f"421 {reason(421)}", [("Content-Type", "text/plain; charset=utf-8"),
+                                          ("Content-Length", str(len(body)))])
+    return [body]

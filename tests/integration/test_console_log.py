@@ -43,3 +43,4 @@ def test_control_characters_from_a_client_never_start_a_log_line(graph, store, c
     for line in lines:
         assert "\n" not in line and "\r" not in line and "\x1b" not in line, line
     assert any("\\n2026-01-01" in line for line in lines)
+    assert any("another Host: evil.example\\x1b[2J" in line for line in lines)

@@ -1,6 +1,6 @@
 """The console's server under hostile clients, on loopback: idle and slow connections, a
 thousand at once, a small file limit, TLS handshakes that never come, requests past their
-bounds.
+bounds, and a foreign ``Host`` (DNS rebinding).
 
 The done-when of a console that must survive 1,000 idle connections is tested twice: the
 console server in this process (a peer's console is the same :class:`ConsoleServer`, its
@@ -292,5 +292,46 @@ def test_a_request_past_its_bounds_is_refused_clearly_with_the_security_headers(
         status, _, _ = exchange(port, b"POST /console/api/resubmit HTTP/1.1\r\nX-Twinflow-Console: 1\r\n"
                                       b"Content-Length: %d\r\n\r\n" % len(refs) + refs)
         assert status == 200 and AuditStore(store).entry(o1).status == "RESUBMITTED"  # a right one is taken
+    finally:
+        server.stop()
+
+
+def test_a_request_for_another_host_is_refused_before_it_reads_or_acts(graph, store, tmp_path):
+    o1, _ = failed_two(store)
+    registry = CollectorRegistry()
+    server = serve(graph, store, metrics=make_wsgi_app(registry), hosts=["console.example"])
+    port = port_of(server.url)
+    rebound = f"attacker.example:{port}"
+    try:
+        # What a page of attacker.example sends once its name resolves to 127.0.0.1: its own Host and
+        # Origin, and the console's header (same origin now, so the browser asks nobody).
+        status, headers, text = exchange(
+            port, b"POST /console/api/resubmit HTTP/1.1\r\nOrigin: http://%s\r\nX-Twinflow-Console: 1\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (rebound.encode(), len(json.dumps({"refs": [o1]})))
+            + json.dumps({"refs": [o1]}).encode(), host=rebound)
+        assert status == 421 and SECURITY <= set(headers) and b"attacker" not in text
+        for path in (b"/console/api/failures", f"/console/api/failures/{o1}".encode(), b"/metrics"):
+            assert exchange(port, b"GET %s HTTP/1.1\r\n\r\n" % path, host=rebound)[0] == 421
+        assert exchange(port, b"GET /console/api/flow HTTP/1.0\r\n\r\n", host=None)[0] == 421  # no Host at all
+        assert AuditStore(store).entry(o1).status == "FAILED"
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", "console.example:8470"):
+            assert exchange(port, b"GET /console/api/failures HTTP/1.1\r\n\r\n", host=host)[0] == 200, host
+    finally:
+        server.stop()
+
+    # Over TLS, the names of the console's certificate too.
+    ca = trustme.CA()
+    cert = ca.issue_cert("console.test", "127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(tmp_path / "cert.pem")
+    cert.private_key_pem.write_to_path(tmp_path / "key.pem")
+    server = serve(graph, store, cert=str(tmp_path / "cert.pem"), key=str(tmp_path / "key.pem"))
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    try:
+        for host, expected in (("console.test", 200), ("elsewhere.test", 421)):
+            with socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=10) as raw:
+                with context.wrap_socket(raw, server_hostname="console.test") as s:
+                    s.sendall(b"GET /console/api/flow HTTP/1.1\r\nHost: %s\r\n\r\n" % host.encode())
+                    assert parse_answer(_read_all(s, 10))[0] == expected, host
     finally:
         server.stop()
