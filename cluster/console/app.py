@@ -14,9 +14,15 @@ Routes (all under ``/console``):
 - ``GET /console/api/drills``: the drill results found in the reports directory.
 
 Under failure: every API answer is JSON; a refused request is 401 or 403 with the reason
-(:mod:`.access`); a bad parameter is 400 naming it; Redis not answering is 503 with the reason, and changes nothing; an
-action answers each audit ID with ``ok`` or its refusal, as the CLI does. Every action,
-done or refused for its scope, is logged (event ``console_action``) with who asked.
+(:mod:`.access`); a bad parameter is 400 naming it; Redis not answering is 503 with the
+reason within seconds (every Redis call of the console has a deadline: :mod:`.snapshot`),
+and changes nothing, except a resubmit of several that Redis stopped answering part-way:
+its 503 names each audit ID resubmitted before, the one Redis did not answer for and those
+not tried. An action answers each audit ID with ``ok`` or its refusal, as the CLI does. A
+body is read only to its ``Content-Length`` and at most ``MAX_BODY`` bytes (400 for a length
+that is not a number of bytes, 413 past the limit), whatever server runs the application.
+Every action, done or refused for its scope, is logged (event ``console_action``) with who
+asked; what a client sent is logged with its control characters escaped (:mod:`.log_text`).
 """
 
 from __future__ import annotations
@@ -149,7 +155,12 @@ class ConsoleApp:
             refs = _body(environ).get("refs")
             if not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs):
                 return 400, "application/json", _json({"error": "give refs: a list of audit IDs"})
-            results = [r.as_dict() for r in self.view.failures.resubmit(refs, by=who)]
+            results = []
+            for k, ref in enumerate(refs):
+                try:
+                    results += [r.as_dict() for r in self.view.failures.resubmit([ref], by=who)]
+                except _UNAVAILABLE as exc:
+                    return self._resubmit_cut(refs, k, results, exc, who)
             done = [r["audit_id"] for r in results if r["ok"]]
             event(log, logging.INFO, "console_action", "%s resubmitted %d of %d failed messages", who, len(done),
                   len(refs), flow=flow, action="resubmit", by=who, refs=refs, resubmitted=done, ok=True)
@@ -162,6 +173,17 @@ class ConsoleApp:
                   action="handover", by=who, results=results, ok=all(r.get("ok") for r in results))
             return 200, "application/json", _json({"results": results})
         return 404, "application/json", _json({"error": f"no such action: {api}"})
+
+    def _resubmit_cut(self, refs: list[str], k: int, results: list[dict], exc: Exception,
+                      who: str) -> tuple[int, str, bytes]:
+        """Redis stopped answering at ``refs[k]``: 503, with what was done before it and what was not."""
+        done = [r["audit_id"] for r in results if r["ok"]]
+        results = [*results, {"audit_id": refs[k], "ok": False, "reason": f"Redis did not answer: {exc}"},
+                   *({"audit_id": ref, "ok": False, "reason": "not tried: Redis did not answer"} for ref in refs[k + 1:])]
+        event(log, logging.WARNING, "console_action", "%s resubmitted %d of %d failed messages before Redis "
+              "stopped answering", who, len(done), len(refs), flow=self.view.graph.name, action="resubmit", by=who,
+              refs=refs, resubmitted=done, ok=False)
+        return 503, "application/json", _json({"error": f"Redis did not answer: {exc}", "results": results})
 
 
 class _BadRequest(Exception):

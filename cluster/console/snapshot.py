@@ -20,9 +20,12 @@ comes from what the peers already keep in Redis:
 Cost: a poll makes O(peers + outlinks) Redis calls, one pipeline for the counts, and
 nothing per message.
 
-Under failure: a snapshot never raises for Redis. When Redis does not answer, it says so in
-``redis`` and carries no live part; the page keeps what it drew and shows Redis down. A part
-that no peer has written yet (the events stream of a flow that never failed over) is empty.
+Under failure: a snapshot never raises for Redis. Every Redis call has a deadline
+(``REDIS_DEADLINE_S``: the retrying calls by their deadline, the single reads by the socket
+time-out of :func:`console_stores`); when Redis does not answer, the snapshot says so in
+``redis`` within seconds and carries no live part, and the page keeps what it drew and shows
+Redis down. A part that no peer has written yet (the events stream of a flow that never
+failed over) is empty.
 """
 
 from __future__ import annotations
@@ -40,14 +43,21 @@ from ...runtime.store.flow_store import FlowStore
 from ...runtime.store.store_errors import RedisUnavailable
 from ..flow_failures import FlowFailures
 from ..master_flow import outlink_streams
+from ..operator_stores import operator_stores
 from .failovers import failovers
 
 log = logging.getLogger("twinflow.console")
 
 RATE_WINDOW_S = 5.0     # a rate is the count's change over about this long
 EVENTS_SHOWN = 30       # the newest events the page lists
-REDIS_DEADLINE_S = 2.0  # a poll waits at most this long for Redis
+REDIS_DEADLINE_S = 2.0  # each Redis call of the console waits at most this long (console_stores too)
 SILENT_S = 2.0          # a peer whose status is older than this is shown as silent (it writes every 0.5 s)
+
+
+def console_stores(graph: FlowGraph, url: str, who: str) -> list[FlowStore]:
+    """The flow's stores as the console opens them: every call and every socket read bounded by
+    ``REDIS_DEADLINE_S``, so that a page's request answers within seconds whatever Redis does."""
+    return operator_stores(graph, url, who=who, deadline_s=REDIS_DEADLINE_S)
 
 
 def flow_shape(graph: FlowGraph) -> dict:
@@ -99,7 +109,8 @@ class ConsoleView:
         spec = graph.cluster
         self.failures = FlowFailures(graph.name, stores, max_bytes=spec.message.max_bytes if spec else 1 << 20,
                                      replicas=spec.wait_replicas if spec else 0,
-                                     replica_wait_ms=spec.replica_wait_ms if spec else 1000)
+                                     replica_wait_ms=spec.replica_wait_ms if spec else 1000,
+                                     deadline_s=REDIS_DEADLINE_S)
         # (node.outlink, stream) per shard: outlinks that share a stream (two actions, one sink) share its count.
         self.streams = [sorted((f"{node}.{outlink}", stream) for (node, outlink), stream
                                in outlink_streams(graph, store.keys).items()) for store in stores]
