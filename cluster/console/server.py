@@ -14,7 +14,9 @@ console's security headers (:mod:`.headers`).
 
 Under failure: an address that cannot be bound raises OSError at start, a TLS file that
 cannot be read SecurityConfigError naming it; a non-loopback address without TLS and
-tokens is refused before anything binds (:func:`.access.check_console_bind`). A request that fails is answered 500 and logged; the server goes on.
+tokens is refused before anything binds (:func:`.access.check_console_bind`), and one the
+operator allowed with ``--insecure`` is warned about at start and every minute
+(:mod:`.insecure`). A request that fails is answered 500 and logged; the server goes on.
 Idle, slow or too many clients are closed at their deadline or to make room; they cannot
 take the server's threads, nor the process's file descriptors.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import threading
 from typing import Callable, Iterable
 
 from ...grpc_security import GrpcSecurity, SecurityConfigError
@@ -32,6 +35,7 @@ from .access import check_console_bind
 from .bounded_http import BoundedHttpServer, Limits
 from .headers import reason, with_security
 from .host_check import AllowedHosts, certificate_names
+from .insecure import insecure_reason, warn_insecure
 
 log = logging.getLogger("twinflow.console")
 
@@ -39,11 +43,13 @@ log = logging.getLogger("twinflow.console")
 class ConsoleServer:
     """``app`` served on ``listen`` (``HOST:PORT``; port 0 picks one), HTTPS when ``cert`` and ``key``
     are given; paths outside ``/console`` go to ``metrics`` when given. ``hosts``: more names a
-    request's ``Host`` may give; ``limits``: the server's bounds. ``url`` is where it listens."""
+    request's ``Host`` may give; ``limits``: the server's bounds; ``insecure_wait``: the timer of
+    the ``--insecure`` warning (a test's). ``url`` is where it listens."""
 
     def __init__(self, app: Callable, listen: str, *, security: GrpcSecurity | None = None,
                  cert: str | None = None, key: str | None = None, metrics: Callable | None = None,
-                 hosts: Iterable[str] = (), limits: Limits = Limits()):
+                 hosts: Iterable[str] = (), limits: Limits = Limits(),
+                 insecure_wait: Callable[[float], bool] | None = None):
         tls = bool(cert and key)
         check_console_bind(listen, security, tls=tls)
         host, port = split_address(listen)
@@ -77,6 +83,10 @@ class ConsoleServer:
             raise
         shown = f"[{host}]" if ":" in host else host
         self.url = f"{'https' if context else 'http'}://{shown}:{sock.getsockname()[1]}/console/"
+        self._stop = threading.Event()
+        warning = insecure_reason(listen, security, tls)
+        if warning:
+            warn_insecure(warning, self._stop, wait=insecure_wait)
 
     @property
     def held(self) -> int:
@@ -84,6 +94,7 @@ class ConsoleServer:
         return self._http.held
 
     def stop(self) -> None:
+        self._stop.set()
         self._http.stop()
 
 

@@ -1,22 +1,28 @@
 """What the console answers when Redis, or what Redis holds, is not as it should be: Redis down
 or silent (a prompt 503, never a five-minute wait), a malformed value written by hand (shown
-as malformed where it is, the rest whole).
+as malformed where it is, the rest whole); and the warning of a console served with
+``--insecure``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import queue
 import socket
 import time
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.integration.test_audit_store import BROKEN, CALLS
 from tests.integration.test_console_app import call, failed_two, graph, serve  # noqa: F401 (graph: a fixture)
+from twinflow.cluster.console import insecure
 from twinflow.cluster.console.access import ConsoleAccess
 from twinflow.cluster.console.app import ConsoleApp
 from twinflow.cluster.console.server import ConsoleServer
 from twinflow.cluster.console.snapshot import REDIS_DEADLINE_S, ConsoleView, console_stores
+from twinflow.grpc_security import GrpcSecurity
 from twinflow.runtime.store.audit import AuditStore
 from twinflow.runtime.store.flow_store import FlowStore
 
@@ -106,3 +112,33 @@ def test_a_part_spoiled_whole_is_named_and_the_others_answer(graph, store):
     snap = ConsoleView(graph, [store]).snapshot()
     assert snap["redis"] == "ok" and [p["peer_id"] for p in snap["peers"]] == ["peer-a"]
     assert snap["failures"] == {} and "malformed" in snap["problems"]["failures"]
+
+
+def test_an_insecure_console_warns_at_start_and_every_minute(graph, store, caplog, monkeypatch):
+    assert insecure.insecure_reason("0.0.0.0:8470", GrpcSecurity(insecure=True), tls=False)
+    assert insecure.insecure_reason("0.0.0.0:8470", GrpcSecurity(insecure=True, tokens={"read": "r"}), tls=True) is None
+    assert insecure.insecure_reason("127.0.0.1:8470", GrpcSecurity(insecure=True), tls=False) is None
+    # Tests bind loopback only: the console is made to take 127.0.0.1 for an address off it.
+    monkeypatch.setattr(insecure, "is_loopback", lambda address: False)
+    ticks: queue.Queue = queue.Queue()
+    waited = []
+
+    def timer(seconds: float) -> bool:  # each minute passes when the test says so
+        waited.append(seconds)
+        return ticks.get(timeout=30)
+
+    caplog.set_level(logging.WARNING, logger="twinflow.console")
+
+    def warnings() -> int:
+        return sum("--insecure: the console on 127.0.0.1" in r.getMessage() for r in caplog.records)
+
+    server = serve(graph, store, security=GrpcSecurity(insecure=True), insecure_wait=timer)
+    try:
+        wait_until(lambda: warnings() == 1, 5, what="the warning at start")
+        ticks.put(False)  # a minute
+        wait_until(lambda: warnings() == 2, 5, what="the warning a minute later")
+        assert waited[0] == 60.0
+        assert all("without TLS and tokens" in r.getMessage() for r in caplog.records if "--insecure" in r.getMessage())
+    finally:
+        ticks.put(True)  # stopped
+        server.stop()
