@@ -45,16 +45,18 @@ class ActionResult:
 class FlowFailures:
     """The audit and notices of flow ``name``, whose shards' stores are ``stores`` (one: unsharded), in
     shard order; ``max_bytes`` bounds a resubmit's envelope (``message.max_bytes``),
-    ``replicas`` and ``replica_wait_ms`` make a resubmit durable as a publish is."""
+    ``replicas`` and ``replica_wait_ms`` make a resubmit durable as a publish is; ``deadline_s``
+    bounds each Redis call (None: the stores' own deadline)."""
 
     def __init__(self, name: str, stores: list[FlowStore], *, max_bytes: int = 1 << 20, replicas: int = 0,
-                 replica_wait_ms: int = 1000):
+                 replica_wait_ms: int = 1000, deadline_s: float | None = None):
         if not stores:
             raise ValueError("a flow has at least one store")
         self.name, self.stores = name, stores
         self.audits = [AuditStore(s) for s in stores]
         self.sharded = len(stores) > 1
         self.max_bytes, self.replicas, self.replica_wait_ms = max_bytes, replicas, replica_wait_ms
+        self.deadline_s = deadline_s
 
     # -- audit IDs as the tools show them -----------------------------------
     def ref(self, k: int, audit_id: str) -> str:
@@ -82,7 +84,7 @@ class FlowFailures:
         after_id = self._resolve(after)[1] if after else None
         rows: list[tuple[tuple[int, int], dict]] = []
         for k, audit in enumerate(self.audits):
-            for entry in audit.entries(filt, limit, after_id):
+            for entry in audit.entries(filt, limit, after_id, deadline_s=self.deadline_s):
                 rows.append((position_order(entry.id), self._row(k, entry)))
         rows.sort(key=lambda r: r[0])
         return [row for _, row in rows[:limit]]
@@ -90,7 +92,7 @@ class FlowFailures:
     def show(self, ref: str) -> dict:
         """The entry ``ref`` with its mark and outcome; AuditError (missing) when there is none."""
         k, audit_id = self._resolve(ref)
-        entry = self.audits[k].entry(audit_id)
+        entry = self.audits[k].entry(audit_id, self.deadline_s)
         if entry is None:
             raise AuditError("missing", ref, self.audits[k].missing(audit_id))
         return self._row(k, entry)
@@ -105,7 +107,8 @@ class FlowFailures:
 
     def matching(self, filt: AuditFilter) -> list[str]:
         """The audit IDs of every entry ``filt`` takes, oldest first in each shard."""
-        return [self.ref(k, e.id) for k, audit in enumerate(self.audits) for e in audit.scan(filt)]
+        return [self.ref(k, e.id) for k, audit in enumerate(self.audits)
+                for e in audit.scan(filt, deadline_s=self.deadline_s)]
 
     def _act(self, ref: str, by: str, resubmit: bool) -> ActionResult:
         try:
@@ -113,9 +116,9 @@ class FlowFailures:
             audit = self.audits[k]
             if resubmit:
                 mark = audit.resubmit(audit_id, by, max_bytes=self.max_bytes, replicas=self.replicas,
-                                      replica_wait_ms=self.replica_wait_ms)
+                                      replica_wait_ms=self.replica_wait_ms, deadline_s=self.deadline_s)
             else:
-                mark = audit.discard(audit_id, by)
+                mark = audit.discard(audit_id, by, deadline_s=self.deadline_s)
         except AuditError as exc:
             return ActionResult(ref, False, exc.reason, exc.kind)
         return ActionResult(ref, True, mark=mark)
@@ -124,7 +127,7 @@ class FlowFailures:
         """The audit's counts (``AuditStore.counts``), summed over the shards."""
         total: dict[str, int] = {}
         for audit in self.audits:
-            for name, n in audit.counts().items():
+            for name, n in audit.counts(self.deadline_s).items():
                 total[name] = total.get(name, 0) + n
         return total
 

@@ -30,4 +30,5 @@ class PeerConfig:
     security: GrpcSecurity = NO_SECURITY  # gRPC TLS and tokens, served and used to escalate
     metrics_listen: str | None = None  # HOST:PORT of the peer's Prometheus metrics (HTTP), or none
     console_listen: str | None = None  # HOST:PORT of the peer's operator console (HTTPS with TLS), or none
+    console_hosts: tuple[str, ...] = ()  # more names a console request's Host may give (host_check.py)
     batch_log: str | None = None       # a file for each master batch's phases, one JSON line each (batch_phases.py)

@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--console-listen", metavar="HOST:PORT",
                    help="serve the operator console here, and the metrics beside it (HTTPS with the peer's "
                         "certificate; another address than loopback needs TLS and tokens; default: none)")
+    r.add_argument("--console-allow-host", action="append", metavar="NAME",
+                   help="a name the console (and the metrics beside it) answers to besides the address dialled, "
+                        "localhost and its certificate's names: each request's Host must be one (repeatable)")
     r.add_argument("--batch-log", metavar="FILE",
                    help="append where each batch run as master spends its time (reading, decoding, the graph, the "
                         "COMMIT, escalation, idle...) to FILE, one JSON line a batch; {peer} in FILE becomes the peer's ID "
@@ -203,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--reports", metavar="DIR", help="show the drill results (*.jsonl) found in DIR")
     co.add_argument("--handover-timeout", type=float, default=10.0, metavar="S",
                     help="how long a handover asked from the page may take (default 10)")
+    co.add_argument("--allow-host", action="append", metavar="NAME",
+                    help="a name the console answers to besides the address dialled, localhost and its "
+                         "certificate's names: each request's Host must be one (repeatable)")
     _security_flags(co, serving=True, title="security (over the flow file's security section)",
                     description="--tls-cert and --tls-key: the console's HTTPS certificate; --token read=REF and "
                                 "admin=REF: the tokens it accepts (admin's also sent to the master for a handover); "

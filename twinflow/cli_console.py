@@ -18,19 +18,19 @@ import sys
 import threading
 from pathlib import Path
 
-from twinflow.cli_common import EXIT_REFUSED, _grpc_security
-from twinflow.cli_peer import _flow_stores
+from twinflow.cli_common import EXIT_REFUSED, _address, _grpc_security, _load_flow
 
 
 def cmd_console(args) -> int:
     from twinflow.cluster.console.access import ConsoleAccess
     from twinflow.cluster.console.app import ConsoleApp
     from twinflow.cluster.console.server import ConsoleServer
-    from twinflow.cluster.console.snapshot import ConsoleView
+    from twinflow.cluster.console.snapshot import ConsoleView, console_stores
     from twinflow.cluster.handover_request import ask_masters
     from twinflow.grpc_security import SecurityConfigError
 
-    graph, stores = _flow_stores(args)
+    graph = _load_flow(args.flow)
+    stores = console_stores(graph, _address(args.redis, "TWINFLOW_REDIS", "redis"), who="console")
     security = _grpc_security(args, graph)
     cert = args.tls_cert or (graph.cluster.security.tls_cert if graph.cluster and graph.cluster.security else None)
     key = args.tls_key or (graph.cluster.security.tls_key if graph.cluster and graph.cluster.security else None)
@@ -38,7 +38,7 @@ def cmd_console(args) -> int:
                      handover=lambda: [a.as_dict() for a in ask_masters(stores, security, args.handover_timeout)],
                      reports=Path(args.reports) if args.reports else None)
     try:
-        server = ConsoleServer(app, args.listen, security=security, cert=cert, key=key)
+        server = ConsoleServer(app, args.listen, security=security, cert=cert, key=key, hosts=args.allow_host or ())
     except (SecurityConfigError, OSError, ValueError) as exc:
         print(f"twinflow console: refused to start: {exc}", file=sys.stderr)
         return EXIT_REFUSED

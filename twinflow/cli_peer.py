@@ -61,6 +61,7 @@ def cmd_run(args) -> int:
         security=_grpc_security(args, graph),
         metrics_listen=args.metrics_listen,
         console_listen=args.console_listen,
+        console_hosts=tuple(getattr(args, "console_allow_host", None) or ()),
         batch_log=args.batch_log.replace("{peer}", args.peer_id) if args.batch_log else None,
     )
     try:  # before anything starts: a refused bind must not wait for Spark to come up first

@@ -10,3 +10,5 @@ peer's ``--console-listen``).
 The page is one HTML file with plain JavaScript and CSS (``static/``): no build step, no
 CDN, nothing fetched from the internet at run time.
 """
+
+from . import log_text  # noqa: F401,E402 (installs the escaping of control characters in the console's log)

@@ -3,9 +3,10 @@
 A request carries a token as ``Authorization: Bearer <token>``, as a gRPC call does. When
 the console has tokens (the flow file's ``security.tokens``, or ``--token``), a ``read``
 token may look at everything, an ``admin`` token (the operator's) may also act: resubmit
-failed messages and hand the master role over. Any other token, or none, is refused. A
-console without tokens serves loopback only (:func:`check_console_bind`): then whoever
-reaches it is on the machine, and may do both.
+failed messages and hand the master role over. Any other token, or none, is refused with
+one answer (401 and the same reason), whether or not the token is valid for another scope:
+a refusal tells a caller nothing about its token. A console without tokens serves loopback
+only (:func:`check_console_bind`): then whoever reaches it is on the machine, and may do both.
 
 An action also needs the header ``X-Twinflow-Console``: a web page of another origin cannot
 send it without the browser asking first (CORS), and the console never agrees, so a page
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from ...grpc_security import GrpcSecurity, SecurityConfigError, is_loopback, token_fingerprint
 
 READ, ACT = "read", "act"
+REFUSED = "sign in with a read or admin token of this flow"
 ACTION_HEADER = "HTTP_X_TWINFLOW_CONSOLE"
 _NAME = re.compile(r"[^\w .@-]")
 
@@ -55,19 +57,18 @@ class ConsoleAccess:
             return Caller(200, may_act=True, who=f"{name} (open console)")
         auth = environ.get("HTTP_AUTHORIZATION", "")
         token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        if not token:
-            return Caller(401, "sign in with a read or admin token")
-        scopes = self.security.scopes_for(token)
-        who = f"{name} (token {token_fingerprint(token)})"
+        scopes = self.security.scopes_for(token) if token else frozenset()
         if "admin" in scopes:
-            return Caller(200, may_act=True, who=who)
-        if need == ACT:
-            if "read" in scopes:
+            return Caller(200, may_act=True, who=f"{name} (token {token_fingerprint(token)})")
+        if "read" in scopes:
+            who = f"{name} (token {token_fingerprint(token)})"
+            if need == ACT:
                 return Caller(403, "this token may look but not act: resubmit and handover need an admin token",
                               who=who)
-        elif "read" in scopes:
             return Caller(200, who=who)
-        return Caller(403 if scopes else 401, "this token is not a read or admin token of this flow", who=who)
+        # No token, a wrong one, or one of another scope (ingest, escalation): one answer for all,
+        # so that a refusal never tells a caller that its token is valid somewhere.
+        return Caller(401, REFUSED, who=name)
 
 
 def check_console_bind(address: str, security: GrpcSecurity | None, tls: bool) -> None:

@@ -14,9 +14,15 @@ Routes (all under ``/console``):
 - ``GET /console/api/drills``: the drill results found in the reports directory.
 
 Under failure: every API answer is JSON; a refused request is 401 or 403 with the reason
-(:mod:`.access`); Redis not answering is 503 with the reason, and changes nothing; an
-action answers each audit ID with ``ok`` or its refusal, as the CLI does. Every action,
-done or refused for its scope, is logged (event ``console_action``) with who asked.
+(:mod:`.access`); a bad parameter is 400 naming it; Redis not answering is 503 with the
+reason within seconds (every Redis call of the console has a deadline: :mod:`.snapshot`),
+and changes nothing, except a resubmit of several that Redis stopped answering part-way:
+its 503 names each audit ID resubmitted before, the one Redis did not answer for and those
+not tried. An action answers each audit ID with ``ok`` or its refusal, as the CLI does. A
+body is read only to its ``Content-Length`` and at most ``MAX_BODY`` bytes (400 for a length
+that is not a number of bytes, 413 past the limit), whatever server runs the application.
+Every action, done or refused for its scope, is logged (event ``console_action``) with who
+asked; what a client sent is logged with its control characters escaped (:mod:`.log_text`).
 """
 
 from __future__ import annotations
@@ -31,16 +37,17 @@ from urllib.parse import parse_qs, unquote
 import redis
 
 from ...logs import event
-from ...runtime.store.audit import AuditError, AuditFilter
+from ...runtime.store.audit import STATUSES, AuditError, AuditFilter
 from ...runtime.store.store_errors import RedisUnavailable
 from .access import ACT, READ, ConsoleAccess
 from .drill_reports import drill_reports
+from .headers import SECURITY_HEADERS, reason
 from .snapshot import ConsoleView
 
 log = logging.getLogger("twinflow.console")
 
 STATIC = {"console.js": "text/javascript", "console.css": "text/css", "index.html": "text/html"}
-MAX_BODY = 1 << 20        # an action's request body: a list of audit IDs
+MAX_BODY = 1 << 20        # an action's request body: a list of audit IDs (request_bounds.Bounds: the same)
 LIST_LIMIT = 200          # entries one listing shows at most
 _UNAVAILABLE = (redis.RedisError, RedisUnavailable, OSError)
 
@@ -62,15 +69,16 @@ class ConsoleApp:
         method = environ.get("REQUEST_METHOD", "GET")
         try:
             status, ctype, body = self._route(method, path, environ)
+        except _BadRequest as exc:
+            status, ctype, body = exc.status, "application/json", _json({"error": exc.why})
         except _UNAVAILABLE as exc:
             status, ctype, body = 503, "application/json", _json({"error": f"Redis did not answer: {exc}"})
         except Exception:  # the console must answer, and say so, whatever broke
             log.exception("console request %s %s failed", method, path)
             status, ctype, body = 500, "application/json", _json({"error": "the console failed; see its log"})
         headers = [("Content-Type", f"{ctype}; charset=utf-8"), ("Content-Length", str(len(body))),
-                   ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
-                   ("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'")]
-        start_response(f"{status} {_REASONS.get(status, 'Error')}", headers)
+                   *SECURITY_HEADERS]
+        start_response(f"{status} {reason(status)}", headers)
         return [body]
 
     def _route(self, method: str, path: str, environ: dict) -> tuple[int, str, bytes]:
@@ -108,10 +116,7 @@ class ConsoleApp:
         if api == "snapshot":
             return 200, "application/json", _json(self.view.snapshot())
         if api == "failures":
-            try:
-                return 200, "application/json", _json(self._failures(parse_qs(environ.get("QUERY_STRING", ""))))
-            except ValueError as exc:  # a limit that is not a number, a status that is not one
-                return 400, "application/json", _json({"error": str(exc)})
+            return 200, "application/json", _json(self._failures(parse_qs(environ.get("QUERY_STRING", ""))))
         if api.startswith("failures/"):
             ref = unquote(api[len("failures/"):])
             try:
@@ -127,9 +132,15 @@ class ConsoleApp:
             return (query.get(name) or [""])[0].strip() or None
 
         status = one("status") or "FAILED"
+        if status != "ANY" and status not in STATUSES:
+            raise _BadRequest(400, f"status must be {', '.join(STATUSES)} or ANY, not {status[:40]!r}")
         filt = AuditFilter(node=one("node"), reason=one("reason"), status="" if status == "ANY" else status)
         wanted = one("id")
-        limit = max(1, min(LIST_LIMIT, int(one("limit") or LIST_LIMIT)))
+        limit_text = one("limit") or str(LIST_LIMIT)
+        if not limit_text.isdecimal() or len(limit_text) > 9:
+            raise _BadRequest(400, f"limit must be a whole number of entries (1 to {LIST_LIMIT}), "
+                                   f"not {limit_text[:40]!r}")
+        limit = max(1, min(LIST_LIMIT, int(limit_text)))
         # A search by message ID reads the filtered audit and keeps the entries whose ID has it.
         rows = self.view.failures.list(filt, limit=limit if not wanted else 10_000)
         if wanted:
@@ -144,7 +155,12 @@ class ConsoleApp:
             refs = _body(environ).get("refs")
             if not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs):
                 return 400, "application/json", _json({"error": "give refs: a list of audit IDs"})
-            results = [r.as_dict() for r in self.view.failures.resubmit(refs, by=who)]
+            results = []
+            for k, ref in enumerate(refs):
+                try:
+                    results += [r.as_dict() for r in self.view.failures.resubmit([ref], by=who)]
+                except _UNAVAILABLE as exc:
+                    return self._resubmit_cut(refs, k, results, exc, who)
             done = [r["audit_id"] for r in results if r["ok"]]
             event(log, logging.INFO, "console_action", "%s resubmitted %d of %d failed messages", who, len(done),
                   len(refs), flow=flow, action="resubmit", by=who, refs=refs, resubmitted=done, ok=True)
@@ -158,10 +174,35 @@ class ConsoleApp:
             return 200, "application/json", _json({"results": results})
         return 404, "application/json", _json({"error": f"no such action: {api}"})
 
+    def _resubmit_cut(self, refs: list[str], k: int, results: list[dict], exc: Exception,
+                      who: str) -> tuple[int, str, bytes]:
+        """Redis stopped answering at ``refs[k]``: 503, with what was done before it and what was not."""
+        done = [r["audit_id"] for r in results if r["ok"]]
+        results = [*results, {"audit_id": refs[k], "ok": False, "reason": f"Redis did not answer: {exc}"},
+                   *({"audit_id": ref, "ok": False, "reason": "not tried: Redis did not answer"} for ref in refs[k + 1:])]
+        event(log, logging.WARNING, "console_action", "%s resubmitted %d of %d failed messages before Redis "
+              "stopped answering", who, len(done), len(refs), flow=self.view.graph.name, action="resubmit", by=who,
+              refs=refs, resubmitted=done, ok=False)
+        return 503, "application/json", _json({"error": f"Redis did not answer: {exc}", "results": results})
+
+
+class _BadRequest(Exception):
+    """A request refused for what it sent: ``status`` and why, naming the parameter."""
+
+    def __init__(self, status: int, why: str):
+        super().__init__(why)
+        self.status, self.why = status, why
+
 
 def _body(environ: dict) -> dict:
+    """The request's JSON object body, read to its Content-Length and never past ``MAX_BODY``."""
+    length = str(environ.get("CONTENT_LENGTH") or "0").strip()
+    if not length.isdecimal():
+        raise _BadRequest(400, f"Content-Length must be a number of bytes, not {length[:20]!r}")
+    size = int(length)
+    if size > MAX_BODY:
+        raise _BadRequest(413, f"the body is {size} bytes; at most {MAX_BODY} are taken")
     try:
-        size = min(int(environ.get("CONTENT_LENGTH") or 0), MAX_BODY)
         body = json.loads(environ["wsgi.input"].read(size) or b"{}")
     except (ValueError, KeyError):
         return {}
@@ -171,6 +212,3 @@ def _body(environ: dict) -> dict:
 def _json(value) -> bytes:
     return json.dumps(value, default=str).encode()
 
-
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 500: "Internal Server Error", 503: "Service Unavailable"}

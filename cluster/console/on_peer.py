@@ -23,11 +23,10 @@ from ...grpc_security import SecurityConfigError
 from ...logs import event
 from ..handover_request import ask_masters
 from ..on_cluster import StartRefused
-from ..operator_stores import operator_stores
 from .access import ConsoleAccess
 from .app import ConsoleApp
 from .server import ConsoleServer
-from .snapshot import ConsoleView
+from .snapshot import ConsoleView, console_stores
 
 if TYPE_CHECKING:
     from ..peer import Peer
@@ -40,12 +39,12 @@ def serve_console(peer: "Peer") -> ConsoleServer:
     """Serve the console of ``peer``'s flow on ``peer.cfg.console_listen``; the caller stops it."""
     cfg = peer.cfg
     security = cfg.security
-    stores = operator_stores(peer.graph, cfg.redis_url, who=f"{cfg.peer_id}-console")
+    stores = console_stores(peer.graph, cfg.redis_url, who=f"{cfg.peer_id}-console")
     app = ConsoleApp(ConsoleView(peer.graph, stores, clock=time.time), ConsoleAccess(security),
                      handover=lambda: [a.as_dict() for a in ask_masters(stores, security, HANDOVER_TIMEOUT_S)])
     tls = security.tls
     try:
-        server = ConsoleServer(app, cfg.console_listen, security=security,
+        server = ConsoleServer(app, cfg.console_listen, security=security, hosts=cfg.console_hosts,
                                cert=tls.cert if tls else None, key=tls.key if tls else None,
                                metrics=make_wsgi_app(peer.metrics.registry) if peer.metrics else None)
     except (OSError, ValueError, SecurityConfigError) as exc:

@@ -1,85 +1,117 @@
 """Serving the console over HTTP or HTTPS: :class:`ConsoleServer`.
 
-The server is the standard library's WSGI server with a thread per request (as
-prometheus-client serves ``/metrics``): the page polls one JSON snapshot a second, so no
-request lives long and a stop ends at once. With a certificate and key it serves HTTPS;
-the TLS handshake happens in the request's thread, so a slow client holds up no other.
-A peer's console also answers its Prometheus metrics on every path outside ``/console``
-(``metrics``): one port to reach for both.
+The server is :class:`.bounded_http.BoundedHttpServer`: connections wait for their request on
+an event loop, a request read whole is answered on a small pool of threads, and every stage
+has a deadline and every request a size (its module doc says what each limit is). With a
+certificate and key it serves HTTPS. A peer's console also answers its Prometheus metrics on
+every path outside ``/console`` (``metrics``): one port to reach for both.
+
+Every request must name this console in its ``Host`` (:mod:`.host_check`: the address it
+was dialled at, ``localhost`` on loopback, its certificate's names, the names given in
+``hosts``), the metrics' too: a page of another site that rebinds its name to this address
+is refused (421). Every answer, the metrics' and the refusals' included, carries the
+console's security headers (:mod:`.headers`).
 
 Under failure: an address that cannot be bound raises OSError at start, a TLS file that
 cannot be read SecurityConfigError naming it; a non-loopback address without TLS and
-tokens is refused before anything binds (:func:`.access.check_console_bind`). A request
-that fails is answered 500 and logged; the server goes on.
+tokens is refused before anything binds (:func:`.access.check_console_bind`), and one the
+operator allowed with ``--insecure`` is warned about at start and every minute
+(:mod:`.insecure`). A request that fails is answered 500 and logged; the server goes on.
+Idle, slow or too many clients are closed at their deadline or to make room; they cannot
+take the server's threads, nor the process's file descriptors.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 import threading
-from typing import Callable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-from socketserver import ThreadingMixIn
+from typing import Callable, Iterable
 
 from ...grpc_security import GrpcSecurity, SecurityConfigError
 from ..metrics import split_address
 from .access import check_console_bind
+from .bounded_http import BoundedHttpServer, Limits
+from .headers import reason, with_security
+from .host_check import AllowedHosts, certificate_names
+from .insecure import insecure_reason, warn_insecure
 
 log = logging.getLogger("twinflow.console")
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def handle_error(self, request, client_address):
-        # A client that went away, or spoke plain HTTP to the HTTPS port: its connection ends,
-        # the server goes on; a line in the debug log, not a traceback on stderr.
-        log.debug("console connection from %s failed", client_address[0], exc_info=True)
-
-
-class _QuietHandler(WSGIRequestHandler):
-    """No access line per request on stderr: the page polls every second."""
-
-    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
-        log.debug("console %s " + format, self.client_address[0], *args)
-
-
 class ConsoleServer:
     """``app`` served on ``listen`` (``HOST:PORT``; port 0 picks one), HTTPS when ``cert`` and ``key``
-    are given; paths outside ``/console`` go to ``metrics`` when given. ``url`` is where it listens."""
+    are given; paths outside ``/console`` go to ``metrics`` when given. ``hosts``: more names a
+    request's ``Host`` may give; ``limits``: the server's bounds; ``insecure_wait``: the timer of
+    the ``--insecure`` warning (a test's). ``url`` is where it listens."""
 
     def __init__(self, app: Callable, listen: str, *, security: GrpcSecurity | None = None,
-                 cert: str | None = None, key: str | None = None, metrics: Callable | None = None):
-        check_console_bind(listen, security, tls=bool(cert and key))
+                 cert: str | None = None, key: str | None = None, metrics: Callable | None = None,
+                 hosts: Iterable[str] = (), limits: Limits = Limits(),
+                 insecure_wait: Callable[[float], bool] | None = None):
+        tls = bool(cert and key)
+        check_console_bind(listen, security, tls=tls)
         host, port = split_address(listen)
         context = None
-        if cert and key:
+        if tls:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             try:
                 context.load_cert_chain(cert, key)
             except (OSError, ssl.SSLError) as exc:
                 raise SecurityConfigError(f"console TLS: cannot use {cert} and {key}: {exc}") from None
+        self.hosts = AllowedHosts(host, [*hosts, *(certificate_names(cert) if tls else [])])
 
         def routed(environ, start_response):
+            def secured(status, headers, exc_info=None):
+                return start_response(status, with_security(list(headers)), exc_info)
+
+            if not self.hosts.allows(environ.get("HTTP_HOST"), environ.get("twinflow.server_ip")):
+                return _refuse_host(environ, secured, self.hosts)
             path = environ.get("PATH_INFO", "/")
             if metrics is not None and not (path == "/console" or path.startswith("/console/")):
-                return metrics(environ, start_response)
-            return app(environ, start_response)
+                return metrics(environ, secured)
+            return app(environ, secured)
 
-        self._httpd = make_server(host, port, routed, server_class=_Server, handler_class=_QuietHandler)
-        if context is not None:
-            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True,
-                                                     do_handshake_on_connect=False)
+        family, address = _bind_address(host, port)
+        sock = socket.create_server(address, family=family, dualstack_ipv6=False)
+        try:
+            self._http = BoundedHttpServer(routed, sock, tls=context, limits=limits)
+        except BaseException:
+            sock.close()
+            raise
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"{'https' if context else 'http'}://{shown}:{self._httpd.server_address[1]}/console/"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="console", daemon=True)
-        self._thread.start()
+        self.url = f"{'https' if context else 'http'}://{shown}:{sock.getsockname()[1]}/console/"
+        self._stop = threading.Event()
+        warning = insecure_reason(listen, security, tls)
+        if warning:
+            warn_insecure(warning, self._stop, wait=insecure_wait)
+
+    @property
+    def held(self) -> int:
+        """Connections held now (each waiting for its request or being answered)."""
+        return self._http.held
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(5.0)
+        self._stop.set()
+        self._http.stop()
+
+
+def _bind_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple]:
+    """The family and address to bind ``host``: an IP literal as it is, a name as it resolves."""
+    found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, address = found[0]
+    return family, address[:2]
+
+
+def _refuse_host(environ: dict, start_response, hosts: AllowedHosts) -> list[bytes]:
+    # Not the Host sent back: the refusal names what the console takes, nothing the client chose.
+    body = (f"this console does not answer to the Host this request names; it answers to "
+            f"{hosts.describe()} (twinflow console --allow-host NAME, twinflow run --console-allow-host NAME)\n"
+            ).encode()
+    log.info("console refused a request from %s for another Host: %s", environ.get("REMOTE_ADDR", "?"),
+             environ.get("HTTP_HOST", "(none)"))
+    start_response(f"421 {reason(421)}", [("Content-Type", "text/plain; charset=utf-8"),
+                                          ("Content-Length", str(len(body)))])
+    return [body]

@@ -19,7 +19,9 @@ RedisUnavailable after it. A resubmit or discard changes nothing unless it is ap
 an audit ID that does not exist, an entry marked before, or an entry that cannot be resubmitted
 raises :class:`AuditError` with the reason, and a call retried after a lost reply finds its own
 mark (one envelope on the uplink, never two). A trim removes only entries past the retention
-or the size, and adds every one it removes that was still FAILED to a count in Redis.
+or the size, and adds every one it removes that was still FAILED to a count in Redis. A mark
+or an outcome that is not the JSON object this code writes is read as ``{"malformed": text}``
+(the entry's status MALFORMED, and never resubmitted): one bad value never fails a listing.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 FAILED, RESUBMITTED, DISCARDED = "FAILED", "RESUBMITTED", "DISCARDED"
 STATUSES = (FAILED, RESUBMITTED, DISCARDED)
+MALFORMED = "MALFORMED"  # the status shown for an entry whose mark is not one this code wrote
 PAGE = 500            # entries read per round trip when listing
 TRIM_BUDGET = 10_000  # entries one trim call removes at most (a longer script would hold Redis)
 
@@ -140,8 +143,20 @@ def _text(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
-def _json(raw: Any) -> dict | None:
-    return None if raw is None else loads(raw)
+def _json(raw: Any, status: str | None = None) -> dict | None:
+    """A mark or an outcome as written, a JSON object; one that is not (written by hand, cut,
+    corrupted) is ``{"malformed": its text}``, with ``status`` MALFORMED for a mark, so that a
+    listing shows it as such instead of failing whole."""
+    if raw is None:
+        return None
+    try:
+        value = loads(raw)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    malformed = {"malformed": _text(raw)}
+    return {"status": status, **malformed} if status else malformed
 
 
 class AuditStore:
@@ -193,7 +208,8 @@ class AuditStore:
         fields = {_text(k): v for k, v in raw_fields.items()}
         data = fields.pop("data", b"")
         return AuditEntry(_text(raw_id), {k: _text(v) for k, v in fields.items()},
-                          data if isinstance(data, bytes) else str(data).encode(), _json(mark), _json(outcome))
+                          data if isinstance(data, bytes) else str(data).encode(), _json(mark, MALFORMED),
+                          _json(outcome))
 
     def entry(self, audit_id: str, deadline_s: float | None = None) -> AuditEntry | None:
         """The entry ``audit_id`` with its mark and outcome, or None when the audit has none."""
@@ -267,7 +283,7 @@ class AuditStore:
         code = int(reply[0])
         if code == 0:
             raise AuditError("missing", audit_id, self.missing(audit_id))
-        mark = loads(reply[1])
+        mark = _json(reply[1], MALFORMED)
         if code == 2:
             raise AuditError("marked", audit_id, self._marked(audit_id, mark))
         mark.pop("token", None)
@@ -279,6 +295,8 @@ class AuditStore:
 
     @staticmethod
     def _marked(audit_id: str, mark: dict) -> str:
+        if "malformed" in mark:
+            return f"audit entry {audit_id} has a mark twinflow did not write ({MALFORMED}); nothing changed"
         done = str(mark.get("status", "marked")).lower()
         return (f"audit entry {audit_id} was already {done} at {time_text(mark.get('at'))} "
                 f"by {mark.get('by') or '?'}; nothing changed")

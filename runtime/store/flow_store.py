@@ -421,7 +421,9 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
         self.call("drop_status", lambda: self.r.delete(self.keys.peer(self.peer_id)), deadline_s=0)
 
     def read_statuses(self, deadline_s: float | None = None) -> list[dict]:
-        """The live status of every peer of the flow (stale peers drop out by TTL)."""
+        """The live status of every peer of the flow (stale peers drop out by TTL). A mapping that is
+        not the JSON text ``write_status`` writes stays text, and its name is in the row's
+        ``malformed``: one bad value does not hide every peer."""
 
         def read():
             out = []
@@ -434,7 +436,10 @@ class FlowStore(RedisCalls, DurableWrites, UplinkAccess, Suspensions, FlowEvents
                 row.setdefault("peer_id", row.get("node_id", nid))  # a peer that writes only node_id (mid-upgrade)
                 for mapping in ("rule_pending", "suspended", "pending_nodes", "links"):  # written as JSON text (write_status)
                     if row.get(mapping, "").startswith("{"):
-                        row[mapping] = loads(row[mapping])
+                        try:
+                            row[mapping] = loads(row[mapping])
+                        except ValueError:  # not what write_status wrote: kept as text, and named
+                            row.setdefault("malformed", []).append(mapping)
                 out.append(row)
             return out
 

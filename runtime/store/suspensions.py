@@ -34,6 +34,20 @@ class Suspensions:
         raw = self.call("suspensions", lambda: self.r.hgetall(self.keys.suspended), deadline_s)
         return {k.decode(): json.loads(v) for k, v in raw.items()}
 
+    def suspension_records(self, deadline_s: float | None = None) -> dict[str, dict]:
+        """As :meth:`suspensions`, for a reader that shows them (the console): a record that is not
+        a JSON object is ``{"malformed": its text}`` instead of raising."""
+        raw = self._call("suspensions", lambda: self.r.hgetall(self.keys.suspended), deadline_s)
+        out = {}
+        for key, value in raw.items():
+            text = value.decode("utf-8", "replace")
+            try:
+                record = json.loads(text)
+            except ValueError:
+                record = None
+            out[key.decode("utf-8", "replace")] = record if isinstance(record, dict) else {"malformed": text}
+        return out
+
     def request_resume(self, by: str, now: float | None = None, deadline_s: float | None = None) -> dict[str, dict]:
         """Ask the master to end every suspension the flow has now; returns them (empty: the flow
         is not suspended, and nothing is written)."""

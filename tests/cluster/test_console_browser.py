@@ -11,6 +11,11 @@ the master the killed peer shows as silent, and the new master and the failover 
 six phases appear within seconds. The flow is ``test_failed_audit``'s: the claim pair,
 whose action's service refuses a message with ``fail`` while the file ``broken`` exists.
 Screenshots of each stage are saved (``TWINFLOW_CONSOLE_SHOTS=DIR`` copies them there).
+
+A second story needs no peer running: hostile values written into the flow's Redis by hand
+(markup and script in failed messages, peer statuses, suspension entries, events and drill
+reports; values that are not what a peer writes) are shown as the text they are, nothing of
+them runs, and a bad value spoils at most its own row or panel, never the page.
 """
 
 from __future__ import annotations
@@ -29,18 +34,25 @@ from tests.cluster.harness import cluster_on
 from tests.cluster.test_failed_audit import FLOW, HANDLERS  # the claim pair whose action's service may refuse
 from tests.conftest import wait_until
 from twinflow.client import Client
+from twinflow.cluster.on_cluster import flow_keys
+from twinflow.runtime.store.flow_events import entry_fields
+from twinflow.runtime.store.flow_store import FlowStore
 
 pytestmark = pytest.mark.cluster
 
 
-def start_console(tmp_path, c) -> tuple[subprocess.Popen, str]:
-    """``twinflow console`` on a free loopback port with read and admin tokens; (process, URL)."""
+KILL_MASTER = {"drill": "kill-master", "seed": 1, "messages": 2000, "lost": 0, "duplicated": 0, "rto_s": 2.1,
+               "passed": True}
+
+
+def start_console(tmp_path, c, drills: tuple[dict, ...] = (KILL_MASTER,)) -> tuple[subprocess.Popen, str]:
+    """``twinflow console`` on a free loopback port with read and admin tokens, ``drills`` in its
+    reports; (process, URL)."""
     (tmp_path / "read.token").write_text("read-token-for-the-console\n")
     (tmp_path / "admin.token").write_text("admin-token-for-the-console\n")
     reports = tmp_path / "reports"
     reports.mkdir()
-    (reports / "drills.jsonl").write_text(json.dumps({"drill": "kill-master", "seed": 1, "messages": 2000, "lost": 0,
-                                                      "duplicated": 0, "rto_s": 2.1, "passed": True}) + "\n")
+    (reports / "drills.jsonl").write_text("".join(json.dumps(d) + "\n" for d in drills))
     proc = subprocess.Popen(
         [sys.executable, "-m", "twinflow.cli", "console", str(c.flow_path), "--redis", c.redis_url,
          "--listen", "127.0.0.1:0", "--reports", str(reports),
@@ -175,6 +187,95 @@ def test_the_console_shows_the_cluster_live_and_acts_for_an_admin_only(services,
             wait_until(lambda: text_of(driver, count) == "71", 30, what=f"71 delivered: {text_of(driver, count)}")
             assert "kill-master" in text_of(driver, "#drills")
             save(driver, "console-failover")
+    finally:
+        if console is not None:
+            console.terminate()
+            console.wait(10)
+        c.stop()
+
+
+# Markup and script as they would come from a publisher, a hand-edited key or a report file.
+HOSTILE = ('<img src=x onerror="window.__pwned=1">', '</script><script>window.__pwned=2</script>',
+           '"><svg onload="window.__pwned=3">', "javascript:window.__pwned=4")
+
+
+def test_hostile_values_are_shown_as_text_and_one_bad_value_spoils_no_more_than_its_place(
+        services, tmp_path, flow_name):
+    img, script, svg, link = HOSTILE
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    c = cluster_on(services, tmp_path, flow_name, text=FLOW)
+    keys = flow_keys(c.graph)
+    r = c.redis
+    now, _ = r.time()
+    live = now + 600  # a status no peer refreshes: dated ahead so that it is not shown silent meanwhile
+    # Peer statuses: one as a peer writes it, one hostile in every text, one with malformed mappings.
+    FlowStore(r, keys, "good").write_status({"peer_id": "good", "role": "master", "epoch": 3, "at": live,
+                                             "grpc_address": "127.0.0.1:7001", "links": {}})
+    FlowStore(r, keys, img).write_status({"peer_id": img, "role": script, "epoch": svg, "at": live,
+                                          "grpc_address": svg, "version": link, "suspended": {img: {"reason": img}}})
+    FlowStore(r, keys, "broken").write_status({"peer_id": "broken", "role": "worker", "epoch": 3, "at": live})
+    r.hset(keys.peer("broken"), mapping={"pending_nodes": "{" + script, "links": '{"deliver.done": "' + img + '"}'})
+    # Suspension entries: one hostile record, one that is no record at all.
+    r.hset(keys.suspended, mapping={"deliver": json.dumps({"id": "s", "reason": img, "since": now}),
+                                    svg: "{" + script})
+    # Failed messages: hostile in every field, and one whose mark is not one twinflow wrote.
+    hostile = r.xadd(keys.audit, {"node": img, "outlink": svg, "reason": script, "id": img, "at": link,
+                                  "data": script}).decode()
+    marked = r.xadd(keys.audit, {"node": "deliver", "outlink": "error", "reason": "refused", "id": "m-1",
+                                 "at": str(now), "data": "{}"}).decode()
+    r.hset(keys.audit_marks, marked, script)
+    r.xadd(keys.events, entry_fields({"event": img, "peer": script, "epoch": 3, "at": now, "detail": svg}))
+    console = None
+    try:
+        console, url = start_console(tmp_path, c, drills=(KILL_MASTER, {"drill": img, "seed": script, "messages": svg,
+                                                                        "rto_s": link, "passed": False}))
+        with chromium(1400, 1500) as driver:
+            sign_in(driver, url, img, "read-token-for-the-console")
+            driver.execute_script("document.querySelector('#f-status').value = 'ANY'")
+            driver.find_element("css selector", "#failure-filter button[type=submit]").click()
+            wait_until(lambda: len(texts_of(driver, "#failures tbody tr")) == 2, 15,
+                       what=f"both audit entries: {texts_of(driver, '#failures tbody tr')}")
+            wait_until(lambda: len(texts_of(driver, "#peers tbody tr")) == 3, 15,
+                       what=f"three peer rows: {texts_of(driver, '#peers tbody tr')}")
+            wait_until(lambda: "kill-master" in (text_of(driver, "#drills") or ""), 35, what="the drill reports")
+            driver.find_element("css selector", f'#failures tr[data-ref="{hostile}"] .ref').click()
+            wait_until(lambda: not driver.execute_script("return document.querySelector('#failure-shown').hidden"),
+                       5, what="the hostile entry shown whole")
+            save = shots(tmp_path / "screens")
+            save(driver, "console-hostile")
+
+            # Nothing ran, and no element came out of a value.
+            assert driver.execute_script("return window.__pwned") is None
+            made = driver.execute_script(
+                "return document.querySelectorAll('#panels img, #panels script, #panels iframe, "
+                "#panels svg:not(#graph-svg), #panels a[href^=javascript]').length")
+            assert made == 0
+            # Every hostile value is there as the text it is, where it belongs.
+            peers = text_of(driver, "#peers tbody")
+            assert img in peers and script in peers and svg in peers and link in peers
+            assert roles(driver)["good"] == "master" and text_of(driver, "#master") == "good"
+            broken = text_of(driver, '#peers tr[data-peer="broken"]')
+            assert "malformed pending_nodes, links" in broken and "links, links" not in broken, broken
+            assert roles(driver)[img] == script  # the badge of a role the page does not know, as text
+            suspensions = text_of(driver, "#suspensions")
+            assert f"deliver: {img}" in suspensions and f"{svg}: malformed ({{{script})" in suspensions
+            row = text_of(driver, f'#failures tr[data-ref="{hostile}"]')
+            assert img in row and svg in row and script in row and link in row
+            assert text_of(driver, f'#failures tr[data-ref="{marked}"] .status') == "MALFORMED"
+            assert script in text_of(driver, "#shown-body")
+            assert img in text_of(driver, "#drills") and "FAILED" in text_of(driver, "#drills")
+            assert img in text_of(driver, "#events tbody") and svg in text_of(driver, "#events tbody")
+            assert "<" not in text_of(driver, "#who") and "img srcx" in text_of(driver, "#who")  # the name, cleaned
+            assert text_of(driver, "#redis-state") == "Redis ok"
+
+            # A part spoiled whole (the audit's counts) says so in its panel; the rest stays drawn.
+            r.hset(keys.audit_counts, "removed", img)
+            wait_until(lambda: "could not be read" in (text_of(driver, "#failures-panel .problem") or ""), 10,
+                       what="the failures panel's note")
+            assert roles(driver)["good"] == "master" and len(texts_of(driver, "#failures tbody tr")) == 2
+            r.hdel(keys.audit_counts, "removed")
+            wait_until(lambda: text_of(driver, "#failures-panel .problem[data-part=snapshot]") is None, 10,
+                       what="the note gone once the value is")
     finally:
         if console is not None:
             console.terminate()

@@ -140,15 +140,26 @@ def test_failed_messages_are_listed_searched_shown_and_resubmitted_once(graph, s
         server.stop()
 
 
+def test_a_bad_parameter_is_refused_naming_it(graph, store):
+    server = serve(graph, store)
+    try:
+        for query, named in (("limit=abc", "limit"), ("limit=-3", "limit"), ("status=LOST", "status")):
+            status, answer = call(server.url, f"/console/api/failures?{query}")
+            assert status == 400 and answer["error"].startswith(named), answer
+            assert "invalid literal" not in answer["error"]
+    finally:
+        server.stop()
+
+
 def test_a_read_token_looks_an_admin_token_acts_and_anything_else_is_refused(graph, store, caplog):
     o1, _ = failed_two(store)
     security = GrpcSecurity(tokens=TOKENS)
     asked = []
     server = serve(graph, store, security=security, handover=lambda: asked.append(1) or [{"ok": True}])
     try:
-        assert call(server.url, "/console/api/snapshot")[0] == 401  # no token
-        assert call(server.url, "/console/api/snapshot", token="wrong")[0] == 401
-        assert call(server.url, "/console/api/snapshot", token="i-token")[0] == 403  # not a console scope
+        # No token, a wrong one, one of another scope: one answer, which tells nothing about the token.
+        refusals = [call(server.url, "/console/api/snapshot", token=t) for t in (None, "wrong", "i-token")]
+        assert refusals[0][0] == 401 and refusals == [refusals[0]] * 3, refusals
         assert call(server.url, "/console/api/snapshot", token="r-token")[0] == 200
         status, me = call(server.url, "/console/api/whoami", token="r-token")
         assert me["may_look"] and not me["may_act"] and me["who"].startswith("ops anna (token ")

@@ -120,12 +120,11 @@ def serve_console(cluster: LocalCluster, listen: str):
     from ..cluster.console.access import ConsoleAccess
     from ..cluster.console.app import ConsoleApp
     from ..cluster.console.server import ConsoleServer
-    from ..cluster.console.snapshot import ConsoleView
+    from ..cluster.console.snapshot import ConsoleView, console_stores
     from ..cluster.handover_request import ask_masters
-    from ..cluster.operator_stores import operator_stores
     from ..grpc_security import NO_SECURITY
 
-    stores = operator_stores(cluster.graph, cluster.redis_url, who="demo-console")
+    stores = console_stores(cluster.graph, cluster.redis_url, who="demo-console")
     app = ConsoleApp(ConsoleView(cluster.graph, stores), ConsoleAccess(None),
                      handover=lambda: [a.as_dict() for a in ask_masters(stores, NO_SECURITY, 10.0)])
     return ConsoleServer(app, listen)

@@ -55,6 +55,7 @@ function fmtSeconds(s) {
 function fmtTime(t) {
   if (!t) return "-";
   const d = new Date(Number(t) * 1000);
+  if (isNaN(d.getTime())) return String(t);   // not a time: shown as the text it is
   return d.toISOString().replace("T", " ").slice(0, 23) + "Z";
 }
 function ago(t, now) { return t ? fmtSeconds(Math.max(0, now - Number(t))) + " ago" : "-"; }
@@ -225,16 +226,19 @@ function updatePeers(snap) {
   const body = $("#peers tbody");
   const rows = (snap.peers || []).slice().sort((a, b) => (a.peer_id + a.shard).localeCompare(b.peer_id + b.shard));
   body.replaceChildren(...rows.map((p) => {
-    const suspended = typeof p.suspended === "object" ? Object.keys(p.suspended).join(", ") : "";
+    const suspended = p.suspended && typeof p.suspended === "object" ? Object.keys(p.suspended).join(", ")
+      : typeof p.suspended === "string" && p.suspended.startsWith("{") ? "malformed" : "";
     const batch = p.last_batch_at ? `${ago(p.last_batch_at, snap.at)}, ${fmtCount(p.last_batch_size)} msgs in ` +
       fmtSeconds(p.last_batch_s) : "-";
     const claims = p.role === "worker" ? `baking ${fmtCount(p.baked)}, claimed ${fmtCount(p.claimed)}` : "-";
     const role = el("span", {class: "role badge " + p.role}, p.role);
     const silent = p.silent ? el("span", {class: "badge silent", title: "its status was last written " +
       fmtSeconds(p.age_s) + " ago"}, "silent " + fmtSeconds(p.age_s)) : "";
+    const malformed = Array.isArray(p.malformed) && p.malformed.length ? el("span", {class: "badge malformed",
+      title: "not as a peer writes it; not counted"}, "malformed " + p.malformed.join(", ")) : "";
     return el("tr", {"data-peer": p.peer_id, "data-shard": p.shard, class: "role-" + p.role + (p.silent ? " silent" : "")},
       el("td", {class: "peer"}, p.peer_id + (snap.shards > 1 ? " / " + p.shard : "")),
-      el("td", {}, role, " ", silent),
+      el("td", {}, role, " ", silent, " ", malformed),
       el("td", {class: "epoch"}, p.epoch || "-"),
       el("td", {}, p.grpc_address || "-"),
       el("td", {class: "lag"}, `${fmtCount(p.uplink_lag)} / ${fmtSeconds(p.uplink_lag_s)}`),
@@ -283,6 +287,26 @@ function updateEvents(snap) {
   }));
 }
 
+function panel(selector, problem, draw, part = "snapshot") {
+  // Draw one part of a panel; a problem the console reported, or one drawing met, is shown in the
+  // panel (a note per part: the snapshot's, the failures list's, the drills').
+  const box = document.querySelector(selector);
+  let note = box.querySelector(`:scope > .problem[data-part="${part}"]`);
+  let text = problem ? "Part of this panel could not be read: " + problem : "";
+  try { draw(); } catch (e) { text = "This panel could not be drawn: " + e; }
+  if (!text) { if (note) note.remove(); return; }
+  if (!note) { note = el("p", {class: "problem bad", "data-part": part}); box.querySelector("h2").after(note); }
+  note.textContent = text;
+}
+
+function updateSuspensions(snap) {
+  // The flow's suspensions as Redis holds them; one that is not a record twinflow wrote says so.
+  const items = Object.entries(snap.suspended || {}).map(([node, s]) => el("li", {"data-node": node},
+    s && s.malformed !== undefined ? el("span", {class: "bad"}, `${node}: malformed (${s.malformed})`)
+      : `${node}: ${(s && s.reason) || "suspended"} since ${fmtTime(s && s.since)}` + (s && s.until ? `, until ${fmtTime(s.until)}` : "")));
+  $("#suspensions").replaceChildren(...(items.length ? [el("b", {}, "Suspended: "), el("ul", {}, ...items)] : []));
+}
+
 async function poll() {
   try {
     const {status, body} = await api("snapshot");
@@ -296,12 +320,16 @@ async function poll() {
     redis.className = "state " + (snap.redis === "ok" ? "ok" : "bad");
     $("#updated").textContent = "updated " + fmtTime(snap.at);
     if (snap.redis !== "ok") return;   // keep what was drawn
-    updateGraph(snap);
-    updatePeers(snap);
-    updateFailovers(snap);
-    updateEvents(snap);
-    const c = snap.failures || {};
-    $("#failure-counts").textContent = `${fmtCount(c.failed)} failed of ${fmtCount(c.entries)} audited`;
+    // Each panel on its own: a value it cannot draw spoils that panel (which says so), not the page.
+    const problems = snap.problems || {};
+    panel("#flow-panel", problems.counts, () => updateGraph(snap));
+    panel("#peers-panel", problems.peers || problems.suspended, () => { updatePeers(snap); updateSuspensions(snap); });
+    panel("#failovers-panel", problems.failovers, () => updateFailovers(snap));
+    panel("#events-panel", problems.events, () => updateEvents(snap));
+    panel("#failures-panel", problems.failures, () => {
+      const c = snap.failures || {};
+      $("#failure-counts").textContent = `${fmtCount(c.failed)} failed of ${fmtCount(c.entries)} audited`;
+    });
   } catch (e) {
     const redis = $("#redis-state");
     redis.textContent = "console not answering";
@@ -314,7 +342,14 @@ async function loadFailures() {
   const q = new URLSearchParams({status: $("#f-status").value, node: $("#f-node").value,
     reason: $("#f-reason").value, id: $("#f-id").value});
   const {status, body} = await api("failures?" + q.toString());
-  if (status !== 200) return;
+  if (status !== 200) {
+    panel("#failures-panel", body.error || String(status), () => {}, "list");
+    return;
+  }
+  panel("#failures-panel", null, () => drawFailures(body), "list");
+}
+
+function drawFailures(body) {
   state.failures = body.entries;
   const shown = new Set(body.entries.map((e) => e.audit_id));
   for (const ref of [...state.selected]) if (!shown.has(ref)) state.selected.delete(ref);
@@ -375,6 +410,10 @@ async function handover() {
 async function loadDrills() {
   const {status, body} = await api("drills");
   if (status !== 200 || !body.length) return;
+  panel("#drills-panel", null, () => drawDrills(body), "drills");
+}
+
+function drawDrills(body) {
   $("#drills").replaceChildren(...body.map((f) => el("div", {class: "report", "data-file": f.file},
     el("h3", {}, f.file, el("span", {class: "muted"}, "  " + fmtTime(f.modified))),
     el("table", {}, el("thead", {}, el("tr", {}, ...["drill", "seed", "messages", "lost", "duplicated",
