@@ -37,7 +37,7 @@ class Suspensions:
     def suspension_records(self, deadline_s: float | None = None) -> dict[str, dict]:
         """As :meth:`suspensions`, for a reader that shows them (the console): a record that is not
         a JSON object is ``{"malformed": its text}`` instead of raising."""
-        raw = self._call("suspensions", lambda: self.r.hgetall(self.keys.suspended), deadline_s)
+        raw = self.call("suspensions", lambda: self.r.hgetall(self.keys.suspended), deadline_s)
         out = {}
         for key, value in raw.items():
             text = value.decode("utf-8", "replace")
