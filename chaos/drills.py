@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..runtime.waiting import wait_for
+from ..cluster.zk_paths import ZkPaths
 from ..runtime.flowgraph import parse_graph
 from ..testing.flow_messages import CHAINED_MESSAGES, messages_for
 from ..testing.messages import CHAINED
@@ -305,7 +306,7 @@ def kill_during_rollback(d: Drill) -> None:
     # (TWINFLOW_ZK_AUTH), without which a protected flow's epoch cannot be read.
     zk = connect_zookeeper(d.cluster.zk_hosts, 10, session_timeout_s=10.0)
     try:
-        epoch_path = f"/twinflow/{d.cluster.flow}/epoch"
+        epoch_path = ZkPaths(d.cluster.flow).epoch
         epoch = zk.exists(epoch_path).version
         killed = threading.Event()
 

@@ -53,7 +53,8 @@ from ..runtime.backup_file import Record
 from ..runtime.flowgraph import FlowGraph
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.store.key_copy import delete_keys, list_keys, redis_version, restore_keys, version_tuple
-from .zk_auth import FLOW_PARENT, PARENT_ACL, ZkAccessDenied, identity_of
+from .zk_auth import PARENT_ACL, ZkAccessDenied, identity_of
+from .zk_paths import PARENT, ZkPaths
 
 STATUS_POLL_S = 0.25  # how often a stopped peer's znode and status are looked for again
 
@@ -73,7 +74,7 @@ def iso(ms: int) -> str:
 
 def zk_members(zk, flow: str) -> list[str]:
     """The peers registered in ZooKeeper as members of ``flow`` (``membership.py``)."""
-    path = f"{FLOW_PARENT}/{flow}/members"
+    path = ZkPaths(flow).members
     try:
         return sorted(zk.get_children(path))
     except NoNodeError:
@@ -86,14 +87,14 @@ def take_epoch(zk, flow: str, above: int) -> int:
     """An epoch of the restore's own for ``flow``, larger than ``above`` and than any ZooKeeper
     gave before: the epoch znode set (made, with the flow's znodes, if missing) until its
     version, the epoch, is past both (see the module doc)."""
-    root = f"{FLOW_PARENT}/{flow}"
-    path = FLOW_PARENT
+    paths = ZkPaths(flow)
+    path = PARENT
     try:
         # As a peer makes them (membership.py): the shared parent open to every flow.
-        zk.ensure_path(FLOW_PARENT, acl=PARENT_ACL)
-        for path in (root, f"{root}/election", f"{root}/members", f"{root}/epoch"):
+        zk.ensure_path(PARENT, acl=PARENT_ACL)
+        for path in paths.own():
             zk.ensure_path(path)
-        path = f"{root}/epoch"
+        path = paths.epoch
         version = zk.exists(path).version
         # Each set moves the version by one; sent together, answered in order.
         sets = [zk.set_async(path, b"") for _ in range(max(above, version) + 1 - version)]

@@ -68,6 +68,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NoNod
 from ..logs import event
 from .membership import RETRY_PAUSE_S, Membership
 from .zk_auth import ZkAccessDenied, identity_of
+from .zk_paths import ZkPaths
 
 log = logging.getLogger("twinflow.leadership")
 
@@ -108,8 +109,8 @@ class Leadership(Membership):
         self.flow = flow
         self.peer_id = peer_id
         self.address = address
-        self.root = f"/twinflow/{flow}"
-        self._member_path = f"{self.root}/members/{peer_id}"
+        self.paths = ZkPaths(flow)
+        self._member_path = self.paths.member(peer_id)
         self._member_data = json.dumps({"address": address}).encode()
         self._on_promoted = on_promoted
         self._on_demoted = on_demoted
@@ -146,7 +147,7 @@ class Leadership(Membership):
         self._prepare_znodes()
         self.zk.add_listener(self._on_state)
         # kazoo re-arms the watch after every change and reconnect.
-        self.zk.DataWatch(f"{self.root}/epoch", self._note_master)
+        self.zk.DataWatch(self.paths.epoch, self._note_master)
         try:
             self._register()
         except NoAuthError:
@@ -182,7 +183,7 @@ class Leadership(Membership):
         """
         if fresh and not self.suspended:
             try:
-                data, stat = self.zk.get(f"{self.root}/epoch")
+                data, stat = self.zk.get(self.paths.epoch)
                 self._note_master(data, stat)
             except KazooException:
                 pass
@@ -199,7 +200,7 @@ class Leadership(Membership):
     def leader(self) -> str | None:
         """The peer ID that holds the election now, or None."""
         try:
-            contenders = self.zk.Election(f"{self.root}/election").contenders()
+            contenders = self.zk.Election(self.paths.election).contenders()
         except KazooException:
             return None
         return contenders[0] if contenders else None
@@ -210,7 +211,7 @@ class Leadership(Membership):
             return {"ok": False, "reason": "this peer is not master"}
         if self.suspended:  # a ZooKeeper call would wait for the connection, unbounded
             return {"ok": False, "reason": "ZooKeeper is unreachable: the role ends with the session"}
-        others = [c for c in self.zk.Election(f"{self.root}/election").contenders() if c != self.peer_id]
+        others = [c for c in self.zk.Election(self.paths.election).contenders() if c != self.peer_id]
         if not others:
             return {"ok": False, "reason": "no other peer is waiting to take over"}
         t0 = self._threads.monotonic()
@@ -255,7 +256,7 @@ class Leadership(Membership):
     # -- internals --------------------------------------------------------
     def _master_epoch_moved(self) -> bool:
         try:
-            _, stat = self.zk.get(f"{self.root}/epoch")
+            _, stat = self.zk.get(self.paths.epoch)
         except KazooException:
             return False
         return stat.version > self.epoch
@@ -303,7 +304,7 @@ class Leadership(Membership):
                 log.debug("on_event raised for %s", name, exc_info=True)
 
     def _next_epoch(self) -> int:
-        stat = self.zk.set(f"{self.root}/epoch", self.peer_id.encode())
+        stat = self.zk.set(self.paths.epoch, self.peer_id.encode())
         return stat.version
 
     def _lead(self) -> None:
@@ -358,7 +359,7 @@ class Leadership(Membership):
         """Delete election nodes of this peer in our own session (checked after a failure): a
         release that failed leaves one, and a new Election would queue behind it, with every
         other peer, for as long as the session lives."""
-        path = f"{self.root}/election"
+        path = self.paths.election
         session = self._session_id()
         for child in self.zk.get_children(path):
             try:
@@ -389,7 +390,7 @@ class Leadership(Membership):
                     self._failed = False
                 # After a handover this queues behind the peer that was already
                 # waiting (the lock is fair), so that peer takes over.
-                self._election = self.zk.Election(f"{self.root}/election", self.peer_id)
+                self._election = self.zk.Election(self.paths.election, self.peer_id)
                 if self._stopping.is_set():
                     break  # stop() may have missed this election: don't queue
                 self._election.run(self._lead)

@@ -76,6 +76,7 @@ from .promotion import Promotion
 from .roles import WORKER
 from .start_position import check_redis, check_retention, checkpoint_dir, start_position
 from .warm_state import WarmState
+from .zk_paths import ZkPaths
 
 if TYPE_CHECKING:
     from .escalation_servicer import Claim
@@ -172,7 +173,7 @@ class FlowMember:
         return checkpoint_dir(self)
 
     def _zookeeper_epoch(self) -> int:
-        stat = self.zk.exists(f"/twinflow/{self.name}/epoch")
+        stat = self.zk.exists(ZkPaths(self.name).epoch)
         return stat.version if stat else 0
 
     def guard_epoch(self, seen: int, deadline_s: float | None = None) -> None:

@@ -29,7 +29,8 @@ import logging
 from kazoo.exceptions import (BadVersionError, ConnectionLoss, KazooException, NoAuthError, NoNodeError,
                               NodeExistsError)
 
-from .zk_auth import FLOW_PARENT, PARENT_ACL, ZkAccessDenied, describe_acl, identity_of
+from .zk_auth import PARENT_ACL, ZkAccessDenied, describe_acl, identity_of
+from .zk_paths import PARENT
 
 log = logging.getLogger("twinflow.leadership")
 
@@ -43,7 +44,7 @@ class MembersUnknown(RuntimeError):
 
 class Membership:
     """The member znode and the flow's znodes of a :class:`~.leadership.Leadership`, whose
-    ``__init__`` sets what these use (``zk``, ``flow``, ``peer_id``, ``root``, the member path
+    ``__init__`` sets what these use (``zk``, ``flow``, ``peer_id``, ``paths``, the member path
     and data, the stop and member-check events, the register lock)."""
 
     def members(self) -> dict[str, str]:
@@ -52,9 +53,9 @@ class Membership:
         keeps what live peers have not read, would then drop a live worker's unread entries."""
         out = {}
         try:
-            for child in self.zk.get_children(f"{self.root}/members"):
+            for child in self.zk.get_children(self.paths.members):
                 try:
-                    data, _ = self.zk.get(f"{self.root}/members/{child}")
+                    data, _ = self.zk.get(self.paths.member(child))
                     out[child] = json.loads(data)["address"]
                 except (NoNodeError, ValueError, KeyError):
                     continue  # left (or wrote no address) between the listing and the read
@@ -70,18 +71,18 @@ class Membership:
         fails at start with the reason instead of in its election thread.
         """
         acl = self.zk.default_acl
-        path = FLOW_PARENT
+        path = PARENT
         try:
             # Explicitly: kazoo's ensure_path would give /twinflow the client's
             # default ACL, locking every other flow out of the shared parent.
-            self.zk.ensure_path(FLOW_PARENT, acl=PARENT_ACL)
-            for path in (self.root, *(f"{self.root}/{sub}" for sub in ("election", "members", "epoch"))):
+            self.zk.ensure_path(PARENT, acl=PARENT_ACL)
+            for path in self.paths.own():
                 self.zk.ensure_path(path)
                 if acl:
                     self._protect(path, acl)
             # ZooKeeper checks no ACL on exists(), so ensure_path passes on a
             # protected flow: listing the members tells whether this peer may use it.
-            for path in (f"{self.root}/members", f"{self.root}/election"):
+            for path in (self.paths.members, self.paths.election):
                 for child in self.zk.get_children(path):
                     if acl:
                         self._protect(f"{path}/{child}", acl, missing_ok=True)

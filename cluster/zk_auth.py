@@ -43,7 +43,6 @@ from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_digest_acl
 from ..secrets import SecretError, read_secret
 
 ZK_AUTH_ENV = "TWINFLOW_ZK_AUTH"
-FLOW_PARENT = "/twinflow"
 
 # The parent of every flow, whatever its credentials: anyone may list the
 # flows, create one and delete an empty one. Nobody but a ZooKeeper super user

@@ -28,6 +28,7 @@ from ...cluster.member import FlowMember
 from ...cluster.peer import Peer
 
 from ...cluster.peer_config import PeerConfig
+from ...cluster.zk_paths import ZkPaths
 from ...runtime.clock import FakeClock
 from ...runtime.flowgraph import FlowGraph
 from .escalation_model import EscalationNet
@@ -141,7 +142,7 @@ class World:
         self.stops: list[str] = []      # batches that failed with an error other than Redis being away
         self.erased_failures: set[str] = set()  # uplink positions whose failure record a failover erased
         self.zk = ZkModel(self.clock.now, graph.cluster.session_timeout)
-        self.zk_root = f"/twinflow/{graph.name}"
+        self.zk_root = ZkPaths(graph.name).root
         self.turns = Turns(self.clock.now, self.wait)  # the peers' threads take turns on this clock
         self.net = EscalationNet()
         self.peers = {n: SimPeer(self, n) for n in ("a", "b")}

@@ -99,7 +99,7 @@ def test_handover_moves_the_role_without_session_expiry(zk_hosts, flow_name):
         wait_until(lambda: peers[0].is_master, 5, what="n0 master")
         assert peers[0].handover(1.0) == {"ok": False, "reason": "no other peer is waiting to take over"}
         peers[1].start()
-        wait_until(lambda: len(peers[0].zk.Election(peers[0].root + "/election").contenders()) == 2, 5)
+        wait_until(lambda: len(peers[0].zk.Election(peers[0].paths.election).contenders()) == 2, 5)
         result = peers[0].handover(2.0)
         assert result["ok"] and result["new_master"] == "n1", result
         assert result["seconds"] < 1.0
@@ -108,7 +108,7 @@ def test_handover_moves_the_role_without_session_expiry(zk_hosts, flow_name):
         assert recs[1].events[0][1] > recs[0].events[0][1]  # a newer epoch
         assert ("demoted", "handover") == recs[0].events[1][:2]
         # the old master queued again and can take the role back
-        wait_until(lambda: "n0" in peers[1].zk.Election(peers[1].root + "/election").contenders(), 2,
+        wait_until(lambda: "n0" in peers[1].zk.Election(peers[1].paths.election).contenders(), 2,
                    what="n0 to queue again")
         result = peers[1].handover(2.0)
         assert result["ok"] and result["new_master"] == "n0"
@@ -143,7 +143,7 @@ def _member(zk, flow_name, peer_id):
 
 
 def _contenders(leadership):
-    return leadership.zk.Election(leadership.root + "/election").contenders()
+    return leadership.zk.Election(leadership.paths.election).contenders()
 
 
 def test_restart_within_the_session_timeout_keeps_the_node_a_member(zk_hosts, flow_name):

@@ -150,9 +150,9 @@ def test_flows_with_different_credentials_share_the_parent(zk_hosts, flow_name, 
         with pytest.raises(NoAuthError):
             zk.set("/twinflow", b"mine")
     with pytest.raises(NoAuthError):
-        a.zk.get_children(f"{b.root}/members")
+        a.zk.get_children(b.paths.members)
     with pytest.raises(NoAuthError):
-        b.zk.get_children(f"{a.root}/members")
+        b.zk.get_children(a.paths.members)
 
 
 def test_a_node_without_credentials_fails_at_start_naming_the_path(zk_hosts, flow_name, with_credentials,
@@ -178,7 +178,7 @@ def test_a_node_without_credentials_fails_at_start_naming_the_path(zk_hosts, flo
 
     # Neither got in: no member znode, no place in the election queue.
     assert owner.members() == {"n1": owner.address}
-    assert owner.zk.Election(f"{owner.root}/election").contenders() == ["n1"]
+    assert owner.zk.Election(owner.paths.election).contenders() == ["n1"]
 
 
 def test_credentials_turned_on_for_an_open_flow_protect_it(zk_hosts, flow_name, with_credentials, monkeypatch,
@@ -222,7 +222,7 @@ def test_credentials_come_from_a_reference_and_the_password_is_never_logged(zk_h
     caplog.set_level(logging.DEBUG, logger="kazoo")  # whatever an earlier test set it to
     me = start_node(zk_hosts, flow_name, "n1", closing)
     wait_until(lambda: me.is_master, 10, what="n1 master")
-    assert me.zk.get_acls(me.root)[0] == [make_digest_acl(USER, PASSWORD, all=True)]
+    assert me.zk.get_acls(me.paths.root)[0] == [make_digest_acl(USER, PASSWORD, all=True)]
     # kazoo logged the Auth packet it sent (at DEBUG): with the password taken out.
     assert f"auth='{USER}:***'" in caplog.text
     assert PASSWORD not in caplog.text

@@ -65,6 +65,7 @@ from pathlib import Path
 import redis
 
 from ..cluster.on_cluster import flow_keys
+from ..cluster.zk_paths import ZkPaths
 from ..runtime.flowgraph import load_graph
 from ..runtime.shards import ShardRouter, shard_graph
 from ..runtime.store.flow_keys import FlowKeys
@@ -376,7 +377,7 @@ class LocalCluster(Producing):
         zk = KazooClient(hosts=self.zk_hosts)
         zk.start(timeout=10)
         try:
-            stat = zk.exists(f"/twinflow/{self.flow}/epoch")
+            stat = zk.exists(ZkPaths(self.flow).epoch)
             return stat.version if stat else 0
         finally:
             zk.stop()
