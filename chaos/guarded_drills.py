@@ -15,7 +15,10 @@ mid-stream is almost always inside a call. On top of the checker's promises
   messages the resolver sent to run again (``resolved.jsonl``): a handler
   called twice outside In Doubt.
 
-A drill of this module passes only with all three at 0.
+A drill of this module passes only with all three at 0. The verdict also
+counts the resolver's decisions: ``in_doubt_run_again`` and
+``in_doubt_duplicate`` (its answers), and of those ``in_doubt_in_progress``:
+second copies of an order that came while a run of it was still under way.
 
 ``resubmit-in-failover`` also refuses every ``REFUSE_EVERY``-th message in
 the ledger (``refuse/<id>``): those leave by ``error`` and are audited
@@ -35,6 +38,8 @@ import os
 import shutil
 from collections import Counter
 from pathlib import Path
+
+from ..runtime.nodes.history import IN_PROGRESS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 GUARDED_FLOW = EXAMPLES / "cluster-guarded.yaml"
@@ -121,14 +126,21 @@ def _lines(path: Path) -> list[dict]:
 def ledger_verdict(ledger: Path) -> dict:
     """The ledger's counts (see the module doc)."""
     calls = Counter(c["uuid"] for c in _lines(ledger / "calls.jsonl"))
-    run_again = Counter(r["uuid"] for r in _lines(ledger / "resolved.jsonl") if r["verdict"] == "new")
+    resolved = _lines(ledger / "resolved.jsonl")
+    run_again = Counter(r["uuid"] for r in resolved if r["verdict"] == "new")
     booked = {p.name for p in (ledger / "booked").iterdir()} if (ledger / "booked").exists() else set()
     double = len(_lines(ledger / "double.jsonl"))
     unbooked = sorted(u for u in calls if booking_name(u) not in booked)
     repeated = sum(max(0, n - 1 - run_again[u]) for u, n in calls.items())
     return {"calls": sum(calls.values()), "booked": len(booked), "in_doubt_run_again": sum(run_again.values()),
-            "in_doubt_duplicate": sum(1 for r in _lines(ledger / "resolved.jsonl") if r["verdict"] == "duplicate"),
+            "in_doubt_duplicate": sum(1 for r in resolved if r["verdict"] == "duplicate"),
+            "in_doubt_in_progress": sum(1 for r in resolved if r.get("reason") == IN_PROGRESS),
             "double_booked": double, "unbooked": len(unbooked), "repeated_calls": repeated}
+
+
+def resolved_ids(ledger: Path) -> set[str]:
+    """The message IDs of the In Doubt messages the resolver decided."""
+    return {r["id"] for r in _lines(ledger / "resolved.jsonl")}
 
 
 def ledger_kept(verdict: dict) -> bool:

@@ -6,7 +6,8 @@ peer of the flow reaches (on one machine, or a shared mount):
 - ``calls.jsonl``: one line per handler call, written as the call begins;
 - ``booked/<sha-256 of the uuid>``: made once, when an order is booked (a
   second booking of the same order is a line in ``double.jsonl``);
-- ``resolved.jsonl``: one line per In Doubt message the resolver decided;
+- ``resolved.jsonl``: one line per In Doubt message the resolver decided,
+  with why it was In Doubt (``reason``);
 - ``down`` (a file an operator makes): every call fails with a transient
   error, so the action retries and then suspends the flow;
 - ``refuse/<id>`` (files an operator makes): the call for that message fails
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 from twinflow.runtime.nodes.action import TransientError
-from twinflow.runtime.nodes.history import DUPLICATE, NEW
+from twinflow.runtime.nodes.history import DUPLICATE, IN_PROGRESS, NEW
 
 
 def ledger() -> Path:
@@ -68,7 +69,8 @@ def book(msg, attempt):
 
 
 def resolve(msg, doubt):
-    """An In Doubt message: Duplicate if the ledger booked its order, else New (it runs again)."""
-    verdict = DUPLICATE if _booking(doubt.uuid).exists() else NEW
-    _note("resolved.jsonl", {"uuid": doubt.uuid, "id": msg.id, "verdict": verdict})
+    """An In Doubt message: Duplicate if the ledger booked its order, or if a run of it is still
+    in progress (that run books it: running it again would book it twice); else New (it runs again)."""
+    verdict = DUPLICATE if doubt.reason == IN_PROGRESS or _booking(doubt.uuid).exists() else NEW
+    _note("resolved.jsonl", {"uuid": doubt.uuid, "id": msg.id, "verdict": verdict, "reason": doubt.reason})
     return verdict

@@ -24,23 +24,32 @@ plus what only it has.
 
 At the end of a run the ledger must hold every order booked once, and no
 handler call repeated except through an In Doubt message the resolver sent
-to run again (``guarded_drills.ledger_verdict``). Under failure: nothing
-here raises but :class:`~.world.Killed`, for the kill it decides.
+to run again (``guarded_drills.ledger_verdict``). And no second copy of an
+order may leave as a Duplicate the resolver never decided before a run of
+that order ended (:meth:`GuardedLedger.undecided_duplicates`): a copy that
+comes while the first run is still under way (its handler waiting for a
+retry while the ledger is down, say) is In Doubt, and the resolver is asked.
+Under failure: nothing here raises but :class:`~.world.Killed`, for the kill
+it decides.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...cluster.flow_failures import FlowFailures
+from ...cluster.master_flow import outlink_streams
 from ...cluster.on_cluster import flow_keys
+from ...runtime.nodes.history import DUPLICATE, NEW
 from ...runtime.store.audit import AuditFilter
 from ...runtime.store.flow_store import FlowStore
-from ..guarded_drills import booking_name, ledger_kept, ledger_verdict
+from ...testing.checker import read_sink
+from ..guarded_drills import booking_name, ledger_kept, ledger_verdict, resolved_ids
 
 if TYPE_CHECKING:
     from .world import SimPeer, World
@@ -147,22 +156,60 @@ class GuardedLedger:
                        if marks.get(i.decode(), {}).get("status") == "RESUBMITTED")
 
     # -- the check --------------------------------------------------------------
-    def problems(self, docs: list[dict]) -> list[str]:
-        """What the ledger shows against the documents the producer published (``docs``)."""
+    def problems(self, docs: dict[str, dict]) -> list[str]:
+        """What the ledger shows against the documents the producer published (``docs``: message
+        ID -> document)."""
         verdict = ledger_verdict(self.ledger)
         out = []
         if not ledger_kept(verdict):
             out.append(f"the ledger: {verdict['double_booked']} orders booked twice, {verdict['unbooked']} called "
                        f"and never booked, {verdict['repeated_calls']} calls repeated outside In Doubt ({verdict})")
-        never = sorted({d["uuid"] for d in docs if isinstance(d.get("uuid"), str) and d["uuid"]
+        never = sorted({d["uuid"] for d in docs.values() if isinstance(d.get("uuid"), str) and d["uuid"]
                         and not (self.ledger / "booked" / booking_name(d["uuid"])).exists()})
         if never:
             out.append(f"the ledger: {len(never)} orders published and never booked: {', '.join(never[:10])}")
+        undecided = self.undecided_duplicates(docs)
+        if undecided:
+            out.append(f"{len(undecided)} second copies left as a Duplicate while a run of their order was "
+                       f"under way, and the resolver was never asked: {', '.join(undecided[:10])}")
         return out
+
+    def undecided_duplicates(self, docs: dict[str, dict]) -> list[str]:
+        """The message IDs that left through the history's ``duplicate`` undecided by the resolver
+        (no line of theirs in ``resolved.jsonl``) at a flow time before any run of their order
+        ended (left the flow downstream of ``new``) or the resolver decided a copy of it Duplicate.
+
+        The history holds "completed" only from one of those two, written in the step that made
+        it, so a Duplicate without the resolver comes at that time or later; one before it was a
+        run still in progress, which is In Doubt."""
+        graph, redis = self.world.graph, self.world.redis
+        guard = graph.input
+        streams = outlink_streams(graph, self.keys)
+        downstream, todo = set(), [graph.links.get(guard, {}).get(NEW)]
+        while todo:
+            name = todo.pop()
+            if name is not None and name not in downstream:
+                downstream.add(name)
+                todo.extend(graph.links.get(name, {}).values())
+        decided = resolved_ids(self.ledger)
+        order = lambda mid: docs.get(mid, {}).get("uuid")  # noqa: E731
+        ended: dict[object, float] = {}  # order -> the earliest flow time it was known to be done
+        duplicates = read_sink(redis, streams[(guard, DUPLICATE)])
+        for (node, _), stream in streams.items():
+            if node in downstream:
+                for e in read_sink(redis, stream):
+                    for mid in e.id.split("+"):
+                        ended[order(mid)] = min(ended.get(order(mid), math.inf), e.at)
+        for e in duplicates:
+            if e.id in decided:
+                ended[order(e.id)] = min(ended.get(order(e.id), math.inf), e.at)
+        return [e.id for e in duplicates if e.id not in decided and order(e.id) is not None
+                and e.at < ended.get(order(e.id), math.inf)]
 
     def counts(self) -> dict[str, int]:
         verdict = ledger_verdict(self.ledger)
         return {"handler_kills": self.kills, "ledger_downs": self.downs, "resumes_requested": self.resumes,
                 "ledger_refusals": self.refusals, "resubmitted": self.resubmitted,
                 "in_doubt_run_again": verdict["in_doubt_run_again"],
-                "in_doubt_duplicate": verdict["in_doubt_duplicate"]}
+                "in_doubt_duplicate": verdict["in_doubt_duplicate"],
+                "in_doubt_in_progress": verdict["in_doubt_in_progress"]}

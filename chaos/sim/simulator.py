@@ -304,7 +304,7 @@ def _run(world: World, rng: random.Random, result: RunResult, steps: int, messag
         if unexpected:
             problems.append(f"messages that were never sent left the flow: {', '.join(map(repr, unexpected[:10]))}")
         if world.guarded is not None:
-            problems.extend(world.guarded.problems(list(schedule.docs.values())))
+            problems.extend(world.guarded.problems(schedule.docs))
         _report(world, result, problems)
         return result
     finally:

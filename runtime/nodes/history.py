@@ -11,7 +11,6 @@ that share one timestamp, and the verdict follows Integration Server's table:
     "processing" and "completed"         Duplicate   duplicate
     "completed" only                     Duplicate   duplicate
     "processing" only                    In Doubt    resolver, else in_doubt
-    "processing" only, run in progress   Duplicate   duplicate
     (any, with a UUID over 96 chars)     In Doubt    resolver, else in_doubt
 
 A New message is recorded "processing" when it leaves through ``new`` (the
@@ -25,23 +24,36 @@ cluster the "processing" entry of an external completion is in Redis before
 the downstream runs (``started``, set by the master), so a peer that dies
 inside the handler leaves the message In Doubt for whoever runs it next.
 
-A "processing" entry alone is not always a doubt. When the engine reports
-completion (``tracked``: something in the flow is linked to ``new``) and
-the run that wrote the entry is known to be under way (the step that ran
-it was committed, and the message waits downstream: for a retry, behind a
-suspension, in an open join), a message with the same UUID is a Duplicate
-("run still in progress"), not In Doubt. Only an entry written by
-``started`` whose step never committed (a master that died inside the
-handler) loads as In Doubt: ``started`` writes it under a key of its own
-(``STARTED_PREFIX``), which the step that runs the message removes.
+A "processing" entry alone is In Doubt, as Integration Server has it: the
+run that wrote it "might still be executing or the server might have
+unexpectedly shut down". The verdict's ``reason`` says which one the node
+knows. When the engine reports completion (``tracked``: something in the
+flow is linked to ``new``), the run is under way (``IN_PROGRESS``: the step
+that ran it was committed, and the message waits downstream, for a retry,
+behind a suspension, in an open join), unless the entry was loaded from
+``started`` and its step never committed (``MASTER_DIED``: the master died
+inside the handler; ``started`` writes the entry under a key of its own,
+``STARTED_PREFIX``, which the step that runs the message removes). Without
+tracking the node knows neither (``NOT_COMPLETED``).
 
-An optional resolver decides In Doubt messages: ``new`` (recorded and run
-again) or ``duplicate`` (recorded as completed, so the message is never In
-Doubt again). A resolver that raises, or answers anything else, sends the
-message to ``failure`` with the reason. Both entries of an identifier are
-cleared together ``retention`` seconds after their timestamp; the message is
-New again. Every Duplicate and In Doubt verdict is also a journal entry
-(``journal``, when the caller sets it to a list: the cluster logs each one).
+An optional resolver decides In Doubt messages, told the reason: ``new``
+(recorded and run again) or ``duplicate`` (recorded as completed, so the
+message is never In Doubt again). Without a resolver the message leaves
+through ``in_doubt``: a handler still running is never run a second time
+unless the resolver says so. A resolver that raises, or answers anything
+else, sends the message to ``failure`` with the reason. Both entries of an
+identifier are cleared together ``retention`` seconds after their timestamp;
+the message is New again. Every Duplicate and In Doubt verdict is also a
+journal entry (``journal``, when the caller sets it to a list: the cluster
+logs each one), an In Doubt one with the reason and, when a resolver decided
+it, its answer.
+
+A resolver's ``new`` for a run under way starts a second run while the first
+may still report its end. The second run's entry has a time of its own, so
+the first run's report does not complete it; on a new master (which does not
+know which message ID ran when) the message ID of the second run is kept as
+state (``RERUN_PREFIX``) until that run completes, and a report by any other
+message ID records nothing.
 
 Under bad input: a ``uuid`` that is not a string, or a message with neither a
 UUID nor a message ID, leaves through ``failure`` with ``info["reason"]``;
@@ -85,8 +97,10 @@ COMPLETED_ONLY = "completed entry exists"
 NOT_COMPLETED = "processing entry without a completed entry"
 TOO_LONG = f"uuid longer than {MAX_UUID_LENGTH} characters"
 IN_PROGRESS = "processing entry of a run still in progress"
+MASTER_DIED = "processing entry of a run whose master died inside it"
 ATTEMPT_IN_DOUBT = "an attempt downstream was under way when its master died"
 STARTED_PREFIX = "started:"  # a state key: the "processing" entry a master wrote before its handler ran
+RERUN_PREFIX = "rerun:"  # a state key: the message ID of a run a resolver started over a run under way
 
 Key = tuple[str, str]  # (trigger, uuid)
 
@@ -234,7 +248,12 @@ class Doubt:
     """What a resolver is told about an In Doubt message.
 
     ``started`` is the time of the "processing" entry (None when the UUID is
-    too long to be looked up); ``reason`` is why the node could not decide.
+    too long to be looked up); ``reason`` is why the node could not decide:
+    ``IN_PROGRESS`` (a run is under way: its handler may be running now),
+    ``MASTER_DIED`` (the master of the run died inside it), ``NOT_COMPLETED``
+    (neither is known), ``TOO_LONG``, or, asked for an action's attempt,
+    ``ATTEMPT_IN_DOUBT``. A resolver that answers ``new`` to ``IN_PROGRESS``
+    has the handler run a second time while the first run goes on.
     """
 
     trigger: str
@@ -291,8 +310,12 @@ class HistoryNode(Node):
         # Set by the engine when it reports completion (a node is linked to ``new``): then a
         # "processing" entry alone is a run in progress unless it was loaded from ``started``.
         self.tracked = False
-        self._doubted: set[Key] = set()  # keys loaded from a started entry alone: In Doubt
+        self._doubted: set[Key] = set()  # keys loaded from a started entry alone: their master died
         self._unstart: set[str] = set()  # started entries to remove with the next changes
+        # Keys a resolver ran again while a run was under way -> the message ID of the new run
+        # (state: a new master must not take the earlier run's report for the new run's).
+        self._reruns: dict[Key, str] = {}
+        self._reruns_changed: set[Key] = set()
         # When a list: every Duplicate and In Doubt verdict is appended to it, as a journal entry.
         self.journal: list[dict] | None = None
         # external completion only: message ID -> (key, started) of messages
@@ -320,9 +343,7 @@ class HistoryNode(Node):
             return self._run(msg, key, now, {})
         if entry.completed:
             return self._verdict(DUPLICATE, msg, uuid, {"reason": BOTH_ENTRIES if entry.processing else COMPLETED_ONLY})
-        if self.tracked and key not in self._doubted:
-            return self._verdict(DUPLICATE, msg, uuid, {"reason": IN_PROGRESS})
-        return self._doubt(msg, uuid, NOT_COMPLETED, entry.time, now)
+        return self._doubt(msg, uuid, self._unfinished(key), entry.time, now)
 
     def on_time(self, now: float) -> list[Emit]:
         self._expire(now)
@@ -352,13 +373,23 @@ class HistoryNode(Node):
         if self._unstart:
             changed.update(dict.fromkeys(self._unstart))
             self._unstart = set()
+        if self._reruns_changed:
+            changed.update({RERUN_PREFIX + key_text(k): self._reruns.get(k) for k in self._reruns_changed})
+            self._reruns_changed = set()
         return changed
 
     def load_state(self, entries) -> None:
         started = {k: v for k, v in entries.items() if k.startswith(STARTED_PREFIX)}
-        if started:
-            entries = {k: v for k, v in entries.items() if not k.startswith(STARTED_PREFIX)}
+        reruns = {k: v for k, v in entries.items() if k.startswith(RERUN_PREFIX)}
+        if started or reruns:
+            entries = {k: v for k, v in entries.items()
+                       if not k.startswith(STARTED_PREFIX) and not k.startswith(RERUN_PREFIX)}
         self.store.load(entries)
+        for name, ident in reruns.items():
+            key = tuple(loads(name[len(RERUN_PREFIX):]))
+            if len(key) != 2 or not isinstance(ident, str):
+                raise ValueError("a rerun history entry is not rerun:[trigger, uuid] -> message ID")
+            self._reruns[key] = ident
         for name, time in started.items():
             text = name[len(STARTED_PREFIX):]
             key = tuple(loads(text))
@@ -399,7 +430,12 @@ class HistoryNode(Node):
             uuid = self._identify(msg)
         except BadInput:
             return False
-        return len(uuid) <= MAX_UUID_LENGTH and self._complete((self.trigger, uuid), None, now)
+        if len(uuid) > MAX_UUID_LENGTH:
+            return False
+        key = (self.trigger, uuid)
+        if self._reruns.get(key, msg.id) != msg.id:
+            return False  # a run the resolver started over this one is still open: this report is not its end
+        return self._complete(key, None, now)
 
     def decide(self, msg: Msg, now: float) -> str | None:
         """A node downstream asks: an attempt of ``msg`` (sent to ``new``) was under way when its
@@ -418,7 +454,7 @@ class HistoryNode(Node):
             return None
         if verdict not in (NEW, DUPLICATE):
             return None
-        self._verdict(IN_DOUBT, msg, uuid, {"reason": ATTEMPT_IN_DOUBT})
+        self._journal(msg, uuid, IN_DOUBT, {"reason": ATTEMPT_IN_DOUBT, "resolver": verdict})
         return verdict
 
     def _complete(self, key: Key, opened: tuple[Key, float] | None, now: float) -> bool:
@@ -429,6 +465,7 @@ class HistoryNode(Node):
         if opened is not None and opened[1] != entry.time:
             return False  # a resolver ran the message again since: that run is still open
         self.store.put(key, COMPLETED, entry.time)
+        self._rerun(key, None)
         return True
 
     # -- steps ------------------------------------------------------------
@@ -442,7 +479,27 @@ class HistoryNode(Node):
         if self._doubted:
             for key in [k for k in self._doubted if self.store.get(k) is None]:
                 self._settled(key)
+        if self._reruns:
+            for key in [k for k in self._reruns if self.store.get(k) is None]:
+                self._rerun(key, None)
         return cutoff
+
+    def _unfinished(self, key: Key) -> str:
+        """Why a "processing" entry alone is In Doubt: its master died inside the run, the run is
+        under way (the engine reports its end, and its step was committed), or neither is known."""
+        if key in self._doubted:
+            return MASTER_DIED
+        return IN_PROGRESS if self.tracked else NOT_COMPLETED
+
+    def _rerun(self, key: Key, ident: str | None) -> None:
+        """Record (or, with None, forget) the message ID of the run a resolver started over a run under way."""
+        if self._reruns.get(key) == ident:
+            return
+        if ident is None:
+            del self._reruns[key]
+        else:
+            self._reruns[key] = ident
+        self._reruns_changed.add(key)
 
     def _settled(self, key: Key) -> None:
         """A key loaded In Doubt was decided, run again or expired: its started entry goes."""
@@ -467,6 +524,8 @@ class HistoryNode(Node):
         self.store.put(key, PROCESSING, now)
         if self.external:
             self._doubted.discard(key)
+            # Over a run under way (the resolver's answer), that run may still report its end.
+            self._rerun(key, msg.id if info.get("reason") == IN_PROGRESS else None)
             if self.started is not None:
                 name = STARTED_PREFIX + key_text(key)
                 self.started(name, now)
@@ -487,6 +546,7 @@ class HistoryNode(Node):
                                            "doubt": reason})]
         info = {"reason": reason, "resolver": verdict}
         if verdict == NEW:
+            self._journal(msg, uuid, IN_DOUBT, info)
             if len(uuid) > MAX_UUID_LENGTH:
                 # Too long to be a history key: not recorded, so the resolver
                 # stays the only guard for this UUID.
@@ -494,19 +554,29 @@ class HistoryNode(Node):
             return self._run(msg, (self.trigger, uuid), now, info)
         if verdict == DUPLICATE:
             if started is not None:  # recorded: the message is a Duplicate from now on, never In Doubt again
-                self.store.put((self.trigger, uuid), COMPLETED, started)
-                if (self.trigger, uuid) in self._doubted:
-                    self._settled((self.trigger, uuid))
-            return self._verdict(DUPLICATE, msg, uuid, info)
+                # A run under way reports its end later: the entry is completed, so that records nothing.
+                key = (self.trigger, uuid)
+                self.store.put(key, COMPLETED, started)
+                self._rerun(key, None)
+                if key in self._doubted:
+                    self._settled(key)
+            self._journal(msg, uuid, IN_DOUBT, info)
+            return [Emit(DUPLICATE, (msg,), info)]
         return [Emit(FAILURE, (msg,), {
             "reason": f"resolver returned {verdict!r} (expected {NEW} or {DUPLICATE})"[:500], "doubt": reason})]
 
     def _verdict(self, outlink: str, msg: Msg, uuid: str, info: dict) -> list[Emit]:
         """A Duplicate or In Doubt verdict, with its journal entry when a journal is kept."""
-        if self.journal is not None:
-            self.journal.append({"node": self.name, "id": msg.id, "uuid": uuid, "status": outlink,
-                                 "reason": info["reason"]})
+        self._journal(msg, uuid, outlink, info)
         return [Emit(outlink, (msg,), info)]
+
+    def _journal(self, msg: Msg, uuid: str, status: str, info: dict) -> None:
+        """The journal entry of a verdict: an In Doubt one a resolver decided carries its answer."""
+        if self.journal is not None:
+            entry = {"node": self.name, "id": msg.id, "uuid": uuid, "status": status, "reason": info["reason"]}
+            if "resolver" in info:
+                entry["resolver"] = info["resolver"]
+            self.journal.append(entry)
 
 
 def build(name: str, p: Params, store: HistoryStore | None = None) -> HistoryNode:

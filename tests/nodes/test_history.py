@@ -16,8 +16,8 @@ from twinflow.runtime.flowgraph import load_graph, parse_graph
 from twinflow.runtime.nodes import history
 from twinflow.runtime.nodes.base import Msg
 from twinflow.runtime.nodes.history import (
-    BOTH_ENTRIES, COMPLETED, COMPLETED_ONLY, IN_PROGRESS, NOT_COMPLETED, PROCESSING, TOO_LONG,
-    Doubt, Entry, HistoryNode, MemoryHistoryStore, build,
+    ATTEMPT_IN_DOUBT, BOTH_ENTRIES, COMPLETED, COMPLETED_ONLY, IN_PROGRESS, MASTER_DIED, NOT_COMPLETED,
+    PROCESSING, TOO_LONG, Doubt, Entry, HistoryNode, MemoryHistoryStore, build,
 )
 from twinflow.runtime.params import Doc, FlowFileError, Params
 from twinflow.runtime.replay import replay
@@ -320,10 +320,84 @@ def tracked(**kw) -> HistoryNode:
     return node
 
 
-def test_a_run_in_progress_makes_a_second_message_a_duplicate_not_in_doubt():
-    node = tracked(resolver=answering("new"))
+# The seed: a "processing" entry alone means the service "might still be executing or the server
+# might have unexpectedly shut down"; with a resolver Integration Server invokes it, without one the
+# message is In Doubt and a journal entry says so.
+def test_a_second_message_while_the_first_run_is_in_progress_is_in_doubt_without_a_resolver():
+    node = tracked()
+    node.journal = []
     node.on_message(m("m1", "u1"), 0.0)  # its handler waits for a retry downstream
-    assert route(node, m("m2", "u1"), 1.0) == ("duplicate", {"reason": IN_PROGRESS})
+    assert route(node, m("m2", "u1"), 1.0) == ("in_doubt", {"reason": IN_PROGRESS})
+    assert node.journal == [{"node": "guard", "id": "m2", "uuid": "u1", "status": "in_doubt", "reason": IN_PROGRESS}]
+    # Nothing recorded: the first run is still the one the history waits for.
+    assert node.store.get(("guard", "u1")) == Entry(0.0, True, False)
+    assert node.finished(m("m1", "u1"), 2.0) is True
+    assert route(node, m("m3", "u1"), 3.0) == ("duplicate", {"reason": BOTH_ENTRIES})
+
+
+def test_the_resolver_is_asked_about_a_run_in_progress_and_told_so():
+    seen = []
+    node = tracked(resolver=answering("duplicate", seen))
+    node.on_message(m("m1", "u1"), 0.0)
+    node.on_message(m("m2", "u1"), 1.0)
+    assert seen == [("m2", Doubt("guard", "u1", IN_PROGRESS, 0.0, 1.0))]
+
+
+def test_a_resolver_that_answers_duplicate_for_a_run_in_progress_leaves_that_run_alone():
+    node = tracked(resolver=answering("duplicate"))
+    node.journal = []
+    node.on_message(m("m1", "u1"), 0.0)
+    assert route(node, m("m2", "u1"), 1.0) == ("duplicate", {"reason": IN_PROGRESS, "resolver": "duplicate"})
+    assert node.journal == [{"node": "guard", "id": "m2", "uuid": "u1", "status": "in_doubt",
+                             "reason": IN_PROGRESS, "resolver": "duplicate"}]
+    assert node.store.get(("guard", "u1")) == Entry(0.0, True, True)  # decided: recorded completed
+    # The first run ends later: its report finds the entry completed and records nothing.
+    assert node.finished(m("m1", "u1"), 5.0) is False
+    assert node.store.get(("guard", "u1")) == Entry(0.0, True, True)
+    assert route(node, m("m3", "u1"), 6.0) == ("duplicate", {"reason": BOTH_ENTRIES})
+
+
+def test_a_resolver_that_answers_new_for_a_run_in_progress_runs_it_again():
+    node = tracked(resolver=answering("new"))
+    node.journal = []
+    node.on_message(m("m1", "u1"), 0.0)
+    assert route(node, m("m2", "u1"), 1.0) == ("new", {"reason": IN_PROGRESS, "resolver": "new"})
+    assert node.journal == [{"node": "guard", "id": "m2", "uuid": "u1", "status": "in_doubt",
+                             "reason": IN_PROGRESS, "resolver": "new"}]
+    assert node.store.get(("guard", "u1")) == Entry(1.0, True, False)
+    # The first run's end is not the second's: a third message still finds a run in progress.
+    assert node.finished(m("m1", "u1"), 2.0) is False
+    assert route(node, m("m3", "u1"), 3.0) == ("new", {"reason": IN_PROGRESS, "resolver": "new"})
+    assert node.finished(m("m2", "u1"), 4.0) is False  # superseded by m3's run in turn
+    assert node.finished(m("m3", "u1"), 5.0) is True
+    assert node.store.get(("guard", "u1")) == Entry(3.0, True, True)
+
+
+def test_a_new_master_does_not_take_the_first_runs_end_for_the_second_runs():
+    first = tracked(resolver=answering("new"))
+    first.on_message(m("m1", "u1"), 0.0)
+    first.on_message(m("m2", "u1"), 1.0)  # run again over m1's, which waits for a retry downstream
+    state = first.changed_state()
+    assert state['rerun:["guard", "u1"]'] == "m2"
+    node = tracked(resolver=answering("new"))  # promoted: it never sent either message
+    node.load_state(state)
+    assert node.finished(m("m1", "u1"), 2.0) is False  # the earlier run's late report
+    assert node.store.get(("guard", "u1")) == Entry(1.0, True, False)
+    assert node.finished(m("m2", "u1"), 3.0) is True
+    assert node.changed_state() == {'["guard", "u1"]': [1.0, True, True], 'rerun:["guard", "u1"]': None}
+    assert route(node, m("m3", "u1"), 4.0) == ("duplicate", {"reason": BOTH_ENTRIES})
+
+
+def test_a_rerun_entry_goes_with_its_history_entry():
+    node = HistoryNode("guard", retention=10.0, completion="external", resolver=answering("new"))
+    node.tracked = True
+    node.on_message(m("m1", "u1"), 0.0)
+    node.on_message(m("m2", "u1"), 1.0)
+    node.changed_state()
+    assert outlink(node, m("m3", "u2"), 11.0) == "new"  # u1 expired
+    assert node.changed_state()['rerun:["guard", "u1"]'] is None
+    assert outlink(node, m("m4", "u1"), 12.0) == "new"
+    assert node.finished(m("m4", "u1"), 13.0) is True
 
 
 def test_a_started_entry_whose_step_never_committed_loads_in_doubt_until_decided():
@@ -331,16 +405,37 @@ def test_a_started_entry_whose_step_never_committed_loads_in_doubt_until_decided
     node = tracked(resolver=answering("duplicate", seen))
     node.load_state({'started:["guard", "u1"]': 4.0})
     assert node.changed_state() == {}  # nothing is written until the message is decided
-    assert outlink(node, m("m2", "u1"), 5.0) == "duplicate" and len(seen) == 1
+    assert route(node, m("m2", "u1"), 5.0) == ("duplicate", {"reason": MASTER_DIED, "resolver": "duplicate"})
+    assert seen == [("m2", Doubt("guard", "u1", MASTER_DIED, 4.0, 5.0))]
     assert node.changed_state() == {'["guard", "u1"]': [4.0, True, True], 'started:["guard", "u1"]': None}
     assert route(node, m("m3", "u1"), 6.0) == ("duplicate", {"reason": BOTH_ENTRIES})
+
+
+def test_the_reason_tells_a_dead_masters_run_from_a_run_in_progress_and_from_neither():
+    node = tracked()
+    node.load_state({'started:["guard", "dead"]': 4.0, '["guard", "live"]': [4.0, True, False]})
+    assert route(node, m("m1", "dead"), 5.0) == ("in_doubt", {"reason": MASTER_DIED})
+    assert route(node, m("m2", "live"), 5.0) == ("in_doubt", {"reason": IN_PROGRESS})
+    untracked = HistoryNode("guard", completion="external")  # nothing reports the end: neither is known
+    untracked.on_message(m("m3", "u1"), 0.0)
+    assert route(untracked, m("m4", "u1"), 1.0) == ("in_doubt", {"reason": NOT_COMPLETED})
+    assert len({MASTER_DIED, IN_PROGRESS, NOT_COMPLETED}) == 3
 
 
 def test_a_started_entry_of_a_committed_step_is_only_removed():
     node = tracked()
     node.load_state({'["guard", "u1"]': [4.0, True, False], 'started:["guard", "u1"]': 4.0})
     assert node.changed_state() == {'started:["guard", "u1"]': None}
-    assert route(node, m("m2", "u1"), 5.0) == ("duplicate", {"reason": IN_PROGRESS})
+    assert route(node, m("m2", "u1"), 5.0) == ("in_doubt", {"reason": IN_PROGRESS})
+
+
+def test_an_attempt_decided_by_the_resolver_is_journaled_with_its_answer():
+    node = tracked(resolver=answering("new"))
+    node.journal = []
+    node.on_message(m("m1", "u1"), 0.0)
+    assert node.decide(m("m1", "u1"), 1.0) == "new"
+    assert node.journal == [{"node": "guard", "id": "m1", "uuid": "u1", "status": "in_doubt",
+                             "reason": ATTEMPT_IN_DOUBT, "resolver": "new"}]
 
 
 def test_a_doubted_entry_that_expires_takes_its_started_entry_with_it():
@@ -491,9 +586,10 @@ STEPS = st.lists(st.one_of(
 
 
 @settings(max_examples=200, deadline=None)
-@given(STEPS, st.floats(1, 30))
-def test_external_completion_follows_the_seeds_table(steps, retention):
+@given(STEPS, st.floats(1, 30), st.booleans())
+def test_external_completion_follows_the_seeds_table(steps, retention, reported):
     node = HistoryNode("guard", retention=retention, completion="external")
+    node.tracked = reported  # a run known to be in progress is In Doubt all the same
     now, sent, model = 0.0, [], {}  # model: uuid -> [time, completed]
     for kind, arg in steps:
         for uuid in [u for u, (t, _) in model.items() if t <= now - retention]:
