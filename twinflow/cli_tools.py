@@ -330,12 +330,18 @@ def cmd_certs(args) -> int:
         print("twinflow certs: the following arguments are required: --peer", file=sys.stderr)
         return 2
     try:
-        made = make_certs(args.dir, args.peer, args.name or [args.peer])
+        made = make_certs(args.dir, args.peer, args.name or [args.peer], days=args.days, ca_days=args.ca_days)
     except CertsError as exc:
         print(f"twinflow certs: {exc}", file=sys.stderr)
         return 2
     for path in made:
         print(path)
+    for warning in made.warnings:
+        print(f"twinflow certs: warning: {warning}", file=sys.stderr)
+    from twinflow.certs import days_left
+
+    print(f"twinflow: {args.peer}.pem ends in {days_left(Path(args.dir) / f'{args.peer}.pem')} days, the CA in "
+          f"{days_left(Path(args.dir) / 'ca.pem')} days", file=sys.stderr)
     print(f"twinflow: {len(made)} files made in {args.dir}; name them in the flow file's security section "
           f"(docs/operations/security.md)", file=sys.stderr)
     return 0
