@@ -22,7 +22,8 @@ DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 # ... and these where a drill has them (the Redis failover drills, the drills between hosts, the guide's).
 DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "rto_each_s", "max_gap_s", "stop_status",
                     "skew_s", "timeouts_after_failover", "timeout_error_ms_p50", "timeout_error_ms_min",
-                    "timeout_error_ms_max", "version", "versions", "refused", "after_change", "after_rotation",
+                    "timeout_error_ms_max", "version", "versions", "versions_after_rollback", "validate_refused", "refused",
+                    "after_change", "after_rotation", "owned_by_root", "topology",
                     "delivered_before_restore", "kept_logs", "ledger", "resubmit", "lost_ids", "duplicated_ids", "error"]
 
 
