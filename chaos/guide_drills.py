@@ -22,8 +22,10 @@ other drills between hosts are (lost, duplicated, stale writes, RTO).
   the old and the new, then everyone sends the new, then the old is refused; the operator's
   commands on the client host get in with the new admin token), then a new CA's (both CAs
   trusted, then the new certificates shown, then the old CA refused), each step a rolling
-  restart checked with ``twinflow status --grpc``; then a second publisher sends with the new
-  token, certificate and CA, each message delivered once.
+  restart checked with ``twinflow status --grpc``; then new certificates from the same CA (the
+  guide's check that the CA outlives them by a year, a rolling restart, each peer's new end
+  date read from its handshake); then a second publisher sends with the new token,
+  certificate and CA, each message delivered once.
 - ``backup-restore``: "Backing up and restoring a flow": a backup taken mid-stream; once every
   message is out, the peers are stopped, the flow's keys are lost (deleted), the backup is
   restored, the peers start on new state directories, and the producer sends everything again:
@@ -224,6 +226,9 @@ def rotation(d: HostDrill) -> None:
     d.say("  the old tokens are refused, the new ones taken")
     lab.run_blocks("Rotating certificates and tokens", "A new CA and its certificates", say=d.say)
     d.say("  a certificate of the old CA is refused, the new CA's taken")
+    out = lab.run_blocks("Rotating certificates and tokens", "New certificates from the same CA", say=d.say)
+    d.figures["renewed_until"] = [line for line in "".join(out).splitlines() if line.startswith("notAfter=")]
+    d.say(f"  new certificates from the same CA, the peers' ending {d.figures['renewed_until']}")
     # The clients send with the new token, certificate and CA now (the guide's client steps).
     publish_more(d, MORE, "after_rotation")
 

@@ -231,3 +231,9 @@ def test_each_topology_change_has_its_commands_and_a_replacement_is_an_addition_
     for b in read_guide():
         if b.subsection in ("Adding a ZooKeeper server", "Removing a ZooKeeper server") and "as-peer" in b.flags:
             assert "host-a.example" not in b.text and "TWINFLOW_ZK" in b.text
+
+
+def test_a_renewal_from_the_same_ca_first_checks_the_ca_outlives_the_new_certificates():
+    blocks = [b for b in read_guide() if b.subsection == "New certificates from the same CA"]
+    assert blocks[0].lines()[0] == "openssl x509 -checkend 31536000 -noout -in /etc/twinflow/tls/ca.pem"
+    assert [b.kind for b in blocks] == ["run", "copy", "copy", "run", "run", "run"]

@@ -23,7 +23,7 @@ DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "rto_each_s", "max_gap_s", "stop_status",
                     "skew_s", "timeouts_after_failover", "timeout_error_ms_p50", "timeout_error_ms_min",
                     "timeout_error_ms_max", "version", "versions", "versions_after_rollback", "validate_refused", "refused",
-                    "after_change", "after_rotation", "owned_by_root", "topology",
+                    "after_change", "after_rotation", "renewed_until", "owned_by_root", "topology",
                     "delivered_before_restore", "kept_logs", "ledger", "resubmit", "lost_ids", "duplicated_ids", "error"]
 
 
