@@ -11,7 +11,7 @@ import pytest
 from twinflow.testing.guide_blocks import ROOTED, GuideError, GuideHost, parse_guide, read_guide
 from twinflow.testing.guide_lab import HOSTS, SERVER_NAMES
 
-SECRETS = {"password": "pw", "zookeeper password": "zk-pw"}
+SECRETS = {"password": "pw", "zookeeper password": "zk-pw", "the peers' version": "0.2.0"}
 
 
 def hosts() -> dict[str, GuideHost]:

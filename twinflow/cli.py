@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(fn=cmd_proxy)
 
     dr = sub.add_parser("drill", help="run a chaos drill on a fresh local cluster and check the promises")
-    dr.add_argument("name", help="a drill name, or all")
+    dr.add_argument("name", help="a drill name, or all (with --hosts: all, guide-all, or names of one of the two separated by commas)")
     dr.add_argument("--seed", type=int, default=1)
     dr.add_argument("--runs", type=int, default=1, help="run each drill this many times, seeds S, S+1, ...")
     dr.add_argument("--messages", type=int, default=10_000)

@@ -155,9 +155,10 @@ def cmd_host_drill(args) -> int:
     from twinflow.chaos.guide_drills import GUIDE_DRILLS, GuideDrillRunner
     from twinflow.chaos.host_drills import HOST_DRILLS, HostDrillRunner
 
-    # `all`: the drills on the full lab; `guide-all`: the deployment guide's, on a lab it builds.
-    names = {"all": list(HOST_DRILLS), "guide-all": list(GUIDE_DRILLS)}.get(args.name, [args.name])
-    if names[0] not in HOST_DRILLS and names[0] not in GUIDE_DRILLS:
+    # `all`: the drills on the full lab; `guide-all`: the deployment guide's, on a lab it builds;
+    # or names separated by commas, of one of the two (a guide series shares one lab).
+    names = {"all": list(HOST_DRILLS), "guide-all": list(GUIDE_DRILLS)}.get(args.name, args.name.split(","))
+    if not (set(names) <= set(HOST_DRILLS) or set(names) <= set(GUIDE_DRILLS)):
         print(f"twinflow: unknown drill between hosts {args.name!r} (known: all, {', '.join(HOST_DRILLS)}; "
               f"guide-all, {', '.join(GUIDE_DRILLS)})", file=sys.stderr)
         return EXIT_BAD_FLOW

@@ -273,6 +273,17 @@ class GuideLab(Lab):
         lines = (self.directory / "secrets.env").read_text().splitlines()
         return dict(line.split("=", 1) for line in lines if "=" in line)
 
+    def answers_for(self, text: str) -> dict[str, str]:
+        """What the lab answers for the placeholders of ``text``: the passwords, and the version
+        the peers run (``twinflow status --json`` shows it to an operator)."""
+        answers = self.secrets()
+        if "<the peers' version>" in text:
+            versions = {r.get("version") for r in self.peer_statuses().values() if r.get("version")}
+            if len(versions) != 1:
+                raise LabError(f"the peers run versions {versions or 'none'}: no one version to install")
+            answers["the peers' version"] = versions.pop()
+        return answers
+
     # -- running a block ----------------------------------------------------------------------
     def run_block(self, block: GuideBlock, hosts: list[str] | None = None,
                   say: Callable[[str], None] = lambda text: None) -> list[str]:
@@ -284,7 +295,7 @@ class GuideLab(Lab):
             text, path = block.text, block.path
             if "as-peer" in block.flags:
                 text, path = host.as_peer(text), host.as_peer(path) if path else None
-            text = host.fill(text, self.secrets())
+            text = host.fill(text, self.answers_for(text))
             t0 = time.monotonic()
             if block.kind in ("file", "append"):
                 target = host.path(path)
