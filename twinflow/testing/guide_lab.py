@@ -82,6 +82,7 @@ USER = "twinflow"
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SERVER_DEADLINE_S = 90.0
 PEER_DEADLINE_S = 180.0
+REDIS_FAILOVER_S = 30.0  # the lab's reads wait this long for the Sentinels to name a new primary
 BLOCK_TIMEOUT_S = {"install": 1200.0, "run": 600.0}
 # The servers of a `serve` line, by what the line runs.
 SERVER_NAMES = (("--sentinel", "sentinel"), ("redis.conf", "redis"), ("QuorumPeerMain", "zookeeper"),
@@ -490,6 +491,18 @@ class GuideLab(Lab):
         """A lab host's address by any of its names (``host-a.example``, ``host-a``, an address)."""
         short = name.split(".", 1)[0]
         return self.state.host(short).address if short in HOSTS else name
+
+    def _on_redis(self, read: Callable):
+        """A read of the flow's Redis, waiting out a Sentinel failover (the primary's machine
+        killed: until the Sentinels name another, the one they name refuses connections)."""
+        end = time.monotonic() + REDIS_FAILOVER_S
+        while True:
+            try:
+                return super()._on_redis(read)
+            except (OSError, redis.ConnectionError, redis.TimeoutError, LabError):
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.5)
 
     def redis(self) -> redis.Redis:
         """A client on the primary the Sentinels name (asked from host-c), made in host-c."""
