@@ -32,11 +32,11 @@ other drills between hosts are (lost, duplicated, stale writes, RTO).
   every message is in the restored flow's outputs exactly once.
 - ``topology-peer``, ``topology-zookeeper``, ``topology-redis``: "Changing the machines": the
   spare machine ``host-d.example`` installed (before the traffic), then, under traffic, a third
-  peer ``peer-c`` added on it (all three stream, Prometheus scrapes three) and removed again;
-  a fourth ZooKeeper server added (every server's list, a rolling restart of the others, the
-  peers' list and a rolling restart of the peers; four servers leading or following) and
-  removed again; a third Redis replica added (each Sentinel counts three) and removed again
-  (each Sentinel reset, two). A replacement is these two halves.
+  peer ``peer-c`` added on it (all three stream, Prometheus scrapes three) and removed again
+  (a peer's replacement is these two halves); ZooKeeper's server 3 moved from host-c to it
+  (the old one stopped, the new one joined, the others' lists and the peers' each changed
+  with a rolling restart; three servers leading or following, none on host-c); a third Redis
+  replica added (each Sentinel counts three) and removed again (each Sentinel reset, two).
 
 One lab serves every guide drill of a series (it takes a few minutes to install and start);
 each run publishes message IDs of its own. Needs root. Under failure the lab is taken down and
@@ -311,22 +311,16 @@ def _scraped(lab: GuideLab, count: int) -> bool:
 def topology_zookeeper(d: HostDrill) -> None:
     lab: GuideLab = d.lab
     d.wait_sent(0.05)
-    d.window("ZooKeeper server 4 added on host-d.example (the guide's blocks)")
-    lab.run_blocks(TOPOLOGY, "Adding a ZooKeeper server", say=d.say)
+    d.window("ZooKeeper server 3 moved from host-c.example to host-d.example (the guide's blocks)")
+    lab.run_blocks(TOPOLOGY, "Replacing a ZooKeeper server", say=d.say)
     d.healed()
-    modes = _zk_modes(lab, ("host-a", "host-b", "host-c", "host-d"))
-    d.figures["topology"] = {"zookeeper_added": modes}
-    if sorted(modes.values()) != ["follower", "follower", "follower", "leader"]:
-        raise LabError(f"after adding server 4 the ensemble is {modes}")
-    d.say(f"  four ZooKeeper servers: {modes}")
-    d.window("ZooKeeper server 4 removed (the guide's blocks)")
-    lab.run_blocks(TOPOLOGY, "Removing a ZooKeeper server", say=d.say)
-    d.healed()
-    modes = _zk_modes(lab, ("host-a", "host-b", "host-c"))
-    d.figures["topology"]["zookeeper_removed"] = modes
-    if sorted(modes.values()) != ["follower", "follower", "leader"]:
-        raise LabError(f"after removing server 4 the ensemble is {modes}")
-    d.say(f"  three ZooKeeper servers again: {modes}")
+    modes = _zk_modes(lab, ("host-a", "host-b", "host-d"))
+    d.figures["topology"] = {"zookeeper_replaced": modes}
+    if sorted(str(m) for m in modes.values()) != ["follower", "follower", "leader"]:
+        raise LabError(f"after moving server 3 the ensemble is {modes}")
+    if lab._zk_mode_or_none("host-c") is not None:
+        raise LabError("the old server on host-c still answers")
+    d.say(f"  server 3 on host-d: {modes}")
 
 
 def _zk_modes(lab: GuideLab, hosts: tuple[str, ...]) -> dict[str, str | None]:

@@ -478,6 +478,13 @@ class GuideLab(Lab):
         return {t["labels"].get("instance", ""): t.get("health", "")
                 for t in data.get("data", {}).get("activeTargets", []) if t.get("labels", {}).get("job") == "twinflow"}
 
+    def _zk_mode_or_none(self, host: str) -> str | None:
+        """The mode of ``host``'s ZooKeeper server (None when none answers)."""
+        try:
+            return self._zk_mode(self.state.host(host).address)
+        except OSError:
+            return None
+
     def _hosts_running(self, unit: str) -> list[str]:
         """The hosts with ``unit`` enabled."""
         return [h for h, units in self.state.info.get("enabled", {}).items() if unit in units]
