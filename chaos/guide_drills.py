@@ -6,21 +6,37 @@ other drills between hosts are (lost, duplicated, stale writes, RTO).
 - ``guide``: the master's machine dies (every process of it: its peer, a Redis, a Sentinel, a
   ZooKeeper server); the other peer goes on; the machine comes back (its servers, then its
   peer through the unit) and rejoins as worker.
-- ``rolling-upgrade``: "Upgrading twinflow" on each peer's machine in turn, with a wheel of a
-  newer version than the one installed; every peer reports the new version at the end.
-- ``flow-change``: first a flow file without the join, while the join holds open groups: the
-  restarted worker refuses it, exit 4, with the node and what it holds, the master goes on, and
-  the old file is put back; then "Changing a running flow" with a longer join time-out on
-  each machine in turn, and 400 messages more whose lone orders expire after the new time-out.
+- ``rolling-upgrade``: "Upgrading twinflow": the backup first, then each peer's machine in
+  turn, with a wheel of a newer version beside the installed one (the guide names the newest);
+  every peer reports the new version. Then "Rolling back", once every message is out: both
+  peers stopped, the old wheel installed again, the backup taken before the upgrade restored,
+  the peers started on new state directories, and every message published again: each is in
+  the restored flow's outputs once, and both peers report the old version.
+- ``flow-change``: first a flow file ``validate`` refuses (a second ``cluster:`` key): the
+  guide's block stops at ``validate``, the live file is unchanged and no peer restarted; then a
+  flow file without the join, while the join holds open groups: the restarted worker refuses
+  it, exit 4, with the node and what it holds, the master goes on, and the old file is put
+  back; then "Changing a running flow" with a longer join time-out on each machine in turn and
+  on the client host, and 400 messages more whose lone orders expire after the new time-out.
 - ``rotation``: "Rotating certificates and tokens", the tokens' three steps (each peer accepts
-  the old and the new, then everyone sends the new, then the old is refused), then a new CA's
-  (both CAs trusted, then the new certificates shown, then the old CA refused), each step a
-  rolling restart checked with ``twinflow status --grpc``; then a second publisher sends with
-  the new token, certificate and CA, each message delivered once.
+  the old and the new, then everyone sends the new, then the old is refused; the operator's
+  commands on the client host get in with the new admin token), then a new CA's (both CAs
+  trusted, then the new certificates shown, then the old CA refused), each step a rolling
+  restart checked with ``twinflow status --grpc``; then new certificates from the same CA (the
+  guide's check that the CA outlives them by a year, a rolling restart, each peer's new end
+  date read from its handshake); then a second publisher sends with the new token,
+  certificate and CA, each message delivered once.
 - ``backup-restore``: "Backing up and restoring a flow": a backup taken mid-stream; once every
   message is out, the peers are stopped, the flow's keys are lost (deleted), the backup is
   restored, the peers start on new state directories, and the producer sends everything again:
   every message is in the restored flow's outputs exactly once.
+- ``topology-peer``, ``topology-zookeeper``, ``topology-redis``: "Changing the machines": the
+  spare machine ``host-d.example`` installed (before the traffic), then, under traffic, a third
+  peer ``peer-c`` added on it (all three stream, Prometheus scrapes three) and removed again
+  (a peer's replacement is these two halves); ZooKeeper's server 3 moved from host-c to it
+  (the old one stopped, the new one joined, the others' lists and the peers' each changed
+  with a rolling restart; three servers leading or following, none on host-c); a third Redis
+  replica added (each Sentinel counts three) and removed again (each Sentinel reset, two).
 
 One lab serves every guide drill of a series (it takes a few minutes to install and start);
 each run publishes message IDs of its own. Needs root. Under failure the lab is taken down and
@@ -64,29 +80,47 @@ def guide(d: HostDrill) -> None:
 
 
 def rolling_upgrade_setup(d: HostDrill) -> None:
-    """A wheel of the next version in the blocks' directory, the only ``twinflow-*.whl`` there."""
+    """A wheel of the next version in the blocks' directory, beside the one installed (the
+    guide's upgrade names the newest)."""
     from twinflow import __version__
 
     lab: GuideLab = d.lab
     version = f"{__version__}.post{d.seed}"
-    for old in lab.dist.glob("twinflow-*.whl"):
-        old.unlink()
     build_wheel(lab.dist, version)
+    if len(list(lab.dist.glob("twinflow-*.whl"))) < 2:
+        raise LabError("the old wheel is not beside the new one: the drill would not show pip choosing")
     d.figures["version"] = version
 
 
 def rolling_upgrade(d: HostDrill) -> None:
+    from twinflow import __version__
+
     lab: GuideLab = d.lab
     d.wait_sent(0.1)
-    for peer in (d.worker, d.master):  # the guide's block, one machine at a time
+    upgrade = lab.blocks_of("Upgrading twinflow", "")
+    lab.run_block(upgrade[0], say=d.say)  # the backup, on host-a
+    for peer in (d.worker, d.master):  # the guide's upgrade, one machine at a time
         d.window(f"{peer} upgraded (the guide's block on {_host_of(peer)})")
-        out = lab.run_blocks("Upgrading twinflow", hosts=[_host_of(peer)], say=d.say)
+        out = [o for b in upgrade[1:] for o in lab.run_block(b, hosts=[_host_of(peer)], say=d.say)]
         d.healed()
         d.say(f"  {peer}: {''.join(out).strip()}")
     versions = {p: r.get("version") for p, r in lab.peer_statuses().items()}
     d.figures["versions"] = versions
     if set(versions.values()) != {d.figures["version"]}:
         raise LabError(f"after the upgrade the peers report {versions}, not {d.figures['version']}")
+    # Rolling back to the version before, by the backup taken before the upgrade, once every
+    # message is out; then the producer sends everything again.
+    d.wait_sent(1.0)
+    if not wait_for(lambda: check_outputs(lab.outputs(), _acked(d)).delivered >= d.sent(), 120, 0.5):
+        raise LabError("not every message out of the flow before the rollback")
+    d.fault("rolled back: both peers stopped, the old wheel, the backup before the upgrade restored", lasts=True)
+    lab.run_blocks("Upgrading twinflow", "Rolling back", say=d.say)
+    d.healed()
+    versions = {p: r.get("version") for p, r in lab.peer_statuses().items()}
+    d.figures["versions_after_rollback"] = versions
+    if set(versions.values()) != {__version__}:
+        raise LabError(f"after the rollback the peers report {versions}, not {__version__}")
+    _resend(d, "after the rollback")
 
 
 def flow_change(d: HostDrill) -> None:
@@ -95,12 +129,29 @@ def flow_change(d: HostDrill) -> None:
     new = old.replace("timeout: 10 ", f"timeout: {NEW_TIMEOUT_S} ", 1)
     if new == old:
         raise LabError("the lab's flow file has no join time-out of 10 s to change")
-    (lab.dist / "flow-new.yaml").write_text(new)
-    # First, while orders wait in the join: a flow file without it, refused whole.
-    d.wait_sent(0.2)
     peer = d.worker
     host = lab.host(_host_of(peer))
     installed = host.path("/etc/twinflow/flow.yaml")
+    # First a file validate refuses (the mistake of a second `cluster:` key): the guide's block
+    # stops at validate, the live file stays, and nothing restarts.
+    (lab.dist / "flow-new.yaml").write_text(old + "cluster: {wait_replicas: 1}\n")
+    d.wait_sent(0.1)
+    before = lab.process(host.name, f"twinflow-peer@{peer}")
+    try:
+        lab.run_blocks("Changing a running flow", hosts=[host.name], say=d.say)
+    except LabError as exc:
+        refused = next((line for line in str(exc).splitlines() if "appears twice" in line), None)
+    else:
+        raise LabError("the guide's block went on past a flow file validate refuses")
+    now = lab.process(host.name, f"twinflow-peer@{peer}")
+    d.figures["validate_refused"] = refused
+    if refused is None or installed.read_text() != old or now.pid != before.pid or not lab.alive(now):
+        raise LabError(f"a refused flow file: refusal {refused!r}, live file unchanged "
+                       f"{installed.read_text() == old}, {peer} not restarted {now.pid == before.pid}")
+    d.say(f"  a second cluster: key refused by validate ({refused.strip()}); nothing copied, nothing restarted")
+    (lab.dist / "flow-new.yaml").write_text(new)
+    # Then, while orders wait in the join: a flow file without it, refused whole at start.
+    d.wait_sent(0.2)
     installed.write_text(_without_join(old))
     d.window(f"{peer} restarted on a flow file without the join")
     lab.systemctl(host.name, ["restart", f"twinflow-peer@{peer}"])
@@ -118,11 +169,16 @@ def flow_change(d: HostDrill) -> None:
     lab.wait_streaming(peer)
     d.healed()
     d.say(f"  {peer} refused the flow file without the join (exit 4) and is back on the old one")
-    # Then the change that takes effect: the guide's block on each machine in turn.
+    # Then the change that takes effect: the guide's block on each machine in turn, and the
+    # client host's copy.
     for peer in (d.worker, d.master):
         d.window(f"{peer} restarted on the changed flow file")
         lab.run_blocks("Changing a running flow", hosts=[_host_of(peer)], say=d.say)
         d.healed()
+    lab.run_blocks("Changing a running flow", hosts=["host-c"], say=d.say)
+    for name in ("host-a", "host-b", "host-c"):
+        if lab.host(name).path("/etc/twinflow/flow.yaml").read_text() != new:
+            raise LabError(f"{name}'s flow file is not the new one after the guide's change")
     changed_at = time.time()
     out = publish_more(d, MORE, "after_change")
     d.figures.update(timeout_errors(lab, out, changed_at, timeout_ms=NEW_TIMEOUT_S * 1000))
@@ -170,6 +226,9 @@ def rotation(d: HostDrill) -> None:
     d.say("  the old tokens are refused, the new ones taken")
     lab.run_blocks("Rotating certificates and tokens", "A new CA and its certificates", say=d.say)
     d.say("  a certificate of the old CA is refused, the new CA's taken")
+    out = lab.run_blocks("Rotating certificates and tokens", "New certificates from the same CA", say=d.say)
+    d.figures["renewed_until"] = [line for line in "".join(out).splitlines() if line.startswith("notAfter=")]
+    d.say(f"  new certificates from the same CA, the peers' ending {d.figures['renewed_until']}")
     # The clients send with the new token, certificate and CA now (the guide's client steps).
     publish_more(d, MORE, "after_rotation")
 
@@ -191,17 +250,112 @@ def backup_restore(d: HostDrill) -> None:
             d.fault(f"the flow's {lost} keys deleted from Redis, the peers stopped", lasts=True)
         lab.run_block(block, say=d.say)
     d.healed()
-    # The producer sends everything again: the restored ID cache takes each message once.
-    again = lab.directory / f"resent-{d.seed}.txt"
+    _resend(d, "after the restore")
+
+
+def _resend(d: HostDrill, what: str) -> None:
+    """The producer sends everything again: the restored ID cache takes each message once."""
+    lab: GuideLab = d.lab
+    again = lab.directory / f"resent-{d.seed}-{int(time.time())}.txt"
     again.unlink(missing_ok=True)
     publisher = lab.publisher(d.total, d.rate, again, d.figures["first"])
     if lab.wait_exit(publisher, d.total / d.rate + 180) != 0:
-        raise LabError("the resend failed:\n" + lab.logs([publisher], 20))
-    d.say(f"  resent {len(again.read_text().split())} messages")
+        raise LabError(f"the resend {what} failed:\n" + lab.logs([publisher], 20))
+    d.say(f"  resent {len(again.read_text().split())} messages {what}")
 
 
 def _acked(d: HostDrill) -> list[str]:
     return (d.lab.directory / f"acked-{d.figures['first']}.txt").read_text().split()
+
+
+TOPOLOGY = "Changing the machines"
+
+
+def install_spare(d: HostDrill) -> None:
+    """The spare machine, host-d.example, installed as the guide says (once per lab)."""
+    lab: GuideLab = d.lab
+    if not lab.state.info.get("spare_installed"):
+        lab.run_blocks(TOPOLOGY, "", say=d.say)
+        lab.state.info["spare_installed"] = True
+        lab.save()
+
+
+def topology_peer(d: HostDrill) -> None:
+    lab: GuideLab = d.lab
+    d.wait_sent(0.1)
+    d.window("peer-c added on host-d.example (the guide's blocks)")
+    lab.run_blocks(TOPOLOGY, "Adding a peer", say=d.say)
+    d.healed()
+    streaming = sorted(p for p, r in lab.peer_statuses().items() if r.get("streaming") == "1")
+    if streaming != ["peer-a", "peer-b", "peer-c"]:
+        raise LabError(f"after adding peer-c, streaming: {streaming}")
+    if not wait_for(lambda: _scraped(lab, 3), 90, 1.0):
+        raise LabError(f"Prometheus does not scrape three peers: {lab.prometheus_targets()}")
+    d.figures["topology"] = {"peers_added": streaming, "scraped_added": sorted(lab.prometheus_targets())}
+    d.say(f"  three peers stream ({', '.join(streaming)}), Prometheus scrapes three")
+    d.wait_sent(0.6)
+    d.window("peer-c removed (the guide's blocks)")
+    lab.run_blocks(TOPOLOGY, "Removing a peer", say=d.say)
+    d.healed()
+    if not wait_for(lambda: _scraped(lab, 2), 90, 1.0):
+        raise LabError(f"Prometheus still scrapes peer-c: {lab.prometheus_targets()}")
+    d.figures["topology"]["peers_removed"] = sorted(lab.peer_ids())
+    d.say("  peer-c removed; two peers, two targets")
+
+
+def _scraped(lab: GuideLab, count: int) -> bool:
+    targets = lab.prometheus_targets()
+    return len(targets) == count and all(h == "up" for h in targets.values())
+
+
+def topology_zookeeper(d: HostDrill) -> None:
+    lab: GuideLab = d.lab
+    d.wait_sent(0.05)
+    d.window("ZooKeeper server 3 moved from host-c.example to host-d.example (the guide's blocks)")
+    lab.run_blocks(TOPOLOGY, "Replacing a ZooKeeper server", say=d.say)
+    d.healed()
+    modes = _zk_modes(lab, ("host-a", "host-b", "host-d"))
+    d.figures["topology"] = {"zookeeper_replaced": modes}
+    if sorted(str(m) for m in modes.values()) != ["follower", "follower", "leader"]:
+        raise LabError(f"after moving server 3 the ensemble is {modes}")
+    if lab._zk_mode_or_none("host-c") is not None:
+        raise LabError("the old server on host-c still answers")
+    d.say(f"  server 3 on host-d: {modes}")
+
+
+def _zk_modes(lab: GuideLab, hosts: tuple[str, ...]) -> dict[str, str | None]:
+    modes = {}
+    for h in hosts:
+        try:
+            modes[h] = lab._zk_mode(lab.state.host(h).address)
+        except OSError:
+            modes[h] = None
+    return modes
+
+
+def topology_redis(d: HostDrill) -> None:
+    lab: GuideLab = d.lab
+    d.wait_sent(0.1)
+    d.window("a Redis replica added on host-d.example (the guide's blocks)")
+    lab.run_blocks(TOPOLOGY, "Adding a Redis server", say=d.say)
+    d.healed()
+    d.figures["topology"] = {"replicas_added": _replicas(lab)}
+    d.say(f"  the primary has {d.figures['topology']['replicas_added']} replicas")
+    d.wait_sent(0.5)
+    d.window("the replica on host-d.example removed (the guide's blocks)")
+    lab.run_blocks(TOPOLOGY, "Removing a Redis server", say=d.say)
+    d.healed()
+    d.figures["topology"]["replicas_removed"] = _replicas(lab)
+    if (d.figures["topology"]["replicas_added"], d.figures["topology"]["replicas_removed"]) != (3, 2):
+        raise LabError(f"the primary's replicas: {d.figures['topology']}")
+
+
+def _replicas(lab: GuideLab) -> int:
+    client = lab.redis()
+    try:
+        return int(client.info("replication").get("connected_slaves", 0))
+    finally:
+        client.close()
 
 
 GUIDE_DRILLS: dict[str, HostDrillSpec] = {
@@ -210,6 +364,10 @@ GUIDE_DRILLS: dict[str, HostDrillSpec] = {
     "flow-change": HostDrillSpec(flow_change, rate=100.0, kills_master=False),
     "rotation": HostDrillSpec(rotation, rate=100.0, kills_master=False),
     "backup-restore": HostDrillSpec(backup_restore, rate=200.0, kills_master=False),
+    # Slow traffic, so that it runs through each change (a peer's start, rolling restarts).
+    "topology-peer": HostDrillSpec(topology_peer, rate=10.0, kills_master=False, setup=install_spare),
+    "topology-zookeeper": HostDrillSpec(topology_zookeeper, rate=10.0, kills_master=False, setup=install_spare),
+    "topology-redis": HostDrillSpec(topology_redis, rate=10.0, kills_master=False, setup=install_spare),
 }
 
 
@@ -230,3 +388,14 @@ class GuideDrillRunner(HostDrillRunner):
             self.lab = lab
         self.drill = name
         return self.lab
+
+    def _run(self, lab: GuideLab, name: str, seed: int) -> dict:
+        """A drill's run, then what root reads or runs checked on every host: a file the service
+        user could change fails the run."""
+        result = super()._run(lab, name, seed)
+        problems = lab.ownership_problems()
+        result["owned_by_root"] = not problems
+        if problems:
+            result["passed"] = False
+            result["error"] = "files root reads or runs that the service user could change: " + "; ".join(problems)
+        return result

@@ -302,7 +302,8 @@ class HostDrillRunner:
         acked = lab.directory / f"acked-{first}.txt"
         acked.unlink(missing_ok=True)  # left by an earlier lab in the same directory
         master = lab.master() or lab.shard_masters()[0]  # of a sharded flow, shard 0's
-        d = HostDrill(lab, master, next(p for p in PEERS if p != master), seed, lambda: _count(acked), messages,
+        peers = lab.peer_ids() if hasattr(lab, "peer_ids") else PEERS
+        d = HostDrill(lab, master, next(p for p in peers if p != master), seed, lambda: _count(acked), messages,
                       rate, say=self.say)
         d.figures["first"] = first
         if spec.setup is not None:

@@ -11,7 +11,7 @@ import pytest
 from twinflow.testing.guide_blocks import ROOTED, GuideError, GuideHost, parse_guide, read_guide
 from twinflow.testing.guide_lab import HOSTS, SERVER_NAMES
 
-SECRETS = {"password": "pw", "zookeeper password": "zk-pw"}
+SECRETS = {"password": "pw", "zookeeper password": "zk-pw", "the peers' version": "0.2.0"}
 
 
 def hosts() -> dict[str, GuideHost]:
@@ -40,7 +40,7 @@ def test_every_block_runs_on_hosts_the_guide_has_with_every_placeholder_filled()
             for line in filled.splitlines() if b.kind in ("run", "install") else []:
                 words = shlex.split(line.strip()) if line.strip() and not line.strip().startswith("#") else [""]
                 if words[0] == "systemctl":  # what the lab's systemctl runs
-                    assert words[1] in ("daemon-reload", "enable", "start", "stop", "restart"), line
+                    assert words[1] in ("daemon-reload", "enable", "disable", "start", "stop", "restart"), line
 
 
 def test_a_block_for_peer_a_reads_as_peer_b_on_host_b_and_is_refused_where_no_peer_runs():
@@ -56,11 +56,17 @@ def test_each_drill_and_the_first_day_have_their_blocks():
     sections = {(b.section, b.subsection) for b in read_guide()}
     for needed in [("Installing", ""), ("Certificates and tokens", ""), ("Starting the servers", ""),
                    ("A systemd unit per peer", ""), ("Checking it", ""), ("A first message", ""),
-                   ("Upgrading twinflow", ""), ("Changing a running flow", ""),
+                   ("Monitoring", ""), ("Upgrading twinflow", ""), ("Upgrading twinflow", "Rolling back"),
+                   ("Changing a running flow", ""),
                    ("Rotating certificates and tokens", "Tokens"),
                    ("Rotating certificates and tokens", "A new CA and its certificates"),
                    ("Backing up and restoring a flow", "Taking a backup"),
-                   ("Backing up and restoring a flow", "Restoring")]:
+                   ("Backing up and restoring a flow", "Restoring"),
+                   ("Changing the machines", ""), ("Changing the machines", "Adding a peer"),
+                   ("Changing the machines", "Removing a peer"),
+                   ("Changing the machines", "Replacing a ZooKeeper server"),
+                   ("Changing the machines", "Adding a Redis server"),
+                   ("Changing the machines", "Removing a Redis server")]:
         assert needed in sections, needed
 
 
@@ -72,3 +78,164 @@ def test_a_file_outside_a_hosts_own_directories_and_a_bad_annotation_are_refused
     with pytest.raises(GuideError, match="deploy.md line 1: the annotation must stand just above a ``` block"):
         parse_guide("<!-- lab: run host-a -->\n\n```sh\ntrue\n```\n")
     assert "/etc/twinflow" in ROOTED and "/opt/twinflow" in ROOTED
+
+
+def _commands(section: str, subsection: str | None = None, host: str | None = None) -> list[list[str]]:
+    """The shell commands of a section's run blocks, split into words (as host-a reads them)."""
+    out = []
+    for b in read_guide():
+        if b.section != section or (subsection is not None and b.subsection != subsection) or b.kind != "run":
+            continue
+        if host is not None and host not in b.hosts:
+            continue
+        out += [shlex.split(line) for line in b.lines()]
+    return out
+
+
+def test_what_root_reads_under_etc_twinflow_is_roots_never_the_service_users():
+    """The service user runs handler code: nothing root sources or reads under /etc/twinflow may be
+    its to change (an install -o twinflow there, a directory of its own there)."""
+    host = hosts()["host-a"]
+    for b in read_guide():
+        text = host.fill(b.text, SECRETS)
+        for line in [s for s in text.splitlines() if s.strip() and not s.startswith("#")] if b.kind in ("run", "install") else []:
+            words = shlex.split(line)
+            if words[0] != "install":
+                continue
+            owner = words[words.index("-o") + 1] if "-o" in words else "root"
+            targets = [w for w in words[1:] if w.startswith(("/etc/", '"$FLOW"', "$FLOW"))]
+            if any(t.startswith("/etc/twinflow") or "FLOW" in t for t in targets):
+                assert owner == "root", (b.line, line)
+                mode = words[words.index("-m") + 1] if "-m" in words else "0755"
+                assert int(mode, 8) & 0o022 == 0, (b.line, line)  # no group or other write
+    unit = next(b for b in read_guide() if b.path is None and "twinflow-peer@.service" in b.text and b.kind == "run")
+    assert "install -o root -g twinflow -m 0640 deploy/systemd/peer.env.example /etc/twinflow/peer-a.env" in unit.text
+
+
+def test_redis_files_are_redis_s_and_etc_redis_is_left_as_debian_made_it():
+    text = "\n".join(b.text for b in read_guide() if b.kind in ("run", "install"))
+    assert "/etc/redis" not in " ".join(line for line in text.splitlines() if line.startswith("install -d"))
+    assert "chown redis:redis /etc/redis/redis.conf /etc/redis/sentinel.conf" in text
+    stop = text.index("systemctl stop redis-server redis-sentinel")
+    assert stop < text.index("systemctl restart redis-server redis-sentinel twinflow-zookeeper")
+    assert "apt-get update" in text and "curl netcat-openbsd" in text
+
+
+def test_a_flow_change_is_validated_before_it_is_copied_and_restarted_on_every_machine():
+    peer = [w for w in _commands("Changing a running flow", host="host-a")]
+    verbs = [" ".join(w[:2]) for w in peer]
+    validate = next(i for i, w in enumerate(peer) if w[:2] == ["twinflow", "validate"])
+    copy = next(i for i, w in enumerate(peer) if w[0] == "install" and w[-1] == "$FLOW")
+    restart = next(i for i, w in enumerate(peer) if w[:2] == ["systemctl", "restart"])
+    assert validate < copy < restart, verbs
+    assert peer[validate][2] == "flow-new.yaml"  # the new file, not the live one
+    client = _commands("Changing a running flow", host="host-c")
+    assert [w[1:3] for w in client if "validate" in w] == [["validate", "flow-new.yaml"]]
+    assert client[-1][-1] == "/etc/twinflow/flow.yaml"
+
+
+def test_the_upgrade_names_one_wheel_and_backs_up_first_and_a_rollback_restores():
+    blocks = [b for b in read_guide() if b.section == "Upgrading twinflow" and b.kind == "run"]
+    assert "twinflow backup" in blocks[0].text and "version-before-upgrade" in blocks[0].text
+    upgrade = next(b.text for b in blocks if "--upgrade" in b.text)
+    assert '"$(ls -v twinflow-*.whl | tail -n 1)"' in upgrade and "--upgrade twinflow-*.whl" not in upgrade
+    back = "".join(b.text for b in blocks if b.subsection == "Rolling back")
+    assert "twinflow restore" in back and "version-before-upgrade" in back and "before-upgrade-" in back
+
+
+def test_a_token_rotation_gives_the_operators_machine_the_new_admin_token_and_checks_it():
+    copies = [b for b in read_guide() if b.kind == "copy" and b.hosts == ["host-a", "host-c"]]
+    assert any("/etc/twinflow/tokens-next/admin.token" in b.text for b in copies)
+    client = "".join(b.text for b in read_guide()
+                     if b.subsection == "Tokens" and b.kind == "run" and b.hosts == ["host-c"])
+    assert "> /etc/twinflow/tls/admin.token" in client and ". /etc/twinflow/operator.env" in client
+
+
+def test_metrics_are_bound_to_the_machines_address_and_prometheus_scrapes_every_peer():
+    import yaml
+
+    from twinflow.testing.guide_blocks import REPO
+
+    enable = next(b for b in read_guide() if "systemctl enable --now twinflow-peer@peer-a" in b.text)
+    assert "s/^METRICS=.*/METRICS=<this machine's address>:9464/" in enable.text
+    scrape = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    job = next(j for j in scrape["scrape_configs"] if j["job_name"] == "twinflow")
+    assert job["file_sd_configs"] == [{"files": ["/etc/prometheus/twinflow-targets.yml"]}]
+    groups = yaml.safe_load((REPO / "deploy/prometheus/twinflow-targets.yml").read_text())
+    targets = [t for g in groups for t in g["targets"]]
+    assert targets == [f"{h}.example:9464" for h, (_, peer) in HOSTS.items() if peer in ("peer-a", "peer-b")]
+    assert "/etc/prometheus/twinflow-rules.yml" in scrape["rule_files"]
+    assert ("Monitoring", "") in {(b.section, b.subsection) for b in read_guide()}
+
+
+def test_the_shipped_prometheus_configuration_passes_promtool(tmp_path):
+    import shutil
+    import subprocess
+
+    from twinflow.testing.guide_blocks import REPO
+
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed (make bootstrap installs Debian's prometheus)")
+    rules = REPO / "deploy/prometheus/twinflow-rules.yml"
+    config = (REPO / "deploy/prometheus/prometheus.yml").read_text().replace(
+        "/etc/prometheus/twinflow-rules.yml", str(rules)).replace(
+        "/etc/prometheus/twinflow-targets.yml", str(REPO / "deploy/prometheus/twinflow-targets.yml"))
+    (tmp_path / "prometheus.yml").write_text(config)
+    done = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_unsharded_pair_runs_spark_in_its_peers_and_the_table_says_what_a_spark_cluster_survives():
+    from twinflow.testing.guide_blocks import GUIDE, REPO
+    from twinflow.testing.systemd_unit import read_environment_file
+
+    env = read_environment_file(REPO / "deploy/systemd/peer.env.example")
+    assert env["TWINFLOW_SPARK_MASTER"] == "local[1]" and env["EXTRA_ARGS"] == ""
+    assert not [b for b in read_guide() if b.kind == "serve"]  # every server under a unit
+    text = GUIDE.read_text()
+    assert "spark://host-c.example:7077" not in text
+    assert "a Spark master and its only worker on one machine" in text
+
+
+def test_the_shipped_units_run_as_service_users():
+    from twinflow.testing.guide_blocks import REPO
+    from twinflow.testing.systemd_unit import ServiceUnit, read_environment_file
+
+    users = {}
+    for path in sorted((REPO / "deploy/systemd").glob("*.service")):
+        unit = ServiceUnit.read(path)
+        users[path.name] = unit.user
+        env = {**read_environment_file(REPO / "deploy/systemd/peer.env.example"),
+               **read_environment_file(REPO / "deploy/systemd/spark.env.example")}
+        assert unit.start_argv("peer-a", env)[0].startswith("/")
+    assert users == {"twinflow-peer@.service": "twinflow", "twinflow-spark-master.service": "twinflow",
+                     "twinflow-spark-worker.service": "twinflow", "twinflow-zookeeper.service": "zookeeper"}
+
+
+def test_each_topology_change_has_its_commands_and_a_replacement_is_an_addition_then_a_removal():
+    from twinflow.chaos.guide_drills import GUIDE_DRILLS
+    from twinflow.testing.guide_blocks import GUIDE
+
+    text = GUIDE.read_text()
+    for kind in ("a peer", "a Redis server"):
+        for verb in ("Adding", "Removing"):
+            assert f"### {verb} {kind}" in text
+    for heading in ("### Replacing a peer's machine", "### Replacing a Redis server"):
+        section = text.split(heading, 1)[1].split("###", 1)[0]
+        assert "Adding" in section and "Removing" in section, heading
+    # A ZooKeeper server keeps the ensemble's size: it moves (a lab block each step); growing or
+    # shrinking is ZooKeeper's dynamic reconfiguration, said but not run.
+    assert "### Replacing a ZooKeeper server" in text and "reconfig -add" in text
+    assert {"topology-peer", "topology-zookeeper", "topology-redis"} <= set(GUIDE_DRILLS)
+    # The peers' list of ZooKeeper servers is edited without naming host-a (an as-peer block reads
+    # host-a.example as its own machine's name).
+    for b in read_guide():
+        if b.subsection == "Replacing a ZooKeeper server" and "as-peer" in b.flags:
+            assert "host-a.example" not in b.text and "TWINFLOW_ZK" in b.text
+
+
+def test_a_renewal_from_the_same_ca_first_checks_the_ca_outlives_the_new_certificates():
+    blocks = [b for b in read_guide() if b.subsection == "New certificates from the same CA"]
+    assert blocks[0].lines()[0] == "openssl x509 -checkend 31536000 -noout -in /etc/twinflow/tls/ca.pem"
+    assert [b.kind for b in blocks] == ["run", "copy", "copy", "run", "run", "run"]

@@ -3,21 +3,27 @@
 For trying TLS and tokens on a few machines, not for production (use your
 organisation's CA there; docs/operations/security.md shows the OpenSSL steps):
 
-- ``ca.pem`` / ``ca-key.pem``: a CA made on first use and reused after, so
-  certificates made later for more peers are trusted by the earlier ones.
+- ``ca.pem`` / ``ca-key.pem``: a CA made on first use (valid ``ca_days``, 10 years by
+  default) and reused after, so certificates made later for more peers are trusted by the
+  earlier ones.
   Each CA has a name of its own and its certificates name its key, so that
   a bundle of two (``cat old/ca.pem new/ca.pem``, for a rotation) finds the
   right one for each certificate; a ``ca.pem`` that is such a bundle is
   reused by the certificate in it that matches ``ca-key.pem``;
 - ``<peer>.pem`` / ``<peer>-key.pem``: a certificate signed by that CA for
   the names and addresses given (each a DNS name or an IP address), good for
-  both serving (serverAuth) and escalating with mutual TLS (clientAuth);
+  both serving (serverAuth) and escalating with mutual TLS (clientAuth), valid ``days`` (365
+  by default) but never past the CA's own end: a certificate that would outlive its CA ends
+  with it, and :attr:`CertsMade.warnings` says so (a certificate past its CA's end fails to
+  verify from that day on, so the CA has to be replaced before then: a new CA, as the
+  deployment guide's rotation does);
 - ``ingest.token``, ``escalation.token``, ``admin.token``: 32 random bytes,
   URL-safe base64, made only when absent.
 
 Keys and tokens are written with mode 0600. Under failure: a directory that
 cannot be written raises ``OSError``; a ``ca.pem`` with no certificate for
-``ca-key.pem`` raises :class:`CertsError` before anything is written; nothing
+``ca-key.pem``, or a CA that has expired (or ends within a day), raises
+:class:`CertsError` before anything is written; nothing
 is half written over an existing file (each file is written to a temporary
 name and renamed).
 
@@ -33,6 +39,13 @@ name and renamed).
 >>> _ = (d / "ca.pem").write_bytes((d / "ca.pem").read_bytes() + (other / "ca.pem").read_bytes())
 >>> [p.name for p in make_certs(d, "node-c", ["127.0.0.1"])]  # the bundle's CA that has the key signs
 ['node-c-key.pem', 'node-c.pem']
+>>> short = pathlib.Path(tempfile.mkdtemp())  # a CA with 30 days left signs for 30 days, and says so
+>>> _ = make_certs(short, "node-a", ["127.0.0.1"], ca_days=30)
+>>> made = make_certs(short, "node-b", ["127.0.0.1"])
+>>> "node-b.pem ends with its CA" in made.warnings[0] and "not in 365 days: make a new CA" in made.warnings[0]
+True
+>>> days_left(short / "node-b.pem") == days_left(short / "ca.pem") <= 30
+True
 """
 
 from __future__ import annotations
@@ -49,37 +62,74 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 TOKEN_SCOPES = ("ingest", "escalation", "admin")
-VALID_DAYS = 365
+VALID_DAYS = 365          # a peer's certificate
+CA_VALID_DAYS = 3650      # a new CA: ten years, so that its certificates are renewed many times under it
 
 
 class CertsError(ValueError):
     """The directory's CA files cannot be used together; the message names them."""
 
 
-def make_certs(directory: Path | str, node: str, names: list[str], days: int = VALID_DAYS) -> list[Path]:
+class CertsMade(list):
+    """The files :func:`make_certs` made (a list of paths), with what it has to warn about."""
+
+    def __init__(self):
+        super().__init__()
+        self.warnings: list[str] = []
+
+
+def make_certs(directory: Path | str, node: str, names: list[str], days: int = VALID_DAYS,
+               ca_days: int = CA_VALID_DAYS) -> CertsMade:
     """Make what is missing in ``directory`` for the peer ``node`` (see module doc); return the files made."""
+    if days < 1 or ca_days < 1:
+        raise CertsError(f"a certificate is made for a day or more (got days={days}, ca_days={ca_days})")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    made: list[Path] = []
+    made = CertsMade()
     ca_cert_path, ca_key_path = d / "ca.pem", d / "ca-key.pem"
+    now = datetime.datetime.now(datetime.timezone.utc)
     if ca_cert_path.exists() and ca_key_path.exists():
         ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
         ca_cert = _ca_of(ca_key, ca_cert_path)
+        if _not_after(ca_cert) - now < datetime.timedelta(days=1):
+            raise CertsError(f"the CA in {ca_cert_path} ends on {_not_after(ca_cert):%Y-%m-%d %H:%M} UTC: a "
+                             f"certificate it signs would not verify; make a new CA in another directory "
+                             f"(docs/operations/deploy.md, \"A new CA and its certificates\")")
     else:
         ca_key = ec.generate_private_key(ec.SECP256R1())
         # A name of its own: a TLS library looks a certificate's issuer up by name first, and with two
         # CAs of one name in a bundle it may try only one of them.
         ca_name = _name(f"twinflow development CA {secrets.token_hex(4)}")
-        ca_cert = _certificate(ca_name, ca_key.public_key(), ca_name, ca_key, days, ca=True)
+        ca_cert = _certificate(ca_name, ca_key.public_key(), ca_name, ca_key, now + datetime.timedelta(days=ca_days),
+                               ca=True)
         made += [_write(ca_key_path, _key_pem(ca_key), private=True), _write(ca_cert_path, _cert_pem(ca_cert))]
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = _certificate(_name(node), key.public_key(), ca_cert.subject, ca_key, days, names=names or [node])
+    ends = now + datetime.timedelta(days=days)
+    if ends > _not_after(ca_cert):  # never past the CA: it would stop verifying on the CA's last day
+        ends = _not_after(ca_cert)
+        made.warnings.append(f"{node}.pem ends with its CA on {ends:%Y-%m-%d}, in {(ends - now).days} days, not in "
+                             f"{days} days: make a new CA before then (docs/operations/deploy.md, \"A new CA and "
+                             f"its certificates\")")
+    cert = _certificate(_name(node), key.public_key(), ca_cert.subject, ca_key, ends, names=names or [node])
     made += [_write(d / f"{node}-key.pem", _key_pem(key), private=True), _write(d / f"{node}.pem", _cert_pem(cert))]
     for scope in TOKEN_SCOPES:
         path = d / f"{scope}.token"
         if not path.exists():
             made.append(_write(path, (secrets.token_urlsafe(32) + "\n").encode(), private=True))
     return made
+
+
+def days_left(path: Path | str) -> int:
+    """Whole days until the first certificate in ``path`` ends (negative once it has)."""
+    cert = x509.load_pem_x509_certificates(Path(path).read_bytes())[0]
+    return (_not_after(cert) - datetime.datetime.now(datetime.timezone.utc)).days
+
+
+def _not_after(cert: x509.Certificate) -> datetime.datetime:
+    try:
+        return cert.not_valid_after_utc
+    except AttributeError:  # cryptography before 42
+        return cert.not_valid_after.replace(tzinfo=datetime.timezone.utc)
 
 
 def _ca_of(ca_key, ca_cert_path: Path) -> x509.Certificate:
@@ -98,13 +148,13 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _certificate(subject, public_key, issuer, signing_key, days: int, ca: bool = False,
+def _certificate(subject, public_key, issuer, signing_key, not_after: datetime.datetime, ca: bool = False,
                  names: list[str] | None = None) -> x509.Certificate:
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
                .serial_number(x509.random_serial_number())
                .not_valid_before(now - datetime.timedelta(minutes=5))  # a peer's clock a little behind
-               .not_valid_after(now + datetime.timedelta(days=days))
+               .not_valid_after(not_after)
                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
                .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
                # Names the signing key, so that the issuer is found by key as well as by name.

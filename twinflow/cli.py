@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     _security_flags(co, serving=True, title="security (over the flow file's security section)",
                     description="--tls-cert and --tls-key: the console's HTTPS certificate; --token read=REF and "
                                 "admin=REF: the tokens it accepts (admin's also sent to the master for a handover); "
-                                "--tls-ca: to dial the peers")
+                                "--tls-ca (env TWINFLOW_TLS_CA): to dial the peers")
     co.set_defaults(fn=cmd_console)
 
     pb = sub.add_parser("publish", help="send JSON messages (one per line, from stdin or --file) into a flow's "
@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(fn=cmd_proxy)
 
     dr = sub.add_parser("drill", help="run a chaos drill on a fresh local cluster and check the promises")
-    dr.add_argument("name", help="a drill name, or all")
+    dr.add_argument("name", help="a drill name, or all (with --hosts: all, guide-all, or names of one of the two separated by commas)")
     dr.add_argument("--seed", type=int, default=1)
     dr.add_argument("--runs", type=int, default=1, help="run each drill this many times, seeds S, S+1, ...")
     dr.add_argument("--messages", type=int, default=10_000)
@@ -385,6 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--node", dest="peer", action=_OldName, new="--peer")
     c.add_argument("--name", action="append", metavar="HOST_OR_IP",
                    help="a DNS name or IP address others dial the peer by (repeatable; default: --peer)")
+    c.add_argument("--days", type=int, default=365,
+                   help="how long the peer's certificate is valid (default 365; never past the CA's end: "
+                        "capped there, with a warning)")
+    c.add_argument("--ca-days", type=int, default=3650,
+                   help="how long a new CA is valid, when the directory has none (default 3650, ten years)")
     c.set_defaults(fn=cmd_certs)
     return p
 

@@ -13,12 +13,22 @@ keeps serving.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from twinflow.cli_common import EXIT_REFUSED, _address, _grpc_security, _load_flow
+
+
+def console_dialling(args):
+    """``args`` with the CA the console dials the peers with taken from ``TWINFLOW_TLS_CA`` when
+    ``--tls-ca`` is not given, as every operator command reads it (the console's certificate,
+    key and tokens are its own: what it serves and accepts, never the operator's variables)."""
+    if not args.tls_ca and os.environ.get("TWINFLOW_TLS_CA"):
+        args.tls_ca = os.environ["TWINFLOW_TLS_CA"]
+    return args
 
 
 def cmd_console(args) -> int:
@@ -31,7 +41,7 @@ def cmd_console(args) -> int:
 
     graph = _load_flow(args.flow)
     stores = console_stores(graph, _address(args.redis, "TWINFLOW_REDIS", "redis"), who="console")
-    security = _grpc_security(args, graph)
+    security = _grpc_security(console_dialling(args), graph)
     cert = args.tls_cert or (graph.cluster.security.tls_cert if graph.cluster and graph.cluster.security else None)
     key = args.tls_key or (graph.cluster.security.tls_key if graph.cluster and graph.cluster.security else None)
     app = ConsoleApp(ConsoleView(graph, stores), ConsoleAccess(security),

@@ -19,8 +19,46 @@ from twinflow.cli_common import (EXIT_REFUSED, EXIT_UNAVAILABLE, START_FROM, _ad
 
 STATUS_COLUMNS = ["peer_id", "role", "epoch", "uplink_lag", "baked", "claimed", "rolled_back",
                   "delivered", "failed", "unclaimed", "backpressure", "suspended", "redis", "grpc_address", "rule_pending"]
-# The peers `twinflow status` last found in Redis, asked over gRPC when Redis does not answer.
-PEERS_SEEN = Path(".twinflow") / "peers-{flow}.json"
+# The peers `twinflow status` last found in Redis, asked over gRPC when Redis does not answer:
+# kept in the operator's cache directory (peers_seen_path), never the current directory.
+PEERS_SEEN = "peers-{flow}.json"
+
+
+def peers_seen_path(flow: str) -> Path:
+    """Where ``twinflow status`` keeps the peers it last found for ``flow``: ``TWINFLOW_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/twinflow``, else ``~/.cache/twinflow``.
+
+    >>> str(peers_seen_path("orders")).endswith("peers-orders.json")
+    True
+    """
+    base = os.environ.get("TWINFLOW_CACHE_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = os.path.join(xdg, "twinflow") if xdg else os.path.join(os.path.expanduser("~"), ".cache", "twinflow")
+    return Path(base) / PEERS_SEEN.format(flow=flow)
+
+
+def _remember_peers(seen: Path, addresses: list[str]) -> None:
+    """Write the peers found to ``seen``; a cache that cannot be written is one line on stderr."""
+    try:
+        seen.parent.mkdir(parents=True, exist_ok=True)
+        tmp = seen.with_name(seen.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(addresses))
+        os.replace(tmp, seen)
+    except OSError as exc:
+        print(f"twinflow: warning: could not keep the peers found in {seen} ({exc.strerror or exc}); set "
+              f"TWINFLOW_CACHE_DIR to a writable directory", file=sys.stderr)
+
+
+def _peers_remembered(seen: Path) -> list[str]:
+    try:
+        found = json.loads(seen.read_text())
+        return [a for a in found if isinstance(a, str)] if isinstance(found, list) else []
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        print(f"twinflow: warning: could not read the peers last found from {seen} ({exc})", file=sys.stderr)
+        return []
 
 
 def cmd_run(args) -> int:
@@ -112,7 +150,7 @@ def cmd_status(args) -> int:
         print(f"twinflow: peer {args.wait_streaming} of flow {graph.name} did not stream within "
               f"{args.wait_timeout:g} s", file=sys.stderr)
         return 1
-    seen = Path(str(PEERS_SEEN).format(flow=graph.name))
+    seen = peers_seen_path(graph.name)
     try:
         rows = []
         for shard in stores:  # a sharded flow: a row per peer and shard
@@ -120,13 +158,12 @@ def cmd_status(args) -> int:
                 # The live lag, not the one cached in the status hash.
                 row["uplink_lag"], row["uplink_lag_s"] = shard.uplink_behind(row["peer_id"])
                 rows.append(row)
-        seen.parent.mkdir(parents=True, exist_ok=True)
-        seen.write_text(json.dumps(sorted({r["grpc_address"] for r in rows if r.get("grpc_address")})))
+        _remember_peers(seen, sorted({r["grpc_address"] for r in rows if r.get("grpc_address")}))
     except (redis.RedisError, RedisUnavailable) as exc:
         # Redis is down: ask the peers themselves (they report it, and whether they read).
         print(f"twinflow: Redis at {redact_url(_address(args.redis, 'TWINFLOW_REDIS', 'redis'))} did not answer: "
               f"{redact_text(str(exc))}", file=sys.stderr)
-        rows = _statuses_over_grpc(args.peer or (json.loads(seen.read_text()) if seen.exists() else []),
+        rows = _statuses_over_grpc(args.peer or _peers_remembered(seen),
                                    _grpc_security(args, graph))
         if not rows:
             print("twinflow: no peer answered over gRPC either (pass --peer HOST:PORT)", file=sys.stderr)

@@ -22,7 +22,8 @@ DRILL_COLUMNS = DRILL_KEYS[:-2] + ["stale_writes", "rto_s", "passed"]
 # ... and these where a drill has them (the Redis failover drills, the drills between hosts, the guide's).
 DRILL_EXTRA_KEYS = ["wait_replicas", "lost_in_uplink", "hosts", "rate", "rto_each_s", "max_gap_s", "stop_status",
                     "skew_s", "timeouts_after_failover", "timeout_error_ms_p50", "timeout_error_ms_min",
-                    "timeout_error_ms_max", "version", "versions", "refused", "after_change", "after_rotation",
+                    "timeout_error_ms_max", "version", "versions", "versions_after_rollback", "validate_refused", "refused",
+                    "after_change", "after_rotation", "renewed_until", "owned_by_root", "topology",
                     "delivered_before_restore", "kept_logs", "ledger", "resubmit", "lost_ids", "duplicated_ids", "error"]
 
 
@@ -177,9 +178,10 @@ def cmd_host_drill(args) -> int:
     from twinflow.chaos.guide_drills import GUIDE_DRILLS, GuideDrillRunner
     from twinflow.chaos.host_drills import HOST_DRILLS, HostDrillRunner
 
-    # `all`: the drills on the full lab; `guide-all`: the deployment guide's, on a lab it builds.
-    names = {"all": list(HOST_DRILLS), "guide-all": list(GUIDE_DRILLS)}.get(args.name, [args.name])
-    if names[0] not in HOST_DRILLS and names[0] not in GUIDE_DRILLS:
+    # `all`: the drills on the full lab; `guide-all`: the deployment guide's, on a lab it builds;
+    # or names separated by commas, of one of the two (a guide series shares one lab).
+    names = {"all": list(HOST_DRILLS), "guide-all": list(GUIDE_DRILLS)}.get(args.name, args.name.split(","))
+    if not (set(names) <= set(HOST_DRILLS) or set(names) <= set(GUIDE_DRILLS)):
         print(f"twinflow: unknown drill between hosts {args.name!r} (known: all, {', '.join(HOST_DRILLS)}; "
               f"guide-all, {', '.join(GUIDE_DRILLS)})", file=sys.stderr)
         return EXIT_BAD_FLOW
@@ -361,12 +363,18 @@ def cmd_certs(args) -> int:
         print("twinflow certs: the following arguments are required: --peer", file=sys.stderr)
         return 2
     try:
-        made = make_certs(args.dir, args.peer, args.name or [args.peer])
+        made = make_certs(args.dir, args.peer, args.name or [args.peer], days=args.days, ca_days=args.ca_days)
     except CertsError as exc:
         print(f"twinflow certs: {exc}", file=sys.stderr)
         return 2
     for path in made:
         print(path)
+    for warning in made.warnings:
+        print(f"twinflow certs: warning: {warning}", file=sys.stderr)
+    from twinflow.certs import days_left
+
+    print(f"twinflow: {args.peer}.pem ends in {days_left(Path(args.dir) / f'{args.peer}.pem')} days, the CA in "
+          f"{days_left(Path(args.dir) / 'ca.pem')} days", file=sys.stderr)
     print(f"twinflow: {len(made)} files made in {args.dir}; name them in the flow file's security section "
           f"(docs/operations/security.md)", file=sys.stderr)
     return 0

@@ -10,7 +10,8 @@ it (the rendered page does not show it)::
 - ``run HOSTS``: a shell block run as root on each host, inside the host's network namespace;
 - ``file HOSTS PATH`` / ``append HOSTS PATH``: the block's text written to (appended to) ``PATH``
   on each host;
-- ``serve HOSTS``: each line a server the host runs in the foreground;
+- ``serve HOSTS``: each line a server the host runs in the foreground (the guide starts its
+  servers with ``systemctl`` now; kept for a page that does not);
 - ``copy FROM TO...``: each line a file copied from host ``FROM`` to the others, its owner and
   mode kept (what an operator does with ``scp``).
 
@@ -61,9 +62,13 @@ KINDS = ("install", "run", "file", "append", "serve", "copy")
 FLAGS = ("as-peer", "one-at-a-time")
 DOMAIN = "example"
 # What each of the guide's machines keeps for itself: the lab gives each host its own copy.
-ROOTED = ("/etc/twinflow", "/etc/redis", "/etc/zookeeper", "/etc/systemd/system", "/opt/twinflow",
-          "/var/lib/twinflow", "/var/lib/redis", "/var/lib/zookeeper", "/var/cache/twinflow",
-          "/var/backups/twinflow")
+ROOTED = ("/etc/twinflow", "/etc/redis", "/etc/zookeeper", "/etc/prometheus", "/etc/systemd/system",
+          "/opt/twinflow", "/var/lib/twinflow", "/var/lib/redis", "/var/lib/zookeeper", "/var/lib/prometheus",
+          "/var/cache/twinflow", "/var/backups/twinflow")
+# Of those, what Debian's packages (redis-server, redis-sentinel, zookeeper, prometheus) make: a
+# lab host starts with their owner and mode, and their files, as a machine they were installed on.
+FROM_PACKAGES = ("/etc/redis", "/etc/zookeeper", "/etc/prometheus", "/var/lib/redis", "/var/lib/zookeeper",
+                 "/var/lib/prometheus")
 _ANNOTATION = re.compile(r"^<!-- lab: (?P<body>.*?) -->\s*$")
 _INCLUDE = re.compile(r'^--8<-- "(?P<path>[^"]+)"\s*$')
 

@@ -15,11 +15,24 @@ copy between machines (:meth:`_copy_secrets`, and the ``copy`` blocks), answers 
 placeholders (addresses, machine numbers, the passwords), keeps each host's own directories
 under ``<dir>/hosts/<host>/root`` and mounts them over the real paths for everything that runs
 on the host (:meth:`on_host`: the hosts share one disk; a machine without those paths gets
-empty mount points, removed by :meth:`down`), and, having no init system, runs ``systemctl``
-itself (:meth:`systemctl`): the unit file the guide installed, through
-:class:`.systemd_unit.ServiceUnit`, as the unit's ``User=`` (``setpriv``), with the environment
-file the guide wrote. ``journalctl`` lines are not run. The commands themselves run as written,
-by ``sh -e``; a variable a block exports is seen by its lines after a ``systemctl`` line.
+empty mount points, removed by :meth:`down`; the directories Debian's packages make start as
+this machine's, their owner, mode and files), and, having no init system, runs ``systemctl``
+itself (:meth:`systemctl`): the unit named, the one the guide installed in the host's
+``/etc/systemd/system`` or else the package's in ``/lib/systemd/system`` (Redis's, Sentinel's,
+Prometheus's), through :class:`.systemd_unit.ServiceUnit`, as the unit's ``User=``
+(``setpriv``), with its environment files; ``enable`` is remembered, so a host that comes back
+starts what was enabled on it (:meth:`come_back`). A ``Type=notify`` unit's start returns once
+its server answers (systemd waits for its ready notice), another's at once. ``journalctl``
+lines are not run. The commands themselves run as written, by ``sh -e``; a variable a block
+exports is seen by its lines after a ``systemctl`` line.
+
+What root reads or runs on a host must not be the service user's to change
+(:meth:`ownership_problems`: every file under ``/etc/twinflow``, ``/etc/systemd/system`` and
+``/opt/twinflow`` owned by root, and not writable by the ``twinflow`` group or others); the lab
+checks it once the guide's first day ran and after every drill.
+
+A fourth host, ``host-d.example``, starts with nothing installed: the machine the guide's
+topology sections add (a peer ``peer-c``, a ZooKeeper server, a Redis replica).
 
 The ``twinflow`` user the guide adds is made on this machine if it has none, and removed by
 :meth:`down` when the lab made it.
@@ -32,12 +45,15 @@ deadline.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import pwd
 import re
 import secrets as random_secrets
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -47,28 +63,37 @@ from typing import Callable
 
 import redis
 
-from .guide_blocks import ROOTED, GuideBlock, GuideError, GuideHost, read_guide
-from .lab import Lab, LabError, redis_in
+from .guide_blocks import FROM_PACKAGES, ROOTED, GuideBlock, GuideError, GuideHost, read_guide
+from .lab import Lab, LabError, _NetnsHttp, redis_in
 from .lab_hosts import Launch, base_env
 from .lab_network import LabProcess, LabState, check_usable, create, netns_exec, ns_inode
 from .messages import CHAINED
-from .systemd_unit import ServiceUnit, read_environment_file
+from .systemd_unit import ServiceUnit, UnitError, read_environment_file
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE_PREFIX = "tfguide-"
 GUIDE_SUBNET = "10.213.48.0/24"
-HOSTS = {"host-a": (11, "peer-a"), "host-b": (12, "peer-b"), "host-c": (13, None)}
-PEER_HOSTS = {"peer-a": "host-a", "peer-b": "host-b"}
+HOSTS = {"host-a": (11, "peer-a"), "host-b": (12, "peer-b"), "host-c": (13, None), "host-d": (14, "peer-c")}
+PEER_HOSTS = {"peer-a": "host-a", "peer-b": "host-b", "peer-c": "host-d"}
+FIRST_PEERS = ("peer-a", "peer-b")  # the guide's first day; its topology sections add and remove more
 DAY_TWO = "Upgrading twinflow"  # the first section the drills run, not `up`
 SERVICE = "twinflow"            # the Sentinels' name for the primary (the guide's sentinel.conf)
 USER = "twinflow"
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SERVER_DEADLINE_S = 90.0
 PEER_DEADLINE_S = 180.0
+REDIS_FAILOVER_S = 30.0  # the lab's reads wait this long for the Sentinels to name a new primary
 BLOCK_TIMEOUT_S = {"install": 1200.0, "run": 600.0}
 # The servers of a `serve` line, by what the line runs.
 SERVER_NAMES = (("--sentinel", "sentinel"), ("redis.conf", "redis"), ("QuorumPeerMain", "zookeeper"),
                 ("deploy.master.Master", "spark-master"), ("deploy.worker.Worker", "spark-worker"))
+# The units the guide starts with systemctl: the server each runs (its name in the lab) and port.
+UNIT_SERVERS = {"redis-server": ("redis", 6379), "redis-sentinel": ("sentinel", 26379),
+                "twinflow-zookeeper": ("zookeeper", 2181), "prometheus": ("prometheus", 9090),
+                "twinflow-spark-master": ("spark-master", 7077), "twinflow-spark-worker": ("spark-worker", 8081)}
+SYSTEM_UNITS = Path("/lib/systemd/system")  # the packages' own units: the same on every machine
+# What root reads or runs on a guide machine (ownership_problems).
+ROOT_READS = ("/etc/twinflow", "/etc/systemd/system", "/opt/twinflow")
 
 
 class GuideLab(Lab):
@@ -83,6 +108,11 @@ class GuideLab(Lab):
         self.plan.state = state
         self._children: dict[int, subprocess.Popen] = {}
         self._flow = None
+        self._started: list[LabProcess] = []  # servers a block's systemctl lines started, to wait for
+        # The first day waits for the servers a block started (an operator checks them before going
+        # on); later sections say how to wait in their own commands (a new ZooKeeper server answers
+        # only once the others know it).
+        self._wait_started = False
 
     @property
     def dist(self) -> Path:
@@ -94,6 +124,10 @@ class GuideLab(Lab):
         lab = cls(directory)
         lab.plan.state = LabState.load(lab.state_path)
         return lab
+
+    def peer_ids(self) -> tuple[str, ...]:
+        """The flow's peers: the guide's two, and those its topology sections added since."""
+        return tuple(self.state.info.get("peers", FIRST_PEERS))
 
     def host(self, name: str) -> GuideHost:
         number, peer = HOSTS[name]
@@ -127,11 +161,18 @@ class GuideLab(Lab):
             self.state.info["made_user"] = _user_exists(USER) is False
             create(self.state, self.state_path)
             self._prepare()
-            say(f"network: 3 hosts named host-X.example on {self.state.subnet} ({time.monotonic() - t0:.1f} s)")
+            say(f"network: {len(HOSTS)} hosts named host-X.example on {self.state.subnet} ({time.monotonic() - t0:.1f} s)")
+            self._wait_started = True
             for block in self.blocks():
                 if block.section == DAY_TWO:
                     break
                 self.run_block(block, say=say)
+                if block.kind == "install":
+                    self._as_installed()
+            self._wait_started = False
+            problems = self.ownership_problems()
+            if problems:
+                raise LabError("files root reads or runs that the service user could change:\n" + "\n".join(problems))
             self.state.info["up_s"] = round(time.monotonic() - t0, 1)
             self.save()
             say(f"the guide ran to its first message ({self.state.info['up_s']} s)")
@@ -170,15 +211,79 @@ class GuideLab(Lab):
                 os.makedirs(d)
                 self.state.info.setdefault("mount_points", []).append(d)
                 self.save()
+        self._as_installed()
         secrets = self.directory / "secrets.env"
         if not secrets.exists():
             secrets.write_text(f"password={random_secrets.token_urlsafe(24)}\n"
                                f"zookeeper password={random_secrets.token_urlsafe(18)}\n")
             secrets.chmod(0o600)
 
+    def _as_installed(self) -> None:
+        """Each host's directories that Debian's packages make (:data:`FROM_PACKAGES`) as this
+        machine has them once installed: the owner and mode of each directory, and each file
+        the host does not have yet (Debian's ``redis.conf`` is ``redis:redis`` 0640 in a
+        ``redis:redis`` 2770 directory, say)."""
+        for name in HOSTS:
+            root = Path(self.host(name).root)
+            for top in FROM_PACKAGES:
+                if not os.path.isdir(top) or os.path.ismount(top):
+                    continue
+                for real in [Path(top), *sorted(Path(top).rglob("*"))]:
+                    mine = root / str(real).lstrip("/")
+                    st = real.lstat()
+                    # Links left out: an absolute one (Debian's /etc/zookeeper/conf, through
+                    # /etc/alternatives) would lead the lab's writes out of the host's own files.
+                    if stat.S_ISDIR(st.st_mode):
+                        mine.mkdir(parents=True, exist_ok=True)
+                    elif stat.S_ISREG(st.st_mode) and top.startswith("/etc/") and not os.path.lexists(mine):
+                        if not mine.parent.is_dir():
+                            continue
+                        shutil.copyfile(real, mine)
+                    else:
+                        continue
+                    os.chown(mine, st.st_uid, st.st_gid)
+                    mine.chmod(stat.S_IMODE(st.st_mode))
+
+    def ownership_problems(self) -> list[str]:
+        """Each file or directory root reads or runs on a host (:data:`ROOT_READS`) that the
+        service user could change: owned by it, or writable by its group or by anyone."""
+        try:
+            user = pwd.getpwnam(USER)
+        except KeyError:
+            return []
+        problems = []
+        for name in HOSTS:
+            root = Path(self.host(name).root)
+            for top in ROOT_READS:
+                base = root / top.lstrip("/")
+                if not base.exists():
+                    continue
+                for path in [base, *base.rglob("*")]:
+                    st = path.lstat()
+                    if stat.S_ISLNK(st.st_mode):
+                        continue
+                    mode = stat.S_IMODE(st.st_mode)
+                    if st.st_uid == user.pw_uid or mode & 0o002 or (st.st_gid == user.pw_gid and mode & 0o020):
+                        problems.append(f"{name}: /{path.relative_to(root)} is uid {st.st_uid} gid {st.st_gid} "
+                                        f"mode {mode:04o}")
+                    if len(problems) > 20:
+                        return problems
+        return problems
+
     def secrets(self) -> dict[str, str]:
         lines = (self.directory / "secrets.env").read_text().splitlines()
         return dict(line.split("=", 1) for line in lines if "=" in line)
+
+    def answers_for(self, text: str) -> dict[str, str]:
+        """What the lab answers for the placeholders of ``text``: the passwords, and the version
+        the peers run (``twinflow status --json`` shows it to an operator)."""
+        answers = self.secrets()
+        if "<the peers' version>" in text:
+            versions = {r.get("version") for r in self.peer_statuses().values() if r.get("version")}
+            if len(versions) != 1:
+                raise LabError(f"the peers run versions {versions or 'none'}: no one version to install")
+            answers["the peers' version"] = versions.pop()
+        return answers
 
     # -- running a block ----------------------------------------------------------------------
     def run_block(self, block: GuideBlock, hosts: list[str] | None = None,
@@ -191,7 +296,7 @@ class GuideLab(Lab):
             text, path = block.text, block.path
             if "as-peer" in block.flags:
                 text, path = host.as_peer(text), host.as_peer(path) if path else None
-            text = host.fill(text, self.secrets())
+            text = host.fill(text, self.answers_for(text))
             t0 = time.monotonic()
             if block.kind in ("file", "append"):
                 target = host.path(path)
@@ -209,6 +314,8 @@ class GuideLab(Lab):
                 out = " ".join(p.name for p in started)
             else:
                 out = self._run_commands(block, host, text)
+                servers += self._started if self._wait_started else []
+                self._started = []
             outputs.append(out)
             say(f"  deploy.md line {block.line} ({block.section}, {block.kind}) on {name}: "
                 f"{time.monotonic() - t0:.1f} s")
@@ -216,7 +323,7 @@ class GuideLab(Lab):
             t0 = time.monotonic()
             self._wait_servers(servers, t0 + SERVER_DEADLINE_S)
             say(f"  deploy.md line {block.line}: {len(servers)} servers answering ({time.monotonic() - t0:.1f} s)")
-        if block.section == "Certificates and tokens" and block.kind == "run":
+        if block.section == "Certificates and tokens" and block.kind == "run" and "host-c" in block.hosts:
             self._copy_secrets()
         return outputs
 
@@ -296,20 +403,20 @@ class GuideLab(Lab):
         finally:
             client.close()
 
-    def _copy_secrets(self) -> None:
+    def _copy_secrets(self, peers: tuple[str, ...] = FIRST_PEERS) -> None:
         """What the guide says to copy from host-c: the CA, each peer's certificate and key, the
-        tokens; owned by the service user, mode 0600."""
+        tokens; owned by root, group twinflow, the keys and tokens mode 0640, the rest 0644."""
         made = Path(self.host("host-c").root) / "etc/twinflow/tls"
-        user = pwd.getpwnam(USER)
-        for peer, name in PEER_HOSTS.items():
-            root = Path(self.host(name).root)
+        group = pwd.getpwnam(USER).pw_gid
+        for peer in peers:
+            root = Path(self.host(PEER_HOSTS[peer]).root)
             copies = [(made / f, root / "etc/twinflow/tls" / f) for f in ("ca.pem", f"{peer}.pem", f"{peer}-key.pem")]
             copies += [(made / f"{s}.token", root / "etc/twinflow/tokens" / f"{s}.token")
                        for s in ("ingest", "escalation", "admin")]
             for source, target in copies:
                 shutil.copyfile(source, target)
-                os.chown(target, user.pw_uid, user.pw_gid)
-                target.chmod(0o600)
+                os.chown(target, 0, group)
+                target.chmod(0o644 if target.name in ("ca.pem", f"{peer}.pem") else 0o640)
 
     # -- servers --------------------------------------------------------------------------------
     def _server_launch(self, host: str, line: str) -> Launch:
@@ -334,6 +441,9 @@ class GuideLab(Lab):
                     client.close()
             if p.name == "zookeeper":
                 return self._zk_mode(address) in ("leader", "follower")
+            if p.name == "prometheus":
+                targets = self.prometheus_targets(address)
+                return len(targets) >= len(self.peer_ids()) and all(t == "up" for t in targets.values())
             if p.name == "spark-master":
                 return (self.spark_state() or {}).get("status") == "ALIVE"
             if p.name == "spark-worker":
@@ -348,19 +458,58 @@ class GuideLab(Lab):
     def _wait_servers(self, servers: list[LabProcess], end: float) -> None:
         for p in servers:
             self._wait(f"{p.name} answering on {p.host}", lambda p=p: self.answers(p), end, servers)
-        if any(p.name == "sentinel" and p.host == "host-c" for p in servers):
-            self._wait("the Sentinels agreeing on the primary and two replicas", self._sentinels_ready, end, servers)
+        if any(p.name == "sentinel" for p in servers) and len(self._hosts_running("redis-sentinel")) >= 3:
+            self._wait("the Sentinels agreeing on the primary and its replicas", self._sentinels_ready, end, servers)
 
     def _spark_address(self) -> str:
         return self.state.host("host-c").address
 
+    def prometheus_targets(self, address: str | None = None) -> dict[str, str]:
+        """The Prometheus on host-c: each target of its ``twinflow`` job -> its health ("up",
+        "down", "unknown"); {} when it does not answer."""
+        conn = _NetnsHttp(self.client_ns, address or self.state.host("host-c").address, 9090, 2.0)
+        try:
+            conn.request("GET", "/api/v1/targets?state=active")
+            data = json.loads(conn.getresponse().read())
+        except (OSError, ValueError, http.client.HTTPException):
+            return {}
+        finally:
+            conn.close()
+        return {t["labels"].get("instance", ""): t.get("health", "")
+                for t in data.get("data", {}).get("activeTargets", []) if t.get("labels", {}).get("job") == "twinflow"}
+
+    def _zk_mode_or_none(self, host: str) -> str | None:
+        """The mode of ``host``'s ZooKeeper server (None when none answers)."""
+        try:
+            return self._zk_mode(self.state.host(host).address)
+        except OSError:
+            return None
+
+    def _hosts_running(self, unit: str) -> list[str]:
+        """The hosts with ``unit`` enabled."""
+        return [h for h, units in self.state.info.get("enabled", {}).items() if unit in units]
+
     def _sentinels_ready(self) -> bool:
-        return all(self._sentinel_agrees(self.state.host(name).address, 26379, SERVICE, replicas=2) for name in HOSTS)
+        replicas = len(self._hosts_running("redis-server")) - 1
+        return all(self._sentinel_agrees(self.state.host(name).address, 26379, SERVICE, replicas=replicas)
+                   for name in self._hosts_running("redis-sentinel"))
 
     def address_of(self, name: str) -> str:
         """A lab host's address by any of its names (``host-a.example``, ``host-a``, an address)."""
         short = name.split(".", 1)[0]
         return self.state.host(short).address if short in HOSTS else name
+
+    def _on_redis(self, read: Callable):
+        """A read of the flow's Redis, waiting out a Sentinel failover (the primary's machine
+        killed: until the Sentinels name another, the one they name refuses connections)."""
+        end = time.monotonic() + REDIS_FAILOVER_S
+        while True:
+            try:
+                return super()._on_redis(read)
+            except (OSError, redis.ConnectionError, redis.TimeoutError, LabError):
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.5)
 
     def redis(self) -> redis.Redis:
         """A client on the primary the Sentinels name (asked from host-c), made in host-c."""
@@ -376,63 +525,117 @@ class GuideLab(Lab):
                 return redis_in(self.client_ns, self.address_of(named[0]), int(named[1]), self.secrets()["password"])
         raise LabError(f"no Sentinel names a primary for {SERVICE}")
 
-    # -- peers: systemctl -----------------------------------------------------------------------
+    # -- systemctl --------------------------------------------------------------------------------
     def systemctl(self, host: str, args: list[str]) -> None:
-        """``systemctl ARGS`` on ``host``, for the guide's peer unit (see module)."""
-        if args == ["daemon-reload"]:
+        """``systemctl ARGS`` on ``host`` (see module): daemon-reload; enable, disable (each with
+        ``--now`` or not), start, stop and restart of one or more units."""
+        words = [a for a in args if not a.startswith("-")]
+        now = "--now" in args
+        if words == ["daemon-reload"]:
             return
-        verb, unit = args[0], args[-1]
-        m = re.fullmatch(r"twinflow-peer@([\w.-]+)", unit)
-        if m is None or verb not in ("enable", "start", "stop", "restart") or (verb == "enable" and "--now" not in args):
-            raise GuideError(f"systemctl {' '.join(args)}: the lab runs daemon-reload, enable --now, start, stop "
-                             f"and restart of twinflow-peer@PEER")
-        peer = m.group(1)
-        if verb in ("stop", "restart"):
-            self.stop_peer(peer)
-        if verb != "stop":
-            self.start_peer(peer)
+        verbs = ("enable", "disable", "start", "stop", "restart")
+        if len(words) < 2 or words[0] not in verbs or set(args) - set(words) - {"--now", "--quiet"}:
+            raise GuideError(f"systemctl {' '.join(args)}: the lab runs daemon-reload, and {', '.join(verbs)} "
+                             f"of named units (enable and disable with --now or not)")
+        verb = words[0]
+        enabled = self.state.info.setdefault("enabled", {}).setdefault(host, [])
+        for unit in words[1:]:
+            name = unit.removesuffix(".service")
+            self._unit(host, name)  # a unit the host has, or GuideError
+            if verb == "enable" and name not in enabled:
+                enabled.append(name)
+            if verb == "disable" and name in enabled:
+                enabled.remove(name)
+            peer = _peer_of_unit(name)
+            if peer and verb == "enable" and peer not in self.peer_ids():
+                self.state.info["peers"] = [*self.peer_ids(), peer]
+            if peer and verb == "disable":
+                self.state.info["peers"] = [p for p in self.peer_ids() if p != peer]
+            self.save()
+            if verb in ("stop", "restart") or (verb == "disable" and now):
+                self.stop_unit(host, name)
+            if verb in ("start", "restart") or (verb == "enable" and now):
+                self.start_unit(host, name)
 
-    def _unit(self, host: str) -> ServiceUnit:
-        """The peer unit the guide installed on ``host``."""
-        return ServiceUnit.read(Path(self.host(host).root) / "etc/systemd/system/twinflow-peer@.service")
+    def _unit(self, host: str, name: str) -> tuple[ServiceUnit, str]:
+        """The unit ``name`` (``twinflow-peer@peer-a``, ``redis-server``) as ``host`` has it: the one
+        installed in its ``/etc/systemd/system``, else the package's; and its instance."""
+        base, at, instance = name.partition("@")
+        file = f"{base}@.service" if at else f"{name}.service"
+        for path in (Path(self.host(host).root) / "etc/systemd/system" / file, SYSTEM_UNITS / file):
+            if path.exists():
+                return ServiceUnit.read(path), instance
+        raise GuideError(f"systemctl: {host} has no unit {file} (in /etc/systemd/system or {SYSTEM_UNITS})")
 
-    def _unit_env(self, host: str, unit: ServiceUnit, peer: str) -> dict[str, str]:
+    def _unit_env(self, host: str, unit: ServiceUnit, instance: str) -> dict[str, str]:
         env: dict[str, str] = {}
-        for path in unit.env_file_paths(peer):
-            env.update(read_environment_file(self.host(host).path(path)))
+        for path in unit.env_file_paths(instance):
+            optional, path = path.startswith("-"), path.lstrip("-")
+            where = self.host(host).path(path) if any(path.startswith(d + "/") for d in ROOTED) else Path(path)
+            if optional and not where.exists():
+                continue
+            env.update(read_environment_file(where))
         return env
 
-    def start_peer(self, peer: str, env: dict[str, str] | None = None) -> LabProcess:
-        """``systemctl start twinflow-peer@PEER``: the installed unit's ``ExecStart``, as its
-        ``User=``, with its environment file; returns at once."""
-        host = PEER_HOSTS[peer]
-        unit = self._unit(host)
-        unit_env = self._unit_env(host, unit, peer)
-        argv = unit.start_argv(peer, unit_env)
-        run_env = {**base_env(), "PATH": ROOT_PATH, **unit_env, **(env or {})}
+    @staticmethod
+    def _process_name(name: str) -> tuple[str, int]:
+        if _peer_of_unit(name):
+            return name, 7070
+        return UNIT_SERVERS.get(name, (name, 0))
+
+    def start_unit(self, host: str, name: str, env: dict[str, str] | None = None) -> LabProcess:
+        """``systemctl start NAME`` on ``host``: the unit's ``ExecStart``, as its ``User=``, with its
+        environment files; returns at once, or once it answers for a ``Type=notify`` unit."""
+        unit, instance = self._unit(host, name)
+        unit_env = self._unit_env(host, unit, instance)
+        try:
+            argv = unit.start_argv(instance, unit_env)
+        except UnitError as exc:
+            raise GuideError(f"{name} on {host}: {exc}") from exc
+        run_env = {**base_env(), "PATH": ROOT_PATH, **unit.environment, **unit_env, **(env or {})}
         if unit.user:
-            run_env.update(HOME=pwd.getpwnam(unit.user).pw_dir, USER=unit.user, LOGNAME=unit.user)
-            argv = ["setpriv", f"--reuid={unit.user}", f"--regid={unit.group or unit.user}", "--init-groups", *argv]
+            account = pwd.getpwnam(unit.user)
+            run_env.update(HOME=account.pw_dir, USER=unit.user, LOGNAME=unit.user)
+            argv = ["setpriv", f"--reuid={unit.user}", f"--regid={unit.group or account.pw_gid}", "--init-groups",
+                    *argv]
         argv = self.on_host(host, argv)
-        d = self.directory / "hosts" / host / f"twinflow-peer@{peer}"
+        process, port = self._process_name(name)
+        d = self.directory / "hosts" / host / process
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o777)  # its working directory, written by the service user (Spark's files)
-        return self._start(Launch(host, f"twinflow-peer@{peer}", argv, run_env, str(d),
-                                  str(d / f"twinflow-peer@{peer}.log"), 7070))
+        p = self._start(Launch(host, process, argv, run_env, str(d), str(d / f"{process}.log"), port))
+        if unit.type == "notify":  # systemd's start waits for the server's ready notice
+            self._wait(f"{process} answering on {host}", lambda: self.answers(p),
+                       time.monotonic() + SERVER_DEADLINE_S, [p])
+        if not _peer_of_unit(name):  # waited for (again) once the block ran on every host
+            self._started.append(p)
+        return p
 
-    def stop_peer(self, peer: str, deadline_s: float | None = None) -> int | None:
-        """``systemctl stop twinflow-peer@PEER``: the unit's ``ExecStop`` (a master hands over),
-        SIGKILL after ``TimeoutStopSec``; the exit status (None: it was not running)."""
-        host = PEER_HOSTS[peer]
+    def stop_unit(self, host: str, name: str, deadline_s: float | None = None) -> int | None:
+        """``systemctl stop NAME`` on ``host``: the unit's ``ExecStop`` (a master hands over), or its
+        kill signal, then SIGKILL after ``TimeoutStopSec``; the exit status (None: not running)."""
+        process, _ = self._process_name(name)
         try:
-            p = self.process(host, f"twinflow-peer@{peer}")
+            p = self.process(host, process)
         except LabError:
             return None
         if not self.alive(p):
             return self.wait_exit(p, 0)
-        unit = self._unit(host)
-        argv = unit.stop_argv(peer, self._unit_env(host, unit, peer), p.pid)
+        unit, instance = self._unit(host, name)
+        argv = unit.stop_argv(instance, self._unit_env(host, unit, instance), p.pid)
+        if argv is None:
+            argv = ["kill", "-s", unit.kill_signal.removeprefix("SIG"), str(p.pid)]
         return self._stop_unit(p, argv, deadline_s or unit.timeout_stop_s)
+
+    def start_peer(self, peer: str, env: dict[str, str] | None = None) -> LabProcess:
+        """``systemctl start twinflow-peer@PEER``: the installed unit's ``ExecStart``, as its
+        ``User=``, with its environment file; returns at once."""
+        return self.start_unit(PEER_HOSTS[peer], f"twinflow-peer@{peer}", env)
+
+    def stop_peer(self, peer: str, deadline_s: float | None = None) -> int | None:
+        """``systemctl stop twinflow-peer@PEER``: the unit's ``ExecStop`` (a master hands over),
+        SIGKILL after ``TimeoutStopSec``; the exit status (None: it was not running)."""
+        return self.stop_unit(PEER_HOSTS[peer], f"twinflow-peer@{peer}", deadline_s)
 
     def wait_streaming(self, peer: str, deadline_s: float = PEER_DEADLINE_S) -> None:
         p = self.process(PEER_HOSTS[peer], f"twinflow-peer@{peer}")
@@ -456,15 +659,17 @@ class GuideLab(Lab):
         return self._start(Launch("host-c", "publisher", argv, base_env(), str(d), str(d / "publisher.log")))
 
     def come_back(self, host: str) -> None:
-        """``host`` starts again after a crash, as a machine booting does: its servers (the
-        guide's serve lines for it, on the data they left), then its peer."""
-        for block in self.blocks():
-            if block.kind == "serve" and host in block.hosts:
-                self.run_block(block, [host])
-        peer = HOSTS[host][1]
-        if peer:
-            self.start_peer(peer)
-            self.wait_streaming(peer)
+        """``host`` starts again after a crash, as a machine booting does: the units enabled on
+        it, its servers first (on the data they left), then its peer, streaming again."""
+        units = self.state.info.get("enabled", {}).get(host, [])
+        servers = [self.start_unit(host, u) for u in units if not _peer_of_unit(u)]
+        self._started = []
+        self._wait_servers(servers, time.monotonic() + SERVER_DEADLINE_S)
+        for unit in units:
+            peer = _peer_of_unit(unit)
+            if peer:
+                self.start_peer(peer)
+                self.wait_streaming(peer)
 
     # -- down -----------------------------------------------------------------------------------
     def down(self) -> list[str]:
@@ -479,6 +684,11 @@ class GuideLab(Lab):
             subprocess.run(["userdel", USER], capture_output=True, timeout=30)
             done.append(f"removed the user {USER}")
         return done
+
+
+def _peer_of_unit(name: str) -> str | None:
+    m = re.fullmatch(r"twinflow-peer@([\w.-]+)", name)
+    return m.group(1) if m else None
 
 
 def _lines(text: str) -> list[str]:

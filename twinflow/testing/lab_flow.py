@@ -20,6 +20,10 @@ class FlowReadings:
 
     _flow = None
 
+    def peer_ids(self) -> tuple[str, ...]:
+        """The peers of the lab's flow (a lab that adds or removes peers says which it runs)."""
+        return PEERS
+
     def _keys(self):
         """The flow's graph and each shard's Redis keys (one for an unsharded flow), read once
         from the lab's flow file."""
@@ -44,7 +48,7 @@ class FlowReadings:
         """Each peer's status hash in each shard ({} where it has none)."""
         _, shard_keys = self._keys()
         decode = lambda h: {k.decode(): v.decode() for k, v in h.items()}  # noqa: E731
-        return self._on_redis(lambda r: {p: [decode(r.hgetall(keys.peer(p))) for keys in shard_keys] for p in PEERS})
+        return self._on_redis(lambda r: {p: [decode(r.hgetall(keys.peer(p))) for keys in shard_keys] for p in self.peer_ids()})
 
     def peer_statuses(self) -> dict[str, dict]:
         """Each peer's status hash in Redis, as ``twinflow status`` reads it ({} for a peer without
@@ -73,12 +77,12 @@ class FlowReadings:
         """Each shard's master (None where no peer's status says master)."""
         rows = self.shard_statuses()
         shards = len(self._keys()[1])
-        return [next((p for p in PEERS if rows[p][k].get("role") == "master"), None) for k in range(shards)]
+        return [next((p for p in self.peer_ids() if rows[p][k].get("role") == "master"), None) for k in range(shards)]
 
     def ready(self) -> bool:
         """Every peer streams (in every shard) and every shard has a master."""
         rows = self.peer_statuses()
-        return all(rows.get(p, {}).get("streaming") == "1" for p in PEERS) and all(self.shard_masters())
+        return all(rows.get(p, {}).get("streaming") == "1" for p in self.peer_ids()) and all(self.shard_masters())
 
     def shard_outputs(self) -> list[dict]:
         """What left each shard of the flow through each outlink so far ("node.outlink" ->

@@ -54,6 +54,7 @@ class ServiceUnit:
     timeout_stop_s: float = 90.0
     user: str | None = None       # User=, Group=: whom the service runs as (None: root)
     group: str | None = None
+    type: str = "simple"          # Type=: notify is ready once it says so (the lab: once it answers)
 
     @classmethod
     def read(cls, path: str | Path) -> "ServiceUnit":
@@ -85,15 +86,18 @@ class ServiceUnit:
                 if value[:1] in "-@+!:":
                     raise UnitError(f"{key}={value}: command prefixes are not supported by the lab")
                 found[key] = value
-            elif key in ("KillSignal", "TimeoutStopSec", "User", "Group"):
+            elif key in ("KillSignal", "TimeoutStopSec", "User", "Group", "Type"):
                 found[key] = value
         if "ExecStart" not in found:
             raise UnitError("the unit has no ExecStart= in its [Service] section")
+        # TimeoutStopSec=0 is systemd's "no time-out": the lab waits its default then.
+        stop_s = float(found.get("TimeoutStopSec", "90").rstrip("s")) or 90.0
         return cls(found["ExecStart"], found.get("ExecStop"), environment, files,
-                   found.get("KillSignal", "SIGTERM"), float(found.get("TimeoutStopSec", "90").rstrip("s")),
-                   found.get("User"), found.get("Group"))
+                   found.get("KillSignal", "SIGTERM"), stop_s, found.get("User"), found.get("Group"),
+                   found.get("Type", "simple"))
 
     def env_file_paths(self, instance: str) -> list[str]:
+        """The environment files, ``%i`` expanded; one that may be missing keeps its ``-`` prefix."""
         return [_specifiers(p, instance) for p in self.environment_files]
 
     def start_argv(self, instance: str, env: dict[str, str]) -> list[str]:
