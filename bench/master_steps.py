@@ -17,7 +17,8 @@ import time
 import redis
 
 from twinflow.testing.messages import CHAINED, order_or_payment
-from twinflow.cluster.master_session import MasterSession, write_pool
+from twinflow.cluster.master_session import MasterSession
+from twinflow.cluster.write_pool import write_pool
 from twinflow.cluster.on_cluster import flow_keys
 from twinflow.testing.services import LocalServices
 from twinflow.cluster.uplink_rows import decode_rows

@@ -11,6 +11,7 @@ open for the batches that follow, and the sender drops the refused batch.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Callable, NamedTuple
 
 from twinflow.wire import twinflow_pb2 as pb
@@ -27,6 +28,11 @@ class Claim(NamedTuple):
     key: str       # the sort key as text, read again as the pair's key type
     position: str  # the message's uplink position: what the claim may release is at or before it
     ruleset: str   # the ruleset that took the message: the group it releases in
+
+
+# A Claim from its four fields as one tuple: a C call, where Claim(...) runs a Python-level
+# __new__ for every claim escalated or taken.
+claim_of = partial(tuple.__new__, Claim)
 
 # The most claims a worker takes in one batch (a flow's escalation_batch is at most 10,000):
 # each costs the worker a bake lookup and an ID-cache read, so a larger batch is refused.
@@ -81,7 +87,7 @@ class EscalationServicer(pb_grpc.EscalationServicer):
         if len(batch.claims) > self.max_claims:
             reason = f"{len(batch.claims)} claims in one batch; at most {self.max_claims}"
             return pb.EscalationAck(seq=batch.seq, accepted=False, reason=reason)
-        claims = [Claim(e.id, e.key, e.position, e.rule) for e in batch.claims]
+        claims = [claim_of((e.id, e.key, e.position, e.rule)) for e in batch.claims]
         try:
             why = admit(batch.from_node, batch.epoch) if admit is not None else None
             if why is not None:  # logged by admit, which knows this member and its epoch (escalation_refused)

@@ -58,11 +58,9 @@ simulator passes an executor that runs each write when its schedule says
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter, deque
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Executor, Future
 from typing import Callable
 
 import redis
@@ -74,23 +72,14 @@ from ..runtime.store.flow_store import FlowStore, chunked
 from ..runtime.store.store_errors import Fenced, GuessWrong, RedisUnavailable
 from ..runtime.store.step import Step
 from .batch_phases import NO_PHASES, BatchPhases
-from .escalation_servicer import Claim
 from .master_flow import MasterFlow, MessageRefused, guards_handlers
+from .master_outcome import Outcome
 from .uplink_rows import record_bad
 from .warm_state import WarmState
+from .write_pool import write_pool
+
 
 log = logging.getLogger("twinflow.master")
-
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def write_pool() -> Executor:
-    """This process's writer threads (made again in a forked child, where threads do not follow)."""
-    global _pool
-    if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="twinflow-commit"))
-    return _pool[1]
-
 
 # How many of a batch's steps may be in Redis at once. Two: the next step is sent while the
 # one before it still waits behind other clients' scripts in Redis (a reader's batch of 10,000
@@ -110,28 +99,6 @@ UNWRITABLE = (UnicodeError, redis.DataError)
 
 class Contended(RuntimeError):
     """Every round of a batch or a firing was refused as behind Redis (MAX_ROUNDS)."""
-
-
-@dataclass
-class Outcome:
-    """What one :meth:`MasterSession.run_batch` or :meth:`MasterSession.fire` did."""
-
-    delivered: int = 0   # messages run through the flow by committed steps
-    skipped: int = 0     # messages of committed steps that were processed already
-    failed: int = 0      # messages that left by the failure stream (the flow refused them)
-    steps: int = 0       # steps committed
-    # (claim ID, key as text, position, ruleset) to escalate: one per message a claim pair's
-    # ruleset takes (a nohit message was never held by the worker, so it needs no claim)
-    claims: list[Claim] = field(default_factory=list)
-    refused: Fenced | RedisUnavailable | None = None  # why the session ended here, if it did
-    rest: list[Message] | None = None  # run_batch: the uncommitted rest (None: all of it committed)
-
-    def committed(self, chunk: list[Message], fresh: list[Message], escalate: bool) -> None:
-        self.steps += 1
-        self.delivered += len(fresh)
-        self.skipped += len(chunk) - len(fresh)
-        if escalate:
-            self.claims.extend(Claim(m.cid, str(m.key), m.position, m.rule) for m in chunk if m.rule is not None)
 
 
 class MasterSession:

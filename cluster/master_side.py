@@ -27,7 +27,8 @@ from ..runtime.message import Message
 from ..runtime.store.store_errors import Fenced, RedisUnavailable
 from .batch_phases import NO_PHASES, BatchPhases
 from .master_flow import MasterFlow
-from .master_session import MasterSession, Outcome
+from .master_outcome import Outcome
+from .master_session import MasterSession
 from .roles import MASTER, WORKER
 from .timings import LATENESS_BUCKETS, Timings
 

@@ -24,7 +24,7 @@ from .escalation_servicer import EscalationServicer
 from .flow_clock import RedisTime, RedisTimeClock
 from .grpc_server import AdminServicer, IngestServicer, create_server
 from .leadership import Leadership
-from .master_session import write_pool
+from .write_pool import write_pool
 from .connect import open_store
 from .on_cluster import flow_keys
 from .collaborators import UplinkReading

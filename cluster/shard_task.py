@@ -53,7 +53,9 @@ from ..runtime.shards import shard_graph
 from ..runtime.store.flow_store import FlowStore
 from ..runtime.store.store_errors import Fenced, RedisUnavailable
 from .master_flow import MasterFlow
-from .master_session import MasterSession, Outcome, write_pool
+from .master_outcome import Outcome
+from .master_session import MasterSession
+from .write_pool import write_pool
 from .uplink_rows import decode_rows, last_position, processed_as_worker, record_bad
 
 if TYPE_CHECKING:
