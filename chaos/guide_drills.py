@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..testing.checker import check, check_outputs
+from ..testing.checker import check, check_outputs, wait_judged
 from ..testing.guide_lab import GuideLab, PEER_HOSTS, build_wheel
 from ..testing.lab import LabError
 from ..testing.messages import order_or_payment
@@ -200,8 +200,7 @@ def publish_more(d: HostDrill, count: int, what: str) -> dict:
     if lab.wait_exit(publisher, count / d.rate + 120) != 0:
         raise LabError(f"publishing {what} failed:\n" + lab.logs([publisher], 20))
     sent = acked.read_text().split()
-    wait_for(lambda: check_outputs(this_run(lab.outputs(), ids), sent).delivered >= len(sent), 120, 0.5)
-    out = this_run(lab.outputs(), ids)
+    out = wait_judged(lambda: this_run(lab.outputs(), ids), sent, 120)
     report = check(out, sent)
     d.figures[what] = {"sent": len(sent), "lost": report.lost, "duplicated": report.duplicated}
     if (len(sent), report.lost, report.duplicated) != (count, 0, 0):
