@@ -27,7 +27,7 @@ from ..runtime.flowgraph import FlowGraph
 from ..runtime.nodes.action import ActionNode
 from ..runtime.nodes.history import NEW, HistoryNode
 
-# The drills of a guarded handler (drills.GUARDED) and those that need escalations to fault.
+# The drills of a guarded handler (drill_faults.GUARDED) and those that need escalations to fault.
 GUARDED = frozenset({"kill-in-handler", "resubmit-in-failover"})
 NEEDS_PAIR = frozenset({"escalation-cut", "escalation-latency"})
 # The handler the guarded drills watch (examples/ledger_handlers.py, as the flow file names it).

@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..testing.checker import check, check_outputs, wait_judged
-from ..testing.guide_lab import GuideLab, PEER_HOSTS, build_wheel
+from ..testing.guide_hosts import PEER_HOSTS
+from ..testing.guide_lab import GuideLab, build_wheel
 from ..testing.lab import LabError
 from ..testing.messages import order_or_payment
 from ..runtime.waiting import wait_for

@@ -56,7 +56,8 @@ from ..testing.lab import Lab, LabError
 from ..testing.lab_faults import HostFirewall, executor_hosts, fake_clock_env, true_clock_java
 from ..testing.lab_hosts import PEERS
 from ..testing.messages import order_or_payment
-from .drills import FaultRecord, verdict
+from .drill_record import FaultRecord
+from .drills import verdict
 from .report import timeline
 
 MAX_GAP_TARGET_S = 1.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.chaos import drill_fit, drills
+from twinflow.chaos import drill_faults, drill_fit, drills
 from twinflow.chaos.drill_fit import books_in_ledger, guarded_actions, not_applicable
 from twinflow.chaos.guarded_drills import GUARDED_FLOW
 from twinflow.chaos.results import table
@@ -25,7 +25,7 @@ from twinflow.testing.messages import CHAINED
 
 ROOT = Path(__file__).parents[1]
 EXAMPLES = ROOT / "examples"
-DRILLS = list(drills.DRILLS)
+DRILLS = list(drill_faults.DRILLS)
 ESCALATION = {"escalation-cut", "escalation-latency"}
 
 
@@ -36,20 +36,20 @@ def fit(path: Path) -> dict[str, str | None]:
 
 def test_the_sets_name_real_drills_and_the_cli_uses_the_same_guarded_set():
     assert drill_fit.GUARDED <= set(DRILLS) and drill_fit.NEEDS_PAIR <= set(DRILLS)
-    assert drills.GUARDED is drill_fit.GUARDED
+    assert drill_faults.GUARDED is drill_fit.GUARDED
 
 
 def test_every_drill_applies_to_the_flow_it_runs_without_flow():
     chained, guarded = load_graph(CHAINED), load_graph(GUARDED_FLOW)
     for name in DRILLS:
-        assert not_applicable(name, guarded if name in drills.GUARDED else chained) is None, name
+        assert not_applicable(name, guarded if name in drill_faults.GUARDED else chained) is None, name
 
 
 @pytest.mark.parametrize("example", ["cluster.yaml", "cluster-chained.yaml", "cluster-every-node.yaml",
                                      "cluster-claim-rulesets.yaml"])
 def test_an_example_without_a_guarded_handler_leaves_out_the_guarded_drills_alone(example):
     got = fit(EXAMPLES / example)
-    assert {name for name, why in got.items() if why} == set(drills.GUARDED)
+    assert {name for name, why in got.items() if why} == set(drill_faults.GUARDED)
     assert got["kill-in-handler"].startswith("no action's handler is guarded by a history node with "
                                              "completion: external")
 
@@ -72,7 +72,7 @@ def test_a_flow_without_a_claim_pair_leaves_out_the_escalation_drills(tmp_path):
     flow.write_text("flow: f\nuplink: {stream: uplink}\nmessage: {id: id}\nnodes:\n"
                     "  deliver: {type: action, sink: {stream: sink}}\n")
     got = fit(flow)
-    assert {name for name, why in got.items() if why} == ESCALATION | set(drills.GUARDED)
+    assert {name for name, why in got.items() if why} == ESCALATION | set(drill_faults.GUARDED)
     assert got["escalation-cut"] == "the flow has no claim pair (a sort node with pairs_with): its master sends no escalations"
 
 
@@ -133,12 +133,12 @@ def test_drill_all_on_a_flow_without_a_guarded_handler_runs_the_rest_and_exits_b
     flow = str(EXAMPLES / "cluster.yaml")
     assert drill("all", "--flow", flow, "--json", "--report", str(tmp_path / "r")) == 0
     ran = [name for name, _, _ in calls]
-    assert ran == [n for n in DRILLS if n not in drills.GUARDED]
+    assert ran == [n for n in DRILLS if n not in drill_faults.GUARDED]
     assert all(rate == 1000.0 and ledger is False for _, rate, ledger in calls)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     skipped = {line["drill"]: line["not_applicable"] for line in lines if "not_applicable" in line}
-    assert set(skipped) == set(drills.GUARDED) and lines[:2] == [{"drill": n, "not_applicable": skipped[n]}
-                                                                  for n in skipped]
+    assert set(skipped) == set(drill_faults.GUARDED) and lines[:2] == [{"drill": n, "not_applicable": skipped[n]}
+                                                                        for n in skipped]
     assert [line["drill"] for line in lines if "passed" in line] == ran
     report = (tmp_path / "r" / "report.md").read_text()
     assert f"- kill-in-handler: not applicable: {skipped['kill-in-handler']}" in report

@@ -9,7 +9,8 @@ import shlex
 import pytest
 
 from twinflow.testing.guide_blocks import ROOTED, GuideError, GuideHost, parse_guide, read_guide
-from twinflow.testing.guide_lab import HOSTS, SERVER_NAMES
+from twinflow.testing.guide_hosts import HOSTS
+from twinflow.testing.guide_servers import SERVER_NAMES
 
 SECRETS = {"password": "pw", "zookeeper password": "zk-pw", "the peers' version": "0.2.0"}
 

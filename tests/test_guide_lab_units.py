@@ -13,7 +13,8 @@ import pytest
 
 from twinflow.testing import guide_lab
 from twinflow.testing.guide_blocks import GuideError
-from twinflow.testing.guide_lab import HOSTS, GuideLab
+from twinflow.testing.guide_hosts import HOSTS
+from twinflow.testing.guide_lab import GuideLab
 
 REPO = Path(__file__).parents[1]
 

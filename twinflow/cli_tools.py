@@ -109,8 +109,9 @@ def cmd_drill(args) -> int:
         return cmd_host_drill(args)
     _need_extra("chaos", "toxiproxy", *(["matplotlib"] if args.report or args.name == "all" else []))
     from twinflow.chaos import guarded_drills
+    from twinflow.chaos.drill_faults import DRILLS, GUARDED, IN_NETNS
     from twinflow.chaos.drill_fit import books_in_ledger, not_applicable
-    from twinflow.chaos.drills import DRILLS, GUARDED, IN_NETNS, run_drill
+    from twinflow.chaos.drills import run_drill
     from twinflow.chaos.kernel_faults import KernelFaultsUnavailable, in_private_netns, netns_command
 
     names = list(DRILLS) if args.name == "all" else [args.name]

@@ -133,7 +133,7 @@ def test_resubmit_in_failover_runs_each_failed_message_exactly_once_more():
     result, r = guarded_drill("resubmit-in-failover")
     assert result["lost"] == 0 and result["duplicated"] == 0, result
     resubmit, ledger = result["resubmit"], result["ledger"]
-    # At least the three the drill waits for before the kill (chaos/drills.py resubmit_in_failover):
+    # At least the three the drill waits for before the kill (chaos/drill_faults.py resubmit_in_failover):
     # how many more were audited by then depends on how fast the machine ran the handler.
     assert resubmit["resubmitted"] >= 3 and resubmit["still_failed"] == 0, result
     assert resubmit["outcomes"] == resubmit["outcomes_done"] == resubmit["resubmitted"], result
