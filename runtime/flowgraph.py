@@ -192,10 +192,42 @@ def check_file(path: str | Path) -> tuple[FlowGraph | None, list[FlowFileError]]
     return check_graph(text, str(path))
 
 
+_FLOW_FOLDERS: set[Path] = set()  # every flow folder this process has put on the import path
+
+
 def _import_path(path: str | Path) -> None:
-    folder = str(Path(path).resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    """The flow file's folder first on the import path, and its own modules the ones imported.
+
+    A process that loads several flows (``validate`` of many files, the console, a test
+    run) may hold a module of the same name from another flow's folder (two flows each
+    with a ``handlers.py``): that cached module is forgotten, so ``handlers:deliver``
+    names this folder's function, as ``twinflow run`` of the file alone would. Only
+    modules imported from another flow's folder are forgotten, never a library's.
+    """
+    folder = Path(path).resolve().parent
+    if str(folder) in sys.path:
+        sys.path.remove(str(folder))
+    sys.path.insert(0, str(folder))
+    _FLOW_FOLDERS.add(folder)
+    for name in _modules_in(folder) & sys.modules.keys():
+        origin = getattr(sys.modules[name], "__file__", None)
+        if origin is None:
+            continue
+        home = Path(origin).resolve().parent
+        home = home.parent if Path(origin).name == "__init__.py" else home
+        if home != folder and home in _FLOW_FOLDERS:
+            for cached in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
+                del sys.modules[cached]
+
+
+def _modules_in(folder: Path) -> set[str]:
+    """The top-level modules and packages ``folder`` holds."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return set()
+    return {e.stem for e in entries if e.suffix == ".py" and e.is_file()} | {
+        e.name for e in entries if (e / "__init__.py").is_file()}
 
 
 def _refuse_cycles(links: dict[str, dict[str, str]], top: Params) -> None:

@@ -140,3 +140,24 @@ def test_the_start_checks_of_twinflow_run_are_reported_unless_replay(tmp_path, c
     errors = json.loads(out)["errors"]
     assert code == 2 and [(e["line"], e["field"]) for e in errors] == [(3, "nodes.a"), (4, "nodes.b")]
     assert all("completion: external needs a node linked to its 'new' outlink" in e["reason"] for e in errors)
+
+
+def test_two_flows_with_a_handlers_module_of_the_same_name_each_get_their_own(tmp_path):
+    """One process loading two flows whose folders each hold a ``handlers.py`` (the console,
+    ``validate`` of several files): the second flow's handler is its own folder's, not the
+    module the first one left cached."""
+    from twinflow.runtime.flowgraph import load_graph
+
+    flows = []
+    for name, answer in (("one", "first"), ("two", "second")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "tf_same_name_handlers.py").write_text(
+            f"def deliver(msg):\n    return {answer!r}\n\n\ndef only_in_{name}(msg):\n    return None\n")
+        (folder / "flow.yaml").write_text(
+            "flow: f\nnodes:\n"
+            '  deliver: {type: action, handler: "tf_same_name_handlers:deliver"}\n'
+            f'  other: {{type: action, handler: "tf_same_name_handlers:only_in_{name}"}}\n')
+        flows.append(load_graph(folder / "flow.yaml"))
+    handlers = [graph.nodes["deliver"].handler(None) for graph in flows]
+    assert handlers == ["first", "second"]
