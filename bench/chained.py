@@ -32,7 +32,7 @@ from common import TICKS, cpu_ticks, save  # noqa: E402
 
 from twinflow.testing.checker import check_outputs  # noqa: E402
 from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
-from twinflow.testing.flow_bench import percentile_ms as pct  # noqa: E402
+from twinflow_dev.flow_bench import percentile_ms as pct  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
 from twinflow.runtime.positions import position_order  # noqa: E402
 from twinflow.runtime.store.flow_keys import FlowKeys  # noqa: E402

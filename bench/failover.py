@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import save  # noqa: E402
 
-from twinflow.testing.demo import run_demo  # noqa: E402
+from twinflow_dev.demo import run_demo  # noqa: E402
 
 
 def main() -> None:

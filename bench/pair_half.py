@@ -9,7 +9,7 @@ import argparse
 import json
 import tempfile
 
-from twinflow.testing.flow_bench import Load, flow
+from twinflow_dev.flow_bench import Load, flow
 from twinflow.testing.services import LocalServices
 
 

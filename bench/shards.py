@@ -53,13 +53,13 @@ from common import save  # noqa: E402
 from twinflow.runtime.positions import position_order  # noqa: E402
 from twinflow.runtime.shards import ShardRouter  # noqa: E402
 from twinflow.runtime.waiting import wait_for  # noqa: E402
-from twinflow.testing.bench_stats import ServerCpu, ratio, summarise, us_per_message  # noqa: E402
+from twinflow_dev.bench_stats import ServerCpu, ratio, summarise, us_per_message  # noqa: E402
 from twinflow.testing.local_cluster import LocalCluster  # noqa: E402
 from twinflow.testing.messages import CHAINED, order_or_payment  # noqa: E402
 from twinflow.testing.proc_stats import cpu_ticks, process_ticks  # noqa: E402
 from twinflow.testing.servers import stop_pid  # noqa: E402
 from twinflow.testing.services import LocalServices  # noqa: E402
-from twinflow.testing.shard_passthrough import stream_keys  # noqa: E402
+from twinflow_dev.shard_passthrough import stream_keys  # noqa: E402
 from twinflow.testing.spark_standalone import StandaloneSpark  # noqa: E402
 
 UPLINK = "uplink: {stream: uplink, batch_size: 2000}"
@@ -168,7 +168,7 @@ class PassthroughConfig(Config):
         keys = [stream_keys(name, k) for k in range(shards)]
         self.uplinks, self.marks = [k[0] for k in keys], [k[2] for k in keys]
         self.log = workdir / name / "passthrough.log"
-        argv = [sys.executable, "-m", "twinflow.testing.shard_passthrough", "--redis-url", self.services.redis_url,
+        argv = [sys.executable, "-m", "twinflow_dev.shard_passthrough", "--redis-url", self.services.redis_url,
                 "--spark-master", spark.master_url, "--prefix", name, "--shards", str(shards),
                 "--workdir", str(workdir / name), "--spark-conf", f"spark.cores.max={cores}",
                 "--spark-conf", "spark.executor.memory=1g", *conf]

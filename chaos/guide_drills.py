@@ -1,5 +1,5 @@
 """The deployment guide's drills (``twinflow drill NAME --hosts``): the guide run as written on
-three hosts (:class:`~twinflow.testing.guide_lab.GuideLab`), then one of its day-2 sections
+three hosts (:class:`~twinflow_dev.guide_lab.GuideLab`), then one of its day-2 sections
 run, again as written, while the client host publishes; judged by the one checker as the
 other drills between hosts are (lost, duplicated, stale writes, RTO).
 
@@ -49,10 +49,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from twinflow_dev.guide_hosts import PEER_HOSTS
+from twinflow_dev.guide_lab import GuideLab, build_wheel
+from twinflow_dev.lab import LabError
+
 from ..testing.checker import check, check_outputs, wait_judged
-from ..testing.guide_hosts import PEER_HOSTS
-from ..testing.guide_lab import GuideLab, build_wheel
-from ..testing.lab import LabError
 from ..testing.messages import order_or_payment
 from ..runtime.waiting import wait_for
 from .host_drills import HostDrill, HostDrillRunner, HostDrillSpec, this_run, timeout_errors

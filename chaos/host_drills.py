@@ -1,5 +1,5 @@
 """Drills between hosts (``twinflow drill NAME --hosts``): a fault on one host of a lab
-(:mod:`twinflow.testing.lab`: servers, peers and a client, each in a network namespace of its
+(:mod:`twinflow_dev.lab`: servers, peers and a client, each in a network namespace of its
 own with its own address) while the client host publishes, then the one checker.
 
 Each drill runs on a full lab (Redis behind three Sentinels, a three-server ZooKeeper
@@ -49,12 +49,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from twinflow_dev.lab import Lab, LabError
+from twinflow_dev.lab_faults import HostFirewall, executor_hosts, fake_clock_env, true_clock_java
+from twinflow_dev.lab_hosts import PEERS
+
 from ..runtime.waiting import wait_for
 from ..testing import checker
 from ..testing.checker import in_time_order, recovery_s, wait_judged
-from ..testing.lab import Lab, LabError
-from ..testing.lab_faults import HostFirewall, executor_hosts, fake_clock_env, true_clock_java
-from ..testing.lab_hosts import PEERS
 from ..testing.messages import order_or_payment
 from .drill_record import FaultRecord
 from .drills import verdict

@@ -1,5 +1,5 @@
 """The architecture page names every module: each .py file of runtime/, cluster/, chaos/ and
-twinflow/ (with testing/ and wire/) appears, in backticks, in its package's section of
+twinflow/ (with testing/ and wire/) and twinflow_dev/ appears, in backticks, in its package's section of
 docs/contributing/architecture.md, so the page stays the one complete map of the code."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ PAGE = ROOT / "docs" / "contributing" / "architecture.md"
 # The page's section for each package root, and the folders whose modules it lists (a module's
 # name there is its path under the section's folder; twinflow/testing/ has a section of its own).
 SECTIONS = {"runtime/": ["runtime"], "cluster/": ["cluster"], "chaos/": ["chaos"],
-            "twinflow/testing/": ["twinflow/testing"], "twinflow/": ["twinflow"]}
+            "twinflow/testing/": ["twinflow/testing"], "twinflow/": ["twinflow"],
+            "twinflow_dev/": ["twinflow_dev"]}
 
 
 def sections(text: str) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.test_systemd_unit import DEPLOY
 from twinflow.cli import build_parser
-from twinflow.testing.systemd_unit import read_environment_file
+from twinflow_dev.systemd_unit import read_environment_file
 
 
 def test_the_peer_environment_names_its_servers_with_the_variables_the_commands_read():

@@ -2,7 +2,7 @@
 
 Modules are found by walking the installed packages (``runtime/``, ``cluster/``
 and ``chaos/`` install as subpackages of ``twinflow`` from their own folders,
-so each is walked from its own path): a new module with examples is tested
+so each is walked from its own path; ``twinflow_dev`` is a package of its own): a new module with examples is tested
 without being listed here.
 """
 
@@ -13,7 +13,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ("twinflow", "twinflow.runtime", "twinflow.cluster", "twinflow.chaos")
+PACKAGES = ("twinflow", "twinflow.runtime", "twinflow.cluster", "twinflow.chaos", "twinflow_dev")
 
 
 def modules_with_examples() -> list[str]:
@@ -39,5 +39,6 @@ def test_docstring_examples(name):
 
 def test_every_package_is_walked():
     found = modules_with_examples()
-    for expected in ("twinflow.runtime.nodes.join", "twinflow.cluster.escalation", "twinflow.chaos.fault_link"):
+    for expected in ("twinflow.runtime.nodes.join", "twinflow.cluster.escalation", "twinflow.chaos.fault_link",
+                     "twinflow_dev.guide_blocks"):
         assert expected in found

@@ -8,9 +8,9 @@ import shlex
 
 import pytest
 
-from twinflow.testing.guide_blocks import ROOTED, GuideError, GuideHost, parse_guide, read_guide
-from twinflow.testing.guide_hosts import HOSTS
-from twinflow.testing.guide_servers import SERVER_NAMES
+from twinflow_dev.guide_blocks import ROOTED, GuideError, GuideHost, parse_guide, read_guide
+from twinflow_dev.guide_hosts import HOSTS
+from twinflow_dev.guide_servers import SERVER_NAMES
 
 SECRETS = {"password": "pw", "zookeeper password": "zk-pw", "the peers' version": "0.2.0"}
 
@@ -155,7 +155,7 @@ def test_a_token_rotation_gives_the_operators_machine_the_new_admin_token_and_ch
 def test_metrics_are_bound_to_the_machines_address_and_prometheus_scrapes_every_peer():
     import yaml
 
-    from twinflow.testing.guide_blocks import REPO
+    from twinflow_dev.guide_blocks import REPO
 
     enable = next(b for b in read_guide() if "systemctl enable --now twinflow-peer@peer-a" in b.text)
     assert "s/^METRICS=.*/METRICS=<this machine's address>:9464/" in enable.text
@@ -173,7 +173,7 @@ def test_the_shipped_prometheus_configuration_passes_promtool(tmp_path):
     import shutil
     import subprocess
 
-    from twinflow.testing.guide_blocks import REPO
+    from twinflow_dev.guide_blocks import REPO
 
     if shutil.which("promtool") is None:
         pytest.skip("promtool not installed (make bootstrap installs Debian's prometheus)")
@@ -188,8 +188,8 @@ def test_the_shipped_prometheus_configuration_passes_promtool(tmp_path):
 
 
 def test_the_unsharded_pair_runs_spark_in_its_peers_and_the_table_says_what_a_spark_cluster_survives():
-    from twinflow.testing.guide_blocks import GUIDE, REPO
-    from twinflow.testing.systemd_unit import read_environment_file
+    from twinflow_dev.guide_blocks import GUIDE, REPO
+    from twinflow_dev.systemd_unit import read_environment_file
 
     env = read_environment_file(REPO / "deploy/systemd/peer.env.example")
     assert env["TWINFLOW_SPARK_MASTER"] == "local[1]" and env["EXTRA_ARGS"] == ""
@@ -200,8 +200,8 @@ def test_the_unsharded_pair_runs_spark_in_its_peers_and_the_table_says_what_a_sp
 
 
 def test_the_shipped_units_run_as_service_users():
-    from twinflow.testing.guide_blocks import REPO
-    from twinflow.testing.systemd_unit import ServiceUnit, read_environment_file
+    from twinflow_dev.guide_blocks import REPO
+    from twinflow_dev.systemd_unit import ServiceUnit, read_environment_file
 
     users = {}
     for path in sorted((REPO / "deploy/systemd").glob("*.service")):
@@ -216,7 +216,7 @@ def test_the_shipped_units_run_as_service_users():
 
 def test_each_topology_change_has_its_commands_and_a_replacement_is_an_addition_then_a_removal():
     from twinflow.chaos.guide_drills import GUIDE_DRILLS
-    from twinflow.testing.guide_blocks import GUIDE
+    from twinflow_dev.guide_blocks import GUIDE
 
     text = GUIDE.read_text()
     for kind in ("a peer", "a Redis server"):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from twinflow.testing import guide_lab
-from twinflow.testing.guide_blocks import GuideError
-from twinflow.testing.guide_hosts import HOSTS
-from twinflow.testing.guide_lab import GuideLab
+from twinflow_dev import guide_lab
+from twinflow_dev.guide_blocks import GuideError
+from twinflow_dev.guide_hosts import HOSTS
+from twinflow_dev.guide_lab import GuideLab
 
 REPO = Path(__file__).parents[1]
 

@@ -21,7 +21,7 @@ def test_the_import_contracts_hold(tmp_path):
     # A copy of the sources, so that setuptools' build directory is not left in the checkout.
     source, target = tmp_path / "source", tmp_path / "site"
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for tree in ("twinflow", "runtime", "cluster", "chaos"):
+    for tree in ("twinflow", "runtime", "cluster", "chaos", "twinflow_dev"):
         shutil.copytree(ROOT / tree, source / tree, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)

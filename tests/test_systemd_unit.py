@@ -1,11 +1,11 @@
-"""The shipped unit file, read as systemd would read it (twinflow/testing/systemd_unit.py)."""
+"""The shipped unit file, read as systemd would read it (twinflow_dev/systemd_unit.py)."""
 
 from pathlib import Path
 
 import pytest
 
 from twinflow.cli import build_parser
-from twinflow.testing.systemd_unit import ServiceUnit, UnitError, read_environment_file
+from twinflow_dev.systemd_unit import ServiceUnit, UnitError, read_environment_file
 
 DEPLOY = Path(__file__).parents[1] / "deploy" / "systemd"
 

@@ -23,6 +23,8 @@ PACKAGES = {
     "twinflow/runtime/nodes/sort": "runtime/nodes/sort", "twinflow/runtime/store": "runtime/store",
     "twinflow/runtime/spark": "runtime/spark",
     "twinflow/cluster": "cluster", "twinflow/cluster/console": "cluster/console", "twinflow/chaos": "chaos", "twinflow/chaos/sim": "chaos/sim",
+    # The development tools, a top-level package of their own that a peer never imports.
+    "twinflow_dev": "twinflow_dev",
 }
 # The only files beside the modules: the checkpoint file system's Java source and the stubs' type hints.
 DATA = {"twinflow/runtime/spark/NoForkLocalFileSystem.java", "twinflow/wire/twinflow_pb2.pyi",

@@ -1,6 +1,6 @@
 """``twinflow lab up|status|down``: a lab of hosts on this machine, each a network namespace with
-its own address on one private bridge (:mod:`twinflow.testing.lab`; with ``--guide``, the
-deployment guide's three machines, :mod:`twinflow.testing.guide_lab`).
+its own address on one private bridge (:mod:`twinflow_dev.lab`; with ``--guide``, the
+deployment guide's three machines, :mod:`twinflow_dev.guide_lab`).
 
 Under failure: not root, or no usable ``ip netns``, ends the command with ``EXIT_UNAVAILABLE``
 and what is missing on stderr, before anything is made; a lab that cannot be made is removed
@@ -24,9 +24,9 @@ def cmd_lab(args) -> int:
         print(f"twinflow: twinflow lab {args.action} needs root: it makes and enters network namespaces "
               f"(this process runs as uid {os.geteuid()})", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    from twinflow.testing.guide_lab import GUIDE_PREFIX, GuideLab
-    from twinflow.testing.lab import STATE_FILE, Lab, LabError
-    from twinflow.testing.lab_network import DEFAULT_PREFIX, LabNetError, LabState, LabUnavailable
+    from twinflow_dev.guide_lab import GUIDE_PREFIX, GuideLab
+    from twinflow_dev.lab import STATE_FILE, Lab, LabError
+    from twinflow_dev.lab_network import DEFAULT_PREFIX, LabNetError, LabState, LabUnavailable
 
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     if args.action == "up":

@@ -324,7 +324,7 @@ def _simulate_text(out: dict, failures: list, rerun: str) -> str:
 # -- bench -------------------------------------------------------------------
 def cmd_bench(args) -> int:
     from twinflow.cluster.batch_phases import PHASES
-    from twinflow.testing.flow_bench import Load, flow_vs_passthrough
+    from twinflow_dev.flow_bench import Load, flow_vs_passthrough
 
     say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
     out = flow_vs_passthrough(Load(args.messages, args.rate, args.seconds, args.rounds, args.batch_size), say)
@@ -382,7 +382,7 @@ def cmd_certs(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from twinflow.testing.demo import run_demo
+    from twinflow_dev.demo import run_demo
 
     result = run_demo(messages=args.messages, rate=args.rate, kill_at=args.kill_at,
                       progress=not args.json, keep=args.keep, flow=args.flow, console=args.console)

@@ -12,7 +12,7 @@ import pytest
 from twinflow.cluster.batch_phases import BATCH_PHASES, NO_PHASES, PHASES, BatchLog, read_batch_log
 from twinflow.runtime.clock import FakeClock
 from twinflow.runtime.flowgraph import parse_graph
-from twinflow.testing.flow_bench import breakdown, met, within
+from twinflow_dev.flow_bench import breakdown, met, within
 
 from .test_node_parts import FLOW, AheadParts, node
 

@@ -8,8 +8,8 @@ import redis
 
 from twinflow.runtime.flowgraph import parse_graph
 from twinflow.runtime.store.flow_keys import FlowKeys
-from twinflow.testing.bench_stats import median, spread, summarise
-from twinflow.testing.flow_bench import Load, per_message_us, settled, two_passthroughs
+from twinflow_dev.bench_stats import median, spread, summarise
+from twinflow_dev.flow_bench import Load, per_message_us, settled, two_passthroughs
 from twinflow.testing.messages import CHAINED
 from twinflow.testing.proc_stats import TICKS
 

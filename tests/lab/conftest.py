@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from twinflow.testing.lab_network import LabUnavailable, check_usable
+from twinflow_dev.lab_network import LabUnavailable, check_usable
 
 
 def lab_prefix(tag: str) -> str:

@@ -13,10 +13,10 @@ import pytest
 
 from twinflow.chaos.host_drills import max_gap_s, timeout_errors
 from twinflow.testing.checker import SinkEntry
-from twinflow.testing.lab_faults import HostFirewall, LabFaultUnavailable, fake_clock_env, true_clock_java
-from twinflow.testing.lab_hosts import LabPlan
+from twinflow_dev.lab_faults import HostFirewall, LabFaultUnavailable, fake_clock_env, true_clock_java
+from twinflow_dev.lab_hosts import LabPlan
 from tests.lab.conftest import lab_prefix
-from twinflow.testing.lab_network import LabState, create, entered, ns_inode, teardown
+from twinflow_dev.lab_network import LabState, create, entered, ns_inode, teardown
 
 
 @pytest.fixture

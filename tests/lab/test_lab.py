@@ -20,8 +20,8 @@ import pytest
 from tests.conftest import wait_until
 from tests.lab.conftest import lab_prefix
 from twinflow.testing.checker import check, check_outputs, failover_seconds
-from twinflow.testing.lab import Lab
-from twinflow.testing.lab_network import connect_in, entered, ns_inode, pids_in
+from twinflow_dev.lab import Lab
+from twinflow_dev.lab_network import connect_in, entered, ns_inode, pids_in
 
 pytestmark = [pytest.mark.cluster, pytest.mark.lab, pytest.mark.timeout(170)]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 
-from twinflow.testing.lab_network import HostOps, LabProcess, LabState, teardown
+from twinflow_dev.lab_network import HostOps, LabProcess, LabState, teardown
 
 
 class FakeMachine(HostOps):

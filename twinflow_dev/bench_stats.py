@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from .proc_stats import TICKS, cpu_ticks
+from twinflow.testing.proc_stats import TICKS, cpu_ticks
 
 
 def median(values: Iterable[float]) -> float:

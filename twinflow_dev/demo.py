@@ -26,10 +26,10 @@ import sys
 import tempfile
 import time
 
-from .checker import check_outputs, failover_seconds, read_sink
-from .local_cluster import LocalCluster
-from .messages import CHAINED, order_or_payment
-from .producers import IngestPublisher
+from twinflow.testing.checker import check_outputs, failover_seconds, read_sink
+from twinflow.testing.local_cluster import LocalCluster
+from twinflow.testing.messages import CHAINED, order_or_payment
+from twinflow.testing.producers import IngestPublisher
 
 FLOWS = ("chained", "claim-pair")
 
@@ -117,12 +117,12 @@ def run_demo(messages: int = 3000, rate: float = 600.0, kill_at: float = 0.4, pr
 
 def serve_console(cluster: LocalCluster, listen: str):
     """The operator console of ``cluster`` on ``listen`` (loopback: open, no tokens)."""
-    from ..cluster.console.access import ConsoleAccess
-    from ..cluster.console.app import ConsoleApp
-    from ..cluster.console.server import ConsoleServer
-    from ..cluster.console.snapshot import ConsoleView, console_stores
-    from ..cluster.handover_request import ask_masters
-    from ..grpc_security import NO_SECURITY
+    from twinflow.cluster.console.access import ConsoleAccess
+    from twinflow.cluster.console.app import ConsoleApp
+    from twinflow.cluster.console.server import ConsoleServer
+    from twinflow.cluster.console.snapshot import ConsoleView, console_stores
+    from twinflow.cluster.handover_request import ask_masters
+    from twinflow.grpc_security import NO_SECURITY
 
     stores = console_stores(cluster.graph, cluster.redis_url, who="demo-console")
     app = ConsoleApp(ConsoleView(cluster.graph, stores), ConsoleAccess(None),

@@ -28,9 +28,9 @@ class FlowReadings:
         """The flow's graph and each shard's Redis keys (one for an unsharded flow), read once
         from the lab's flow file."""
         if self._flow is None:
-            from ..cluster.on_cluster import flow_keys
-            from ..runtime.flowgraph import load_graph
-            from ..runtime.shards import shard_graph
+            from twinflow.cluster.on_cluster import flow_keys
+            from twinflow.runtime.flowgraph import load_graph
+            from twinflow.runtime.shards import shard_graph
 
             graph = load_graph(self.plan.flow_path)
             shards = self.plan.shards
@@ -87,22 +87,22 @@ class FlowReadings:
     def shard_outputs(self) -> list[dict]:
         """What left each shard of the flow through each outlink so far ("node.outlink" ->
         SinkEntry list), one dict per shard."""
-        from ..cluster.master_flow import outlink_streams
-        from .checker import read_outputs
+        from twinflow.cluster.master_flow import outlink_streams
+        from twinflow.testing.checker import read_outputs
 
         graph, shard_keys = self._keys()
         return self._on_redis(lambda r: [read_outputs(r, outlink_streams(graph, keys)) for keys in shard_keys])
 
     def outputs(self) -> dict:
         """What left the flow (every shard) through each outlink so far ("node.outlink" -> SinkEntry list)."""
-        from .checker import merge_outputs
+        from twinflow.testing.checker import merge_outputs
 
         return merge_outputs(self.shard_outputs())
 
     def sink_entries(self) -> list:
         """The flow's sink (the paired action's, every shard's) in write order, for
         :func:`~.checker.failover_seconds`."""
-        from .checker import read_sink
+        from twinflow.testing.checker import read_sink
 
         _, shard_keys = self._keys()
         entries = self._on_redis(lambda r: [e for keys in shard_keys for e in read_sink(r, keys.sink)])

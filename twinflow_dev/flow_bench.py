@@ -26,7 +26,7 @@ join's groups closed by their time-outs): a sink entry's Redis time minus the up
 (for a joined pair, its later member's), p50 and p99.
 
 Each figure, and each round's ratio of the pair's to the floor's, is reported as the median
-and the spread of the rounds (``twinflow.testing.bench_stats``): one burst on 2 shared cores
+and the spread of the rounds (``twinflow_dev.bench_stats``): one burst on 2 shared cores
 swings by 15-30%, and a change smaller than a figure's spread is noise. The master's batch
 log gives the breakdown per batch, p50 and p99 of each phase, over the bursts and over the
 steady load.
@@ -49,21 +49,21 @@ from dataclasses import dataclass
 
 import redis
 
-from ..cluster.batch_phases import BATCH_PHASES, PHASES, read_batch_log
-from ..runtime.flowgraph import FlowGraph
-from ..runtime.nodes.history import HistoryNode
-from ..runtime.nodes.sort import SortNode
-from ..runtime.positions import position_order
-from ..runtime.store.flow_keys import FlowKeys
-from ..runtime.store.flow_store import FlowStore
-from ..runtime.waiting import wait_for
+from twinflow.cluster.batch_phases import BATCH_PHASES, PHASES, read_batch_log
+from twinflow.runtime.flowgraph import FlowGraph
+from twinflow.runtime.nodes.history import HistoryNode
+from twinflow.runtime.nodes.sort import SortNode
+from twinflow.runtime.positions import position_order
+from twinflow.runtime.store.flow_keys import FlowKeys
+from twinflow.runtime.store.flow_store import FlowStore
+from twinflow.runtime.waiting import wait_for
 from .bench_stats import ServerCpu, median, quantile, ratio, summarise
 from .bench_stats import us_per_message as per_message_us
-from .local_cluster import LocalCluster
-from .messages import CHAINED, order_or_payment
-from .proc_stats import cpu_ticks
-from .producers import UplinkPublisher
-from .services import LocalServices
+from twinflow.testing.local_cluster import LocalCluster
+from twinflow.testing.messages import CHAINED, order_or_payment
+from twinflow.testing.proc_stats import cpu_ticks
+from twinflow.testing.producers import UplinkPublisher
+from twinflow.testing.services import LocalServices
 
 # The issue's targets for the pair, checked on the medians of the rounds.
 TARGETS = {"ratio_two": (">=", 0.85), "p50_ratio": ("<=", 1.1), "pair_p99_ms": ("<=", 100.0),
@@ -107,8 +107,8 @@ def _start_copy(spark, client: redis.Redis, redis_url: str, uplink: str, sink: s
     """A bare passthrough query (twinflow's session and source, nothing of the flow) copying
     every entry of ``uplink`` to ``sink`` with one pipeline per batch; returns it once its
     warm-up batch has run."""
-    from ..runtime.positions import WARMUP_POSITION
-    from ..runtime.spark.stream import start_stream, stop_stream
+    from twinflow.runtime.positions import WARMUP_POSITION
+    from twinflow.runtime.spark.stream import start_stream, stop_stream
 
     warm = threading.Event()
 
@@ -132,8 +132,8 @@ def _start_copy(spark, client: redis.Redis, redis_url: str, uplink: str, sink: s
 def _reader_child(redis_url: str, uplink: str, sink: str, batch_size: int, workdir: str) -> dict:
     """Run in a child of :class:`BareReaders`: one bare reader copying ``uplink`` to ``sink``;
     prints "ready" once its query is warm and copies until its stdin closes."""
-    from ..runtime.spark.session import build_session
-    from ..runtime.spark.stream import stop_stream
+    from twinflow.runtime.spark.session import build_session
+    from twinflow.runtime.spark.stream import stop_stream
 
     spark = build_session("twinflow-bench-reader")
     client = redis.Redis.from_url(redis_url)

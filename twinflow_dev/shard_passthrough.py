@@ -1,6 +1,6 @@
 """The bare sharded passthrough: a sharded flow's read path on the executors, without the flow.
 
-    python -m twinflow.testing.shard_passthrough --redis-url redis://127.0.0.1:6379/0 \\
+    python -m twinflow_dev.shard_passthrough --redis-url redis://127.0.0.1:6379/0 \\
         --spark-master spark://127.0.0.1:7077 --prefix pt2 --shards 2 --workdir /tmp/pt2
 
 The floor of ``bench/shards.py``'s sharded flow on the same Spark cluster: one driver with

@@ -71,9 +71,9 @@ from .guide_units import GuideUnits
 from .lab import Lab, LabError
 from .lab_hosts import Launch, base_env
 from .lab_network import LabProcess, LabState, check_usable, create, ns_inode
-from .messages import CHAINED
+from twinflow.testing.messages import CHAINED
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 GUIDE_PREFIX = "tfguide-"
 GUIDE_SUBNET = "10.213.48.0/24"
 DAY_TWO = "Upgrading twinflow"  # the first section the drills run, not `up`
@@ -275,7 +275,7 @@ class GuideLab(GuideBlockRuns, GuideUnits, GuideServers, Lab):
         """host-c publishing the chained flow's messages to both peers, with the client
         certificate and ingest token the guide left there (:mod:`.lab_client`)."""
         tls = Path(self.host("host-c").root) / "etc/twinflow/tls"
-        argv = [sys.executable, "-m", "twinflow.testing.lab_client", "--flow", self.plan.flow,
+        argv = [sys.executable, "-m", "twinflow_dev.lab_client", "--flow", self.plan.flow,
                 "--peer", "host-a.example:7070", "--peer", "host-b.example:7070",
                 "--ca", str(tls / "ca.pem"), "--cert", str(tls / "client.pem"), "--key", str(tls / "client-key.pem"),
                 "--token", f"file:{tls / 'ingest.token'}", "--count", str(count), "--rate", str(rate),

@@ -1,6 +1,6 @@
 """The lab's client host: publishes the chained flow's messages to the peers over gRPC.
 
-Run on the ``client`` host (``ip netns exec <prefix>client python -m twinflow.testing.lab_client
+Run on the ``client`` host (``ip netns exec <prefix>client python -m twinflow_dev.lab_client
 ...``, as :func:`.lab_hosts.publisher_command` builds it): a :class:`twinflow.client.Client` on
 both peers' advertised names (``peer-a.lab:7070``, ``peer-b.lab:7070``), over TLS with the
 client's certificate (the peers ask for one) and the ingest token, publishes messages
@@ -23,15 +23,15 @@ import sys
 from twinflow.client import Client
 from twinflow.grpc_security import GrpcSecurity, TlsFiles
 
-from .messages import order_or_payment
-from .producers import PacedProducer
+from twinflow.testing.messages import order_or_payment
+from twinflow.testing.producers import PacedProducer
 
 BATCH = 50
 BATCH_DEADLINE_S = 30.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m twinflow.testing.lab_client", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m twinflow_dev.lab_client", description=__doc__.splitlines()[0])
     p.add_argument("--flow", required=True)
     p.add_argument("--peer", action="append", required=True, metavar="HOST:PORT")
     p.add_argument("--ca", required=True)

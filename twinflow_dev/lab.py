@@ -46,7 +46,7 @@ from .lab_console import ConsoleForward
 from .lab_flow import FlowReadings
 from .lab_network import (DEFAULT_PREFIX, DEFAULT_SUBNET, NETNS_ETC, HostOps, LabProcess, LabState, check_usable,
                           connect_in, create, entered, netns_exec, ns_inode, pids_in, teardown)
-from .servers import log_tail
+from twinflow.testing.servers import log_tail
 
 STATE_FILE = "lab.json"
 SERVER_DEADLINE_S = 60.0

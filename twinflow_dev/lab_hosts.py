@@ -23,7 +23,7 @@ it), having written the server's configuration files under ``<dir>/hosts/<host>/
 failure: a lab directory that cannot be written raises ``OSError``; nothing else here touches
 the machine.
 
->>> from twinflow.testing.lab_network import LabState
+>>> from twinflow_dev.lab_network import LabState
 >>> plan = LabPlan("/tmp/lab", LabState(), short=True, flow="lab")
 >>> plan.add_hosts()
 >>> [h.name for h in plan.state.hosts]
@@ -45,10 +45,10 @@ from pathlib import Path
 
 from .lab_console import CONSOLE_PORT
 from .lab_network import LabState
-from .messages import CHAINED
-from .redis_ha import SENTINEL_CONF
-from .servers import ZOO_CFG, conf_quote, redis_argv, zookeeper_argv
-from .spark_standalone import daemon_env, spark_class
+from twinflow.testing.messages import CHAINED
+from twinflow.testing.redis_ha import SENTINEL_CONF
+from twinflow.testing.servers import ZOO_CFG, conf_quote, redis_argv, zookeeper_argv
+from twinflow.testing.spark_standalone import daemon_env, spark_class
 from .systemd_unit import ServiceUnit, UnitError, read_environment_file
 
 # name -> last octet of its address, in the order the hosts are made.
@@ -64,7 +64,7 @@ PEER_PORT = 7070
 SCOPES = ("ingest", "escalation", "admin")
 # Each peer's share of the full form's two one-core workers.
 # The deployment guide's unit and environment file, which the lab's peers run (a source checkout).
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "systemd"
 PEER_SPARK_CONF = {"spark.cores.max": "1", "spark.executor.memory": "512m"}
 
 
@@ -334,7 +334,7 @@ def publisher_command(plan: LabPlan, count: int, rate: float, acked: str | Path,
     to both peers' advertised names over mutual TLS with the ingest token
     (:mod:`.lab_client`); each acknowledged message's ID is appended to ``acked``."""
     s = plan.secrets
-    argv = [sys.executable, "-m", "twinflow.testing.lab_client", "--flow", plan.flow,
+    argv = [sys.executable, "-m", "twinflow_dev.lab_client", "--flow", plan.flow,
             *[a for p in plan.peer_addresses for a in ("--peer", p)],
             "--ca", str(s / "ca.pem"), "--cert", str(s / "client.pem"), "--key", str(s / "client-key.pem"),
             "--token", f"file:{s / 'ingest.token'}", "--count", str(count), "--rate", str(rate),

@@ -56,7 +56,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs" / "operations" / "deploy.md"
 KINDS = ("install", "run", "file", "append", "serve", "copy")
 FLAGS = ("as-peer", "one-at-a-time")
