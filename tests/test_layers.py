@@ -1,5 +1,7 @@
 """The import layers written in .importlinter hold: no upward import, no cycle, a pure core
-that touches no server, a simulator without Spark.
+that touches no server, a simulator without Spark, and nothing ``twinflow run`` imports that
+reaches the test harness or the development tools (``tests/test_run_imports.py`` checks the
+modules a peer process loads).
 
 The package maps runtime/, cluster/ and chaos/ into ``twinflow`` (pyproject's
 ``package-dir``), which import-linter cannot follow in the editable install;

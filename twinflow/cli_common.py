@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-SERVICES_STATE = Path(".twinflow") / "services.json"
+from twinflow.services_state import SERVICES_STATE, RecordedServices
+
 LAB_DIR = Path(".twinflow") / "lab"
 
 START_FROM = ("processed", "beginning")  # where a peer with a new state dir may start (PeerConfig.start_from)
@@ -33,10 +34,9 @@ EXIT_UNAVAILABLE = 3
 EXIT_REFUSED = 4
 
 
-def _local_services():
-    from twinflow.testing.services import LocalServices
-
-    return LocalServices.load(SERVICES_STATE) if SERVICES_STATE.exists() else None
+def _local_services() -> RecordedServices | None:
+    """The servers ``twinflow services up`` recorded, read from its state file alone."""
+    return RecordedServices.load(SERVICES_STATE) if SERVICES_STATE.exists() else None
 
 
 def _address(flag: str | None, env: str, kind: str) -> str:
@@ -45,8 +45,9 @@ def _address(flag: str | None, env: str, kind: str) -> str:
     if os.environ.get(env):
         return os.environ[env]
     svc = _local_services()
-    if svc is not None:
-        return svc.redis_url if kind == "redis" else svc.zk_hosts
+    address = None if svc is None else svc.redis_url if kind == "redis" else svc.zk_hosts
+    if address:
+        return address
     raise SystemExit(f"twinflow: no {kind} address: pass --{kind}, set {env}, or run `twinflow services up`")
 
 

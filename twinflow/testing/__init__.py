@@ -15,6 +15,6 @@
 
 The lab, the deployment guide runner, the flow bench and the demo are development tools
 in :mod:`twinflow_dev`, not here. Nothing here is on a peer's import path: ``twinflow
-run`` imports only :mod:`.services` (the standard library alone) to find the servers that
-``twinflow services up`` recorded, when no address is given.
+run`` finds the servers that ``twinflow services up`` recorded with
+:mod:`twinflow.services_state`, which reads the state file alone.
 """

@@ -37,6 +37,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..services_state import redis_url, zk_hosts
 from .servers import (Server, ServiceError, conf_quote, log_tail, pid_alive, start_answering, start_redis,
                       start_zookeeper, stop_pid, wait_answering)
 
@@ -61,11 +62,11 @@ class LocalServices:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis.port}/0"
+        return redis_url(self.redis.port)
 
     @property
     def zk_hosts(self) -> str:
-        return f"127.0.0.1:{self.zookeeper.port}"
+        return zk_hosts(self.zookeeper.port)
 
     @classmethod
     def start(cls, base_dir: str | None = None, deadline_s: float = 30.0, zookeeper: bool = True,
