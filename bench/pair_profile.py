@@ -11,7 +11,7 @@ the pair waits more than it works, so the waits are what to see), without
 stopping the driver to read it (``--nonblocking``: a peer's 20 threads at
 100 Hz would otherwise fall seconds behind on 2 cores): a flame graph per
 role, ``DIR/flame-master.svg`` and ``DIR/flame-worker.svg``, and the raw
-stacks beside them. Figures: docs/performance.md.
+stacks beside them. Figures: docs/performance/throughput.md.
 
     .venv/bin/python bench/pair_profile.py --messages 50000 --bursts 3 --flame docs/images
 """

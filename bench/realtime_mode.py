@@ -4,7 +4,7 @@ twinflow's Redis-stream source (a Python data source) into ``foreachBatch``, and
 
     .venv/bin/python bench/realtime_mode.py
 
-Measured with PySpark 4.3.0 (docs/performance.md, "Latency"): both refused.
+Measured with PySpark 4.3.0 (docs/performance/throughput.md, "What earlier changes did to latency"): both refused.
 """
 
 import tempfile

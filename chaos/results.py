@@ -1,4 +1,4 @@
-"""The drills' results table (as on docs/performance.md) from ``twinflow drill ... --json`` lines.
+"""The drills' results table (as on docs/performance/drills.md) from ``twinflow drill ... --json`` lines.
 
 ``python -m twinflow.chaos.results FILE.jsonl`` prints, per drill: runs,
 passed, lost and duplicated (summed over its runs), and the recovery time's

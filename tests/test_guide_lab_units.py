@@ -1,7 +1,7 @@
 """The guide lab's parts that need no network namespace: its ``systemctl`` finds the unit a
 machine has (the one the guide installed, else the package's) and refuses what it cannot run;
 its check finds a file root reads that the service user could change. (The lab itself runs in
-`twinflow drill guide-all --hosts`: docs/performance.md.)"""
+`twinflow drill guide-all --hosts`: docs/performance/drills.md.)"""
 
 from __future__ import annotations
 

@@ -456,7 +456,7 @@ def flow_vs_passthrough(load: Load, say=lambda text: None) -> dict:
         "messages": load.messages, "rate": load.rate, "rounds": load.rounds, "batch_size": load.batch_size,
         "runs": runs, "summary": summary, "targets": met(summary),
         "breakdown": {"bursts": breakdown(burst_batches), "steady": breakdown(steady_batches)},
-        # The medians under the names earlier results use (bench/results, docs/performance.md).
+        # The medians under the names earlier results use (bench/results, docs/performance/throughput.md).
         "flow_msgs_per_s": m["pair_msgs_per_s"], "two_passthrough_msgs_per_s": m["two_msgs_per_s"],
         "ratio_two": m["ratio_two"], "p50_latency_ms": m["pair_p50_ms"], "p99_latency_ms": m["pair_p99_ms"],
         "passthrough_p50_ms": m["bare_p50_ms"], "passthrough_p99_ms": m["bare_p99_ms"],

@@ -4,7 +4,7 @@ Hadoop's local file system sets each new file's permission by running ``chmod`` 
 process when Hadoop's native library is missing, and PySpark ships none. A streaming query
 writes two checkpoint files a micro-batch (its offset and its commit log), so every batch
 forked the driver's JVM twice: about 4-5 ms each here (a bare query at 2,000 msg/s, Spark's
-``durationMs``: ``walCommit`` and ``commitOffsets`` 5-6.5 -> 1-2 ms each, docs/performance.md).
+``durationMs``: ``walCommit`` and ``commitOffsets`` 5-6.5 -> 1-2 ms each, docs/performance/throughput.md).
 ``NoForkLocalFileSystem.java``, beside this module, is Hadoop's raw local file system with the
 same permission bits set in the JVM (``java.nio``).
 

@@ -7,7 +7,7 @@ between the previous batch's end offset and that one: what Spark itself
 reads when it runs the batch again after a restart. So the driver can read
 them from Redis itself, with the source's own code, instead of collecting
 the batch's DataFrame: the collect is a Spark job, about 30 of the 65 ms a
-micro-batch takes at 2,000 msg/s (docs/performance.md, "Latency").
+micro-batch takes at 2,000 msg/s (docs/performance/throughput.md, "What earlier changes did to latency").
 
 Under failure: :meth:`LoggedBatches.rows` answers None whenever it cannot
 be sure it reads the logged batch (a checkpoint that is not a local

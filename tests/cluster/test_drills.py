@@ -82,7 +82,7 @@ def test_kernel_faults_refuse_outside_the_drills_own_network_namespace(monkeypat
 
 
 # redis-cluster-failover runs outside make test (`twinflow drill redis-cluster-failover`, its
-# figures in docs/performance.md): test_redis_cluster_node kills the slot owner under two peer
+# figures in docs/performance/drills.md): test_redis_cluster_node kills the slot owner under two peer
 # processes already, and the whole run must stay under 15 minutes.
 @pytest.mark.parametrize("drill", ["redis-failover"])
 def test_redis_failover_drill_loses_nothing_with_wait_replicas(drill, tmp_path):
