@@ -8,7 +8,7 @@ kept alive across the rounds:
   peer an application with ``spark.cores.max`` cores of the cluster) on the chained flow
   (history -> AND join -> action, claim pair) in 1 and 2 uplink shards, routed by
   ``uplink.shard_key``; each shard's batches run on the executors;
-- ``passthrough1``, ``passthrough2``: the bare sharded passthrough (``twinflow.testing.
+- ``passthrough1``, ``passthrough2``: the bare sharded passthrough (``twinflow_dev.
   shard_passthrough``) over 1 and 2 shards on the same cluster: the shard source and the
   ``mapInArrow`` plumbing of a sharded flow, each task copying its entries to a sink stream;
 - ``pair`` (unless ``--no-pair``): the same chained flow unsharded, a driver-side pair
