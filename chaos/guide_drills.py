@@ -30,13 +30,14 @@ other drills between hosts are (lost, duplicated, stale writes, RTO).
   message is out, the peers are stopped, the flow's keys are lost (deleted), the backup is
   restored, the peers start on new state directories, and the producer sends everything again:
   every message is in the restored flow's outputs exactly once.
-- ``topology-peer``, ``topology-zookeeper``, ``topology-redis``: "Changing the machines": the
-  spare machine ``host-d.example`` installed (before the traffic), then, under traffic, a third
-  peer ``peer-c`` added on it (all three stream, Prometheus scrapes three) and removed again
-  (a peer's replacement is these two halves); ZooKeeper's server 3 moved from host-c to it
-  (the old one stopped, the new one joined, the others' lists and the peers' each changed
-  with a rolling restart; three servers leading or following, none on host-c); a third Redis
-  replica added (each Sentinel counts three) and removed again (each Sentinel reset, two).
+- ``topology-peer``, ``topology-redis``: "Changing the machines": the spare machine
+  ``host-d.example`` installed (before the traffic), then, under traffic, a third peer
+  ``peer-c`` added on it (all three stream, Prometheus scrapes three) and removed again (a
+  peer's replacement is these two halves); a third Redis replica added (each Sentinel counts
+  three) and removed again (each Sentinel reset, two).
+- ``topology-zookeeper-add``, ``topology-zookeeper-remove``, ``topology-zookeeper``: the
+  ensemble grown to four servers with host-d's, shrunk back to three, and server 3 moved from
+  host-c to host-d (:mod:`.guide_zookeeper`).
 
 One lab serves every guide drill of a series (it takes a few minutes to install and start);
 each run publishes message IDs of its own. Needs root. Under failure the lab is taken down and
@@ -56,6 +57,8 @@ from twinflow_dev.lab import LabError
 from ..testing.checker import check, check_outputs, wait_judged
 from ..testing.messages import order_or_payment
 from ..runtime.waiting import wait_for
+from .guide_zookeeper import (TOPOLOGY, add_setup, install_spare, remove_setup, topology_zookeeper,
+                              topology_zookeeper_add, topology_zookeeper_remove)
 from .host_drills import HostDrill, HostDrillRunner, HostDrillSpec, this_run, timeout_errors
 
 ROLE_DEADLINE_S = 60.0  # a Redis primary's machine lost: Sentinel's failover, then the election
@@ -269,18 +272,6 @@ def _acked(d: HostDrill) -> list[str]:
     return (d.lab.directory / f"acked-{d.figures['first']}.txt").read_text().split()
 
 
-TOPOLOGY = "Changing the machines"
-
-
-def install_spare(d: HostDrill) -> None:
-    """The spare machine, host-d.example, installed as the guide says (once per lab)."""
-    lab: GuideLab = d.lab
-    if not lab.state.info.get("spare_installed"):
-        lab.run_blocks(TOPOLOGY, "", say=d.say)
-        lab.state.info["spare_installed"] = True
-        lab.save()
-
-
 def topology_peer(d: HostDrill) -> None:
     lab: GuideLab = d.lab
     d.wait_sent(0.1)
@@ -307,31 +298,6 @@ def topology_peer(d: HostDrill) -> None:
 def _scraped(lab: GuideLab, count: int) -> bool:
     targets = lab.prometheus_targets()
     return len(targets) == count and all(h == "up" for h in targets.values())
-
-
-def topology_zookeeper(d: HostDrill) -> None:
-    lab: GuideLab = d.lab
-    d.wait_sent(0.05)
-    d.window("ZooKeeper server 3 moved from host-c.example to host-d.example (the guide's blocks)")
-    lab.run_blocks(TOPOLOGY, "Replacing a ZooKeeper server", say=d.say)
-    d.healed()
-    modes = _zk_modes(lab, ("host-a", "host-b", "host-d"))
-    d.figures["topology"] = {"zookeeper_replaced": modes}
-    if sorted(str(m) for m in modes.values()) != ["follower", "follower", "leader"]:
-        raise LabError(f"after moving server 3 the ensemble is {modes}")
-    if lab._zk_mode_or_none("host-c") is not None:
-        raise LabError("the old server on host-c still answers")
-    d.say(f"  server 3 on host-d: {modes}")
-
-
-def _zk_modes(lab: GuideLab, hosts: tuple[str, ...]) -> dict[str, str | None]:
-    modes = {}
-    for h in hosts:
-        try:
-            modes[h] = lab._zk_mode(lab.state.host(h).address)
-        except OSError:
-            modes[h] = None
-    return modes
 
 
 def topology_redis(d: HostDrill) -> None:
@@ -367,6 +333,10 @@ GUIDE_DRILLS: dict[str, HostDrillSpec] = {
     "backup-restore": HostDrillSpec(backup_restore, rate=200.0, kills_master=False),
     # Slow traffic, so that it runs through each change (a peer's start, rolling restarts).
     "topology-peer": HostDrillSpec(topology_peer, rate=10.0, kills_master=False, setup=install_spare),
+    # Growing and shrinking the ensemble before moving server 3: they need the guide's first three.
+    "topology-zookeeper-add": HostDrillSpec(topology_zookeeper_add, rate=10.0, kills_master=False, setup=add_setup),
+    "topology-zookeeper-remove": HostDrillSpec(topology_zookeeper_remove, rate=10.0, kills_master=False,
+                                               setup=remove_setup),
     "topology-zookeeper": HostDrillSpec(topology_zookeeper, rate=10.0, kills_master=False, setup=install_spare),
     "topology-redis": HostDrillSpec(topology_redis, rate=10.0, kills_master=False, setup=install_spare),
 }

@@ -66,6 +66,8 @@ def test_each_drill_and_the_first_day_have_their_blocks():
                    ("Changing the machines", ""), ("Changing the machines", "Adding a peer"),
                    ("Changing the machines", "Removing a peer"),
                    ("Changing the machines", "Replacing a ZooKeeper server"),
+                   ("Changing the machines", "Adding a ZooKeeper server"),
+                   ("Changing the machines", "Removing a ZooKeeper server"),
                    ("Changing the machines", "Adding a Redis server"),
                    ("Changing the machines", "Removing a Redis server")]:
         assert needed in sections, needed
@@ -225,14 +227,14 @@ def test_each_topology_change_has_its_commands_and_a_replacement_is_an_addition_
     for heading in ("### Replacing a peer's machine", "### Replacing a Redis server"):
         section = text.split(heading, 1)[1].split("###", 1)[0]
         assert "Adding" in section and "Removing" in section, heading
-    # A ZooKeeper server keeps the ensemble's size: it moves (a lab block each step); growing or
-    # shrinking is ZooKeeper's dynamic reconfiguration, said but not run.
-    assert "### Replacing a ZooKeeper server" in text and "reconfig -add" in text
-    assert {"topology-peer", "topology-zookeeper", "topology-redis"} <= set(GUIDE_DRILLS)
+    for verb in ("Adding", "Removing", "Replacing"):
+        assert f"### {verb} a ZooKeeper server" in text
+    assert {"topology-peer", "topology-zookeeper-add", "topology-zookeeper-remove", "topology-zookeeper",
+            "topology-redis"} <= set(GUIDE_DRILLS)
     # The peers' list of ZooKeeper servers is edited without naming host-a (an as-peer block reads
     # host-a.example as its own machine's name).
     for b in read_guide():
-        if b.subsection == "Replacing a ZooKeeper server" and "as-peer" in b.flags:
+        if "ZooKeeper server" in b.subsection and "as-peer" in b.flags:
             assert "host-a.example" not in b.text and "TWINFLOW_ZK" in b.text
 
 
@@ -240,3 +242,65 @@ def test_a_renewal_from_the_same_ca_first_checks_the_ca_outlives_the_new_certifi
     blocks = [b for b in read_guide() if b.subsection == "New certificates from the same CA"]
     assert blocks[0].lines()[0] == "openssl x509 -checkend 31536000 -noout -in /etc/twinflow/tls/ca.pem"
     assert [b.kind for b in blocks] == ["run", "copy", "copy", "run", "run", "run"]
+
+
+def _zk_blocks(subsection: str) -> list:
+    return [b for b in read_guide() if b.section == "Changing the machines" and b.subsection == subsection]
+
+
+def _server_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("server.")]
+
+
+def test_a_zookeeper_server_is_added_first_then_the_others_take_the_longer_list_one_at_a_time():
+    """Growing a static ensemble: the new server with the four-server list starts first (the
+    running three are a majority of its list), then each other server, never two down at once,
+    each checking every server leads or follows first and counting four voters after; the peers
+    last."""
+    from twinflow.chaos.guide_zookeeper import UNIT
+
+    blocks = _zk_blocks("Adding a ZooKeeper server")
+    assert [b.kind for b in blocks] == ["file", "run", "run", "run", "run"]
+    cfg, new, rolling, check, peers = blocks
+    assert cfg.hosts == ["host-d"] and cfg.path == "/etc/zookeeper/conf/zoo.cfg"
+    first = next(b for b in read_guide() if b.section == "The ZooKeeper ensemble" and b.kind == "file")
+    assert cfg.text.replace("server.4=host-d.example:2888:3888\n", "") == first.text
+    assert _server_lines(cfg.text)[-1] == "server.4=host-d.example:2888:3888"
+    assert new.hosts == ["host-d"] and "echo 4 > /var/lib/zookeeper/myid" in new.text
+    assert f"systemctl enable --now {UNIT}" in new.text and "'^Mode: follower'" in new.text
+    assert rolling.hosts == ["host-a", "host-b", "host-c"] and "one-at-a-time" in rolling.flags
+    lines = rolling.lines()
+    assert lines[0].startswith("for h in host-a host-b host-c host-d; do until printf 'srvr")
+    assert "echo 'server.4=host-d.example:2888:3888' >> /etc/zookeeper/conf/zoo.cfg" in lines[1]
+    assert lines[2] == f"systemctl restart {UNIT}" and "zk_quorum_size[[:space:]]4$" in lines[3]
+    assert check.hosts == ["host-c"] and "zk_synced_followers[[:space:]]3$" in check.text
+    assert peers.flags == {"as-peer", "one-at-a-time"} and ",host-d.example:2181/" in peers.text
+    assert "--wait-streaming peer-a" in peers.text
+
+
+def test_a_zookeeper_server_leaves_peers_first_never_leading_and_stops_last():
+    """Shrinking: the peers stop naming it, it gives up a leader's role, the others take the
+    shorter list one at a time (the leader last), and only then it stops for good, its data gone."""
+    from twinflow.chaos.guide_zookeeper import UNIT
+
+    blocks = _zk_blocks("Removing a ZooKeeper server")
+    assert [(b.kind, b.hosts) for b in blocks] == [
+        ("run", ["host-a", "host-b"]), ("run", ["host-d"]), ("run", ["host-a", "host-b", "host-c"]),
+        ("run", ["host-d"]), ("run", ["host-c"])]
+    peers, off_leader, rolling, stop, check = blocks
+    assert "as-peer" in peers.flags and "s/,host-d.example:2181//" in peers.text
+    steps = off_leader.lines()
+    assert steps[0] == f"systemctl stop {UNIT}" and "'^Mode: leader'" in steps[1]
+    assert steps[2] == f"systemctl start {UNIT}" and "'^Mode: follower'" in steps[3]
+    assert "one-at-a-time" in rolling.flags and "sed -i '/^server.4=/d' /etc/zookeeper/conf/zoo.cfg" in rolling.text
+    assert "zk_quorum_size[[:space:]]3$" in rolling.text
+    assert stop.lines() == [f"systemctl disable --now {UNIT}", "rm -rf /var/lib/zookeeper/version-2 /var/lib/zookeeper/myid"]
+    assert "zk_synced_followers[[:space:]]2$" in check.text and "host-d" not in check.text
+    section = read_guide_text().split("### Removing a ZooKeeper server", 1)[1].split("###", 1)[0]
+    assert "the leader last" in section
+
+
+def read_guide_text() -> str:
+    from twinflow_dev.guide_blocks import GUIDE
+
+    return GUIDE.read_text()
