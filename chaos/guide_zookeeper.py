@@ -30,7 +30,6 @@ from twinflow_dev.guide_blocks import GuideBlock
 from twinflow_dev.guide_hosts import PEER_HOSTS
 from twinflow_dev.guide_lab import GuideLab
 from twinflow_dev.lab import LabError
-from twinflow_dev.lab_network import connect_in
 
 from .host_drills import HostDrill
 
@@ -59,25 +58,19 @@ def topology_zookeeper(d: HostDrill) -> None:
     d.figures["topology"] = {"zookeeper_replaced": modes}
     if sorted(str(m) for m in modes.values()) != ["follower", "follower", "leader"]:
         raise LabError(f"after moving server 3 the ensemble is {modes}")
-    if lab._zk_mode_or_none("host-c") is not None:
+    if lab.zk_mode_of("host-c") is not None:
         raise LabError("the old server on host-c still answers")
     d.say(f"  server 3 on host-d: {modes}")
 
 
 def zk_modes(lab: GuideLab, hosts: tuple[str, ...]) -> dict[str, str | None]:
     """Each host's ZooKeeper server's mode as ``srvr`` tells it from host-c (None: no answer)."""
-    modes = {}
-    for h in hosts:
-        try:
-            modes[h] = lab._zk_mode(lab.state.host(h).address)
-        except OSError:
-            modes[h] = None
-    return modes
+    return {h: lab.zk_mode_of(h) for h in hosts}
 
 
 def _servers(lab: GuideLab) -> tuple[str, ...]:
     """The hosts whose ZooKeeper unit is enabled, in the guide's order."""
-    return tuple(sorted(lab._hosts_running(UNIT)))
+    return tuple(sorted(lab.hosts_running(UNIT)))
 
 
 def _first_ensemble(d: HostDrill) -> None:
@@ -133,15 +126,10 @@ def leader_last(hosts: list[str], modes: dict[str, str | None]) -> list[str]:
 def _mntr(lab: GuideLab, host: str) -> dict[str, str]:
     """``mntr``'s figures of ``host``'s server, asked from host-c ({} when it does not answer)."""
     try:
-        with connect_in(lab.client_ns, lab.state.host(host).address, 2181) as sock:
-            sock.sendall(b"mntr")
-            reply = b""
-            while len(reply) < 65536 and (chunk := sock.recv(4096)):
-                reply += chunk
+        reply = lab.zk_word(lab.state.host(host).address, "mntr")
     except OSError:
         return {}
-    pairs = (line.split("\t", 1) for line in reply.decode(errors="replace").splitlines() if "\t" in line)
-    return dict(pairs)
+    return dict(line.split("\t", 1) for line in reply.splitlines() if "\t" in line)
 
 
 def _ensemble(lab: GuideLab, hosts: tuple[str, ...]) -> dict[str, dict]:
@@ -166,7 +154,7 @@ def _check(lab: GuideLab, hosts: tuple[str, ...], gone: tuple[str, ...]) -> dict
             or any(s["voters"] != len(hosts) for s in seen.values())
             or leader.get("synced_followers") != len(hosts) - 1):
         raise LabError(f"the ensemble on {hosts}: {seen}")
-    answering = [h for h in gone if lab._zk_mode_or_none(h) is not None]
+    answering = [h for h in gone if lab.zk_mode_of(h) is not None]
     if answering:
         raise LabError(f"a ZooKeeper server still answers on {answering}")
     return seen
@@ -182,32 +170,32 @@ def _peers_list(lab: GuideLab) -> dict[str, str]:
 
 
 def topology_zookeeper_add(d: HostDrill) -> None:
-    lab: GuideLab = d.lab
-    d.wait_sent(0.1)
-    d.window("a fourth ZooKeeper server added on host-d.example (the guide's blocks)")
-    t0 = time.monotonic()
-    _run_section(d, ADD)
-    d.healed()
-    took = round(time.monotonic() - t0, 1)
-    seen = _check(lab, (*FIRST_SERVERS, "host-d"), ())
-    lists = _peers_list(lab)
-    if not all("host-d.example:2181" in v for v in lists.values()):
-        raise LabError(f"the peers' TWINFLOW_ZK after the addition: {lists}")
-    d.figures["topology"] = {"zookeeper_added": seen, "peers_zk": lists, "change_s": took}
-    d.say(f"  four servers in {took} s: {({h: s['mode'] for h, s in seen.items()})}")
+    _change(d, ADD, (*FIRST_SERVERS, "host-d"), (), "added",
+            "a fourth ZooKeeper server added on host-d.example (the guide's blocks)")
 
 
 def topology_zookeeper_remove(d: HostDrill) -> None:
+    _change(d, REMOVE, FIRST_SERVERS, ("host-d",), "removed",
+            "the ZooKeeper server on host-d.example removed (the guide's blocks)")
+
+
+def _change(d: HostDrill, section: str, servers: tuple[str, ...], gone: tuple[str, ...], done: str,
+            window: str) -> None:
+    """The guide's ``section`` run under traffic, then the ensemble checked on ``servers`` (none
+    answering on ``gone``) and every peer's ``TWINFLOW_ZK`` naming host-d's server exactly when it
+    is one of them; or LabError."""
     lab: GuideLab = d.lab
     d.wait_sent(0.1)
-    d.window("the ZooKeeper server on host-d.example removed (the guide's blocks)")
+    d.window(window)
     t0 = time.monotonic()
-    _run_section(d, REMOVE)
+    _run_section(d, section)
     d.healed()
     took = round(time.monotonic() - t0, 1)
-    seen = _check(lab, FIRST_SERVERS, ("host-d",))
+    seen = _check(lab, servers, gone)
     lists = _peers_list(lab)
-    if any("host-d.example" in v for v in lists.values()):
-        raise LabError(f"the peers' TWINFLOW_ZK after the removal: {lists}")
-    d.figures["topology"] = {"zookeeper_removed": seen, "peers_zk": lists, "change_s": took}
-    d.say(f"  three servers in {took} s: {({h: s['mode'] for h, s in seen.items()})}")
+    adding = "host-d" in servers
+    named = "host-d.example:2181" if adding else "host-d.example"
+    if any((named in v) != adding for v in lists.values()):
+        raise LabError(f"the peers' TWINFLOW_ZK after the server was {done}: {lists}")
+    d.figures["topology"] = {f"zookeeper_{done}": seen, "peers_zk": lists, "change_s": took}
+    d.say(f"  {len(servers)} servers in {took} s: {({h: s['mode'] for h, s in seen.items()})}")

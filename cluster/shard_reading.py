@@ -70,7 +70,7 @@ class ShardReading:
             query_name=f"{peer.name}_{cfg.peer_id}".replace("-", "_").replace(".", "_"),
             # Each task takes its partition whole (run_partition): rows packed 1,000 entries to a
             # Spark row took one shard 2,172 -> 4,093 msg/s, 292.5 -> 241 µs of CPU per message
-            # (bench/shards.py, docs/performance.md "Sharded uplinks on a Spark cluster").
+            # (bench/shards.py, docs/performance/throughput.md "Sharded uplinks on a Spark cluster").
             pack=PACK_ENTRIES,
         )
 

@@ -80,7 +80,7 @@ class GuideServers:
     def _wait_servers(self, servers: list[LabProcess], end: float) -> None:
         for p in servers:
             self._wait(f"{p.name} answering on {p.host}", lambda p=p: self.answers(p), end, servers)
-        if any(p.name == "sentinel" for p in servers) and len(self._hosts_running("redis-sentinel")) >= 3:
+        if any(p.name == "sentinel" for p in servers) and len(self.hosts_running("redis-sentinel")) >= 3:
             self._wait("the Sentinels agreeing on the primary and its replicas", self._sentinels_ready, end, servers)
 
     def _spark_address(self) -> str:
@@ -100,21 +100,21 @@ class GuideServers:
         return {t["labels"].get("instance", ""): t.get("health", "")
                 for t in data.get("data", {}).get("activeTargets", []) if t.get("labels", {}).get("job") == "twinflow"}
 
-    def _zk_mode_or_none(self, host: str) -> str | None:
+    def zk_mode_of(self, host: str) -> str | None:
         """The mode of ``host``'s ZooKeeper server (None when none answers)."""
         try:
             return self._zk_mode(self.state.host(host).address)
         except OSError:
             return None
 
-    def _hosts_running(self, unit: str) -> list[str]:
+    def hosts_running(self, unit: str) -> list[str]:
         """The hosts with ``unit`` enabled."""
         return [h for h, units in self.state.info.get("enabled", {}).items() if unit in units]
 
     def _sentinels_ready(self) -> bool:
-        replicas = len(self._hosts_running("redis-server")) - 1
+        replicas = len(self.hosts_running("redis-server")) - 1
         return all(self._sentinel_agrees(self.state.host(name).address, 26379, SERVICE, replicas=replicas)
-                   for name in self._hosts_running("redis-sentinel"))
+                   for name in self.hosts_running("redis-sentinel"))
 
     def address_of(self, name: str) -> str:
         """A lab host's address by any of its names (``host-a.example``, ``host-a``, an address)."""

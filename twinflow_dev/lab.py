@@ -245,13 +245,18 @@ class Lab(FlowReadings):
         finally:
             client.close()
 
-    def _zk_mode(self, address: str) -> str | None:
+    def zk_word(self, address: str, word: str) -> str:
+        """A ZooKeeper server's reply to a four-letter word (``srvr``, ``mntr``), asked from the
+        client host; OSError when it does not answer."""
         with connect_in(self.client_ns, address, ZK_PORT) as sock:
-            sock.sendall(b"srvr")
+            sock.sendall(word.encode())
             reply = b""
             while len(reply) < 65536 and (chunk := sock.recv(4096)):  # each recv within the socket's time-out
                 reply += chunk
-        for line in reply.decode(errors="replace").splitlines():
+        return reply.decode(errors="replace")
+
+    def _zk_mode(self, address: str) -> str | None:
+        for line in self.zk_word(address, "srvr").splitlines():
             if line.startswith("Mode: "):
                 return line[6:].strip()
         return None
